@@ -1,0 +1,72 @@
+/// What identifies one version of a remote file: its entity tag and last-modified date.
+///
+/// Haul stores these with a partial download and refuses to append bytes from a response
+/// that does not carry the same validator.
+public struct ResourceValidator: Codable, Equatable, Sendable {
+    /// The `ETag` of the response, strong or weak.
+    public var entityTag: EntityTag?
+    /// The raw `Last-Modified` header value.
+    public var lastModified: String?
+    /// A `Last-Modified` date is a strong validator only if it lies at least one second before the
+    /// response's `Date` (RFC 9110 §8.8.2.2); otherwise the file may change again within the same second.
+    public var lastModifiedIsStrong: Bool
+
+    public init(entityTag: EntityTag? = nil, lastModified: String? = nil, lastModifiedIsStrong: Bool = false) {
+        self.entityTag = entityTag
+        self.lastModified = lastModified
+        self.lastModifiedIsStrong = lastModifiedIsStrong
+    }
+
+    /// Reads the validators of a response from its header values.
+    public init(etag: String?, lastModified: String?, date: String?) {
+        self.entityTag = etag.flatMap(EntityTag.init)
+        let modified = lastModified.flatMap { HTTPDate.parse($0) != nil ? $0 : nil }
+        self.lastModified = modified
+        if let modified, let modifiedSeconds = HTTPDate.parse(modified), let date, let dateSeconds = HTTPDate.parse(date) {
+            self.lastModifiedIsStrong = modifiedSeconds <= dateSeconds - 1
+        } else {
+            self.lastModifiedIsStrong = false
+        }
+    }
+
+    /// True when the server sent neither an entity tag nor a last-modified date.
+    public var isEmpty: Bool { entityTag == nil && lastModified == nil }
+
+    /// The value for `If-Range`, when this validator may be used there (RFC 9110 §13.1.5):
+    /// a strong entity tag; or, only when there is no entity tag at all, a strong date.
+    public var ifRangeValue: String? {
+        if let entityTag {
+            return entityTag.isWeak ? nil : entityTag.description
+        }
+        if let lastModified, lastModifiedIsStrong { return lastModified }
+        return nil
+    }
+
+    /// A short human description, e.g. `ETag "abc"` or `Last-Modified …`.
+    public var summary: String {
+        var parts: [String] = []
+        if let entityTag { parts.append("ETag \(entityTag)") }
+        if let lastModified { parts.append("Last-Modified \(lastModified)") }
+        return parts.isEmpty ? "none" : parts.joined(separator: ", ")
+    }
+
+    /// Compares the validators a response carries with the stored ones.
+    ///
+    /// Returns a reason when they contradict: a different entity tag (weak comparison, so a weak tag
+    /// matches itself), a different date, or a validator that disappeared.
+    public func contradiction(with response: ResourceValidator) -> String? {
+        if let stored = entityTag {
+            guard let received = response.entityTag else { return "the server no longer sends an ETag (was \(stored))" }
+            if !stored.weaklyMatches(received) { return "ETag changed from \(stored) to \(received)" }
+        }
+        if let stored = lastModified, let received = response.lastModified,
+            HTTPDate.parse(stored) != HTTPDate.parse(received)
+        {
+            return "Last-Modified changed from \(stored) to \(received)"
+        }
+        if entityTag == nil, lastModified != nil, response.lastModified == nil {
+            return "the server no longer sends Last-Modified"
+        }
+        return nil
+    }
+}

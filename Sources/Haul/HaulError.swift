@@ -1,0 +1,67 @@
+/// The one error type Haul throws.
+///
+/// `code` is stable across releases and safe to switch over; `message` is a one-line explanation meant
+/// for people; `underlying` keeps the error that caused it, when there is one.
+public struct HaulError: Error, Sendable, CustomStringConvertible {
+    /// A stable identifier for the kind of failure.
+    public struct Code: Hashable, Sendable, CustomStringConvertible {
+        /// The code's stable name, e.g. `"remoteChanged"`.
+        public let name: String
+
+        private init(_ name: String) { self.name = name }
+
+        public var description: String { name }
+
+        /// The URL could not be parsed or has no host.
+        public static let invalidURL = Code("invalidURL")
+        /// The URL (or a redirect target) uses a scheme other than http or https.
+        public static let unsupportedScheme = Code("unsupportedScheme")
+        /// The server answered with an error status that is not worth retrying.
+        public static let httpStatus = Code("httpStatus")
+        /// The server broke the protocol in a way a retry cannot fix.
+        public static let protocolViolation = Code("protocolViolation")
+        /// The remote file kept changing while it was being fetched.
+        public static let remoteChanged = Code("remoteChanged")
+        /// Too many redirects, a redirect loop, or a refused redirect (https to http).
+        public static let redirectRefused = Code("redirectRefused")
+        /// The network failed and the retries ran out.
+        public static let network = Code("network")
+        /// No byte arrived for the configured stall time and the retries ran out.
+        public static let timedOut = Code("timedOut")
+        /// The TLS handshake or certificate check failed.
+        public static let tls = Code("tls")
+        /// The destination volume lacks the space for the remaining bytes.
+        public static let insufficientSpace = Code("insufficientSpace")
+        /// The disk filled up while writing; the partial file is kept and can be resumed.
+        public static let diskFull = Code("diskFull")
+        /// Reading or writing a local file failed (permissions, missing directory, I/O error).
+        public static let fileSystem = Code("fileSystem")
+        /// Another process is downloading to the same destination.
+        public static let locked = Code("locked")
+        /// The destination already exists and overwriting was not allowed.
+        public static let destinationExists = Code("destinationExists")
+        /// The partial file's manifest could not be read; it was not trusted.
+        public static let manifestCorrupt = Code("manifestCorrupt")
+        /// The download was cancelled; its partial data is kept for a later resume.
+        public static let cancelled = Code("cancelled")
+        /// An option given by the caller is not valid.
+        public static let invalidArgument = Code("invalidArgument")
+    }
+
+    public let code: Code
+    /// A one-line, human-readable explanation.
+    public let message: String
+    /// The HTTP status, for `httpStatus` errors and retried statuses.
+    public let status: Int?
+    /// The error that caused this one, if any.
+    public let underlying: (any Error)?
+
+    public init(_ code: Code, _ message: String, status: Int? = nil, underlying: (any Error)? = nil) {
+        self.code = code
+        self.message = message
+        self.status = status
+        self.underlying = underlying
+    }
+
+    public var description: String { message }
+}

@@ -1,0 +1,33 @@
+/// Where a download keeps its files: the destination and, beside it, the partial data,
+/// the manifest and the lock.
+public struct DownloadPaths: Sendable, Equatable {
+    /// Suffix of the file holding the bytes received so far.
+    public static let partialSuffix = ".haul.part"
+    /// Suffix of the manifest describing the partial file.
+    public static let manifestSuffix = ".haul.json"
+    /// Suffix of the lock file that keeps a second process away.
+    public static let lockSuffix = ".haul.lock"
+
+    /// The final file; it only appears once the download is complete.
+    public let destination: String
+
+    public init(destination: String) { self.destination = destination }
+
+    public var partial: String { destination + Self.partialSuffix }
+    public var manifest: String { destination + Self.manifestSuffix }
+    public var manifestTemporary: String { destination + Self.manifestSuffix + ".tmp" }
+    public var lock: String { destination + Self.lockSuffix }
+
+    /// The directory that holds all four files.
+    public var directory: String {
+        guard let slash = destination.lastIndex(of: "/") else { return "." }
+        let directory = String(destination[..<slash])
+        return directory.isEmpty ? "/" : directory
+    }
+
+    /// The destination's file name without its directory.
+    public var fileName: String {
+        guard let slash = destination.lastIndex(of: "/") else { return destination }
+        return String(destination[destination.index(after: slash)...])
+    }
+}

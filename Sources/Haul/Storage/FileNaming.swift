@@ -1,0 +1,51 @@
+/// Turns names suggested by servers and URLs into safe file names.
+///
+/// A safe name has no path separator, no `..`, no control character, does not start with a dot
+/// (no hidden files, no `.`/`..`), and fits in 200 UTF-8 bytes so that Haul's suffixes still fit
+/// in the file system's 255-byte limit. Nothing named this way can leave the target directory.
+public enum FileNaming {
+    /// The longest name Haul gives a file, in UTF-8 bytes.
+    public static let maximumNameBytes = 200
+
+    /// Returns a safe version of `suggestion`, or `nil` when nothing usable is left.
+    public static func sanitize(_ suggestion: String) -> String? {
+        // Keep only the last path component, whichever separator the server used.
+        let lastComponent = suggestion.split(whereSeparator: { $0 == "/" || $0 == "\\" }).last.map(String.init) ?? ""
+        var name = String(
+            String.UnicodeScalarView(
+                lastComponent.unicodeScalars.filter { scalar in
+                    !(scalar.value < 0x20 || scalar.value == 0x7F || (0x80...0x9F).contains(scalar.value))
+                }
+            )
+        )
+        name = String(name.drop(while: { $0 == "." || $0 == " " }))
+        while let last = name.last, last == " " || last == "." { name.removeLast() }
+        guard !name.isEmpty else { return nil }
+        return truncate(name)
+    }
+
+    /// The name for a download of `url` when the server suggests none: the last path segment,
+    /// percent-decoded and sanitized, or `index.html`.
+    public static func name(fromURLPath path: String) -> String {
+        let segment = path.split(separator: "/").last.map(String.init) ?? ""
+        let decoded = ContentDisposition.percentDecode(segment).flatMap { String(validating: $0, as: UTF8.self) } ?? segment
+        return sanitize(decoded) ?? "index.html"
+    }
+
+    /// Shortens a name to ``maximumNameBytes`` on a character boundary, keeping a short extension.
+    static func truncate(_ name: String) -> String {
+        guard name.utf8.count > maximumNameBytes else { return name }
+        var stem = Substring(name)
+        var suffix = ""
+        if let dot = name.lastIndex(of: "."), name.distance(from: dot, to: name.endIndex) <= 16 {
+            stem = name[..<dot]
+            suffix = String(name[dot...])
+        }
+        var result = ""
+        for character in stem {
+            if result.utf8.count + character.utf8.count + suffix.utf8.count > maximumNameBytes { break }
+            result.append(character)
+        }
+        return result + suffix
+    }
+}

@@ -1,0 +1,140 @@
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
+import Foundation
+#endif
+
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// What Haul knows about a partial download, stored beside it as versioned JSON.
+///
+/// The manifest never claims a byte that could be lost: `written` offsets are trusted only while
+/// the machine has not rebooted (the page cache survives a killed process), `durable` offsets only
+/// cover data that was flushed with `fdatasync` before the manifest naming them was written.
+/// Secrets (`Authorization`, cookies) are never stored here.
+public struct Manifest: Codable, Equatable, Sendable {
+    /// The manifest layout this version of Haul writes.
+    public static let currentFormat = 1
+
+    /// One contiguous range of the file fetched by one connection.
+    public struct Segment: Codable, Equatable, Sendable {
+        /// First byte of the segment.
+        public var start: Int64
+        /// One past the last byte, or `nil` when the total length is unknown.
+        public var end: Int64?
+        /// Bytes from `start` that were handed to the operating system.
+        public var written: Int64
+        /// Bytes from `start` that were flushed to stable storage.
+        public var durable: Int64
+
+        public init(start: Int64, end: Int64?, written: Int64 = 0, durable: Int64 = 0) {
+            self.start = start
+            self.end = end
+            self.written = written
+            self.durable = durable
+        }
+    }
+
+    public var format: Int
+    /// The URL the user asked for.
+    public var originalURL: String
+    /// The URL the bytes came from after redirects.
+    public var finalURL: String
+    public var validator: ResourceValidator
+    /// The complete length, when the server announced it.
+    public var totalLength: Int64?
+    /// Whether the server advertised byte ranges (`Accept-Ranges: bytes`, or answered a range with 206).
+    public var acceptsRanges: Bool
+    /// A content coding the server applied despite `Accept-Encoding: identity`; such bytes are not resumable.
+    public var contentEncoding: String?
+    public var segments: [Segment]
+    /// The kernel boot the `written` offsets belong to.
+    public var bootID: String?
+    /// Seconds since the epoch.
+    public var createdAt: Int64
+    public var updatedAt: Int64
+
+    public init(
+        originalURL: String, finalURL: String, validator: ResourceValidator, totalLength: Int64?, acceptsRanges: Bool,
+        contentEncoding: String?, bootID: String?, now: Int64
+    ) {
+        self.format = Self.currentFormat
+        self.originalURL = originalURL
+        self.finalURL = finalURL
+        self.validator = validator
+        self.totalLength = totalLength
+        self.acceptsRanges = acceptsRanges
+        self.contentEncoding = contentEncoding
+        self.segments = [Segment(start: 0, end: totalLength)]
+        self.bootID = bootID
+        self.createdAt = now
+        self.updatedAt = now
+    }
+
+    /// Bytes from the start of the file that can be trusted on this boot.
+    public func trustedPrefix(currentBootID: String?) -> Int64 {
+        guard let first = segments.first, first.start == 0 else { return 0 }
+        let sameBoot = currentBootID != nil && currentBootID == bootID
+        return sameBoot ? first.written : first.durable
+    }
+
+    /// Checks that the values make sense together; a manifest that does not is not trusted.
+    func validate() throws {
+        guard format == Self.currentFormat else {
+            throw HaulError(.manifestCorrupt, "manifest format \(format) is not supported by this version of Haul")
+        }
+        for segment in segments {
+            let limit = segment.end.map { $0 - segment.start } ?? Int64.max
+            guard segment.start >= 0, segment.written >= 0, segment.durable >= 0, segment.durable <= segment.written,
+                segment.written <= limit, (totalLength ?? Int64.max) >= segment.start + segment.written
+            else { throw HaulError(.manifestCorrupt, "manifest has an impossible segment \(segment)") }
+        }
+    }
+}
+
+/// Reads and atomically replaces manifests.
+enum ManifestStore {
+    static func load(_ paths: DownloadPaths) throws -> Manifest? {
+        guard POSIX.exists(paths.manifest) else { return nil }
+        let bytes = try POSIX.readWholeFile(paths.manifest, limit: 1 << 20)
+        do {
+            let manifest = try JSONDecoder().decode(Manifest.self, from: Data(bytes))
+            try manifest.validate()
+            return manifest
+        } catch let error as HaulError {
+            throw error
+        } catch {
+            throw HaulError(.manifestCorrupt, "cannot read manifest \(paths.manifest): \(error)", underlying: error)
+        }
+    }
+
+    /// Replaces the manifest through a temporary file and a rename, so a reader sees the old or the
+    /// new manifest, never a mix. `durable` adds the fsyncs that make the replacement survive a power loss.
+    static func store(_ manifest: Manifest, at paths: DownloadPaths, durable: Bool) throws {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys]
+        let data = try encoder.encode(manifest)
+        let descriptor = try POSIX.open(paths.manifestTemporary, flags: O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW)
+        do {
+            try data.withUnsafeBytes { try POSIX.write(descriptor, $0, at: 0, path: paths.manifestTemporary) }
+            if durable { try POSIX.syncAll(descriptor, path: paths.manifestTemporary) }
+            POSIX.close(descriptor)
+        } catch {
+            POSIX.close(descriptor)
+            throw error
+        }
+        try POSIX.rename(paths.manifestTemporary, to: paths.manifest)
+        if durable { try POSIX.syncDirectory(paths.directory) }
+    }
+
+    static func remove(_ paths: DownloadPaths) throws {
+        try POSIX.unlink(paths.manifest)
+        try POSIX.unlink(paths.manifestTemporary)
+    }
+}

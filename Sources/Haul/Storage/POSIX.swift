@@ -1,0 +1,181 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// Thin, throwing wrappers over the POSIX calls the storage layer needs.
+///
+/// Every failure becomes a ``HaulError`` naming the path and the system's reason, with `ENOSPC`
+/// and `EDQUOT` mapped to ``HaulError/Code/diskFull``.
+enum POSIX {
+    static func error(_ operation: String, path: String, errno code: Int32 = errno) -> HaulError {
+        let reason = String(cString: strerror(code))
+        if code == ENOSPC || code == EDQUOT {
+            return HaulError(.diskFull, "disk full while \(operation) \(path): \(reason)", underlying: SystemError(code: code))
+        }
+        return HaulError(.fileSystem, "cannot \(operation) \(path): \(reason)", underlying: SystemError(code: code))
+    }
+
+    static func open(_ path: String, flags: Int32, mode: mode_t = 0o644) throws -> Int32 {
+        while true {
+            let descriptor = path.withCString { systemOpen($0, flags | O_CLOEXEC, mode) }
+            if descriptor >= 0 { return descriptor }
+            if errno == EINTR { continue }
+            throw error("open", path: path)
+        }
+    }
+
+    /// Writes all of `bytes` at `offset`, looping over short writes.
+    static func write(_ descriptor: Int32, _ bytes: UnsafeRawBufferPointer, at offset: Int64, path: String) throws {
+        var done = 0
+        while done < bytes.count {
+            let result = pwrite(descriptor, bytes.baseAddress! + done, bytes.count - done, off_t(offset) + off_t(done))
+            if result < 0 {
+                if errno == EINTR { continue }
+                throw error("write to", path: path)
+            }
+            done += result
+        }
+    }
+
+    /// Reads up to `count` bytes at `offset`; fewer only at the end of the file.
+    static func read(_ descriptor: Int32, count: Int, at offset: Int64, path: String) throws -> [UInt8] {
+        var buffer = [UInt8](repeating: 0, count: count)
+        var done = 0
+        while done < count {
+            let result = buffer.withUnsafeMutableBytes { pread(descriptor, $0.baseAddress! + done, count - done, off_t(offset) + off_t(done)) }
+            if result < 0 {
+                if errno == EINTR { continue }
+                throw error("read", path: path)
+            }
+            if result == 0 { break }
+            done += result
+        }
+        buffer.removeLast(count - done)
+        return buffer
+    }
+
+    /// Flushes the file's data (and the metadata needed to read it back) to stable storage.
+    static func syncData(_ descriptor: Int32, path: String) throws {
+        #if canImport(Darwin)
+        let result = fcntl(descriptor, F_FULLFSYNC)
+        #else
+        let result = fdatasync(descriptor)
+        #endif
+        if result != 0 { throw error("sync", path: path) }
+    }
+
+    static func syncAll(_ descriptor: Int32, path: String) throws {
+        if fsync(descriptor) != 0 { throw error("sync", path: path) }
+    }
+
+    static func truncate(_ descriptor: Int32, to length: Int64, path: String) throws {
+        if ftruncate(descriptor, off_t(length)) != 0 { throw error("truncate", path: path) }
+    }
+
+    static func size(_ descriptor: Int32, path: String) throws -> Int64 {
+        var info = stat()
+        if fstat(descriptor, &info) != 0 { throw error("stat", path: path) }
+        return Int64(info.st_size)
+    }
+
+    static func close(_ descriptor: Int32) {
+        _ = systemClose(descriptor)
+    }
+
+    /// Makes a rename or unlink in `directory` durable.
+    static func syncDirectory(_ directory: String) throws {
+        let descriptor = try open(directory, flags: O_RDONLY | O_DIRECTORY)
+        defer { close(descriptor) }
+        try syncAll(descriptor, path: directory)
+    }
+
+    static func rename(_ source: String, to destination: String) throws {
+        let result = source.withCString { from in destination.withCString { to in systemRename(from, to) } }
+        if result != 0 { throw error("rename \(source) to", path: destination) }
+    }
+
+    /// Removes a file; a file that is already gone is not an error.
+    static func unlink(_ path: String) throws {
+        if path.withCString({ systemUnlink($0) }) != 0 && errno != ENOENT { throw error("remove", path: path) }
+    }
+
+    /// What `lstat` says about a path: `nil` when nothing is there.
+    static func fileStatus(_ path: String) -> stat? {
+        var info = stat()
+        return path.withCString { lstat($0, &info) } == 0 ? info : nil
+    }
+
+    static func exists(_ path: String) -> Bool { fileStatus(path) != nil }
+
+    static func isDirectory(_ path: String) -> Bool {
+        var info = stat()
+        return path.withCString { stat($0, &info) } == 0 && (info.st_mode & S_IFMT) == S_IFDIR
+    }
+
+    /// Bytes available to unprivileged users on the volume holding `directory`.
+    static func freeSpace(_ directory: String) -> Int64? {
+        var info = statvfs()
+        guard directory.withCString({ statvfs($0, &info) }) == 0 else { return nil }
+        return Int64(info.f_bavail) * Int64(info.f_frsize)
+    }
+
+    static func readWholeFile(_ path: String, limit: Int) throws -> [UInt8] {
+        let descriptor = try open(path, flags: O_RDONLY | O_NOFOLLOW)
+        defer { close(descriptor) }
+        return try read(descriptor, count: limit, at: 0, path: path)
+    }
+
+    static func listDirectory(_ path: String) -> [String] {
+        guard let directory = opendir(path) else { return [] }
+        defer { closedir(directory) }
+        var names: [String] = []
+        while let entry = readdir(directory) {
+            let name = withUnsafePointer(to: entry.pointee.d_name) {
+                $0.withMemoryRebound(to: CChar.self, capacity: Int(NAME_MAX) + 1) { String(cString: $0) }
+            }
+            if name != "." && name != ".." { names.append(name) }
+        }
+        return names
+    }
+
+    static var processID: Int32 { getpid() }
+
+    /// Creates `path` and any missing parent directories.
+    static func makeDirectories(_ path: String) throws {
+        var current = path.hasPrefix("/") ? "" : "."
+        for component in path.split(separator: "/") {
+            current += "/" + component
+            if isDirectory(current) { continue }
+            if current.withCString({ mkdir($0, 0o755) }) != 0 && errno != EEXIST {
+                throw error("create directory", path: current)
+            }
+        }
+    }
+}
+
+/// An `errno` value, kept as the underlying error of a ``HaulError``.
+public struct SystemError: Error, Sendable, Equatable {
+    public let code: Int32
+}
+
+// The module-qualified names keep these calls unambiguous next to the wrappers above.
+#if canImport(Glibc)
+private let systemOpen: @Sendable (UnsafePointer<CChar>, Int32, mode_t) -> Int32 = { Glibc.open($0, $1, $2) }
+private let systemClose: @Sendable (Int32) -> Int32 = { Glibc.close($0) }
+private let systemRename: @Sendable (UnsafePointer<CChar>, UnsafePointer<CChar>) -> Int32 = { Glibc.rename($0, $1) }
+private let systemUnlink: @Sendable (UnsafePointer<CChar>) -> Int32 = { Glibc.unlink($0) }
+#elseif canImport(Musl)
+private let systemOpen: @Sendable (UnsafePointer<CChar>, Int32, mode_t) -> Int32 = { Musl.open($0, $1, $2) }
+private let systemClose: @Sendable (Int32) -> Int32 = { Musl.close($0) }
+private let systemRename: @Sendable (UnsafePointer<CChar>, UnsafePointer<CChar>) -> Int32 = { Musl.rename($0, $1) }
+private let systemUnlink: @Sendable (UnsafePointer<CChar>) -> Int32 = { Musl.unlink($0) }
+#elseif canImport(Darwin)
+private let systemOpen: @Sendable (UnsafePointer<CChar>, Int32, mode_t) -> Int32 = { Darwin.open($0, $1, $2) }
+private let systemClose: @Sendable (Int32) -> Int32 = { Darwin.close($0) }
+private let systemRename: @Sendable (UnsafePointer<CChar>, UnsafePointer<CChar>) -> Int32 = { Darwin.rename($0, $1) }
+private let systemUnlink: @Sendable (UnsafePointer<CChar>) -> Int32 = { Darwin.unlink($0) }
+#endif

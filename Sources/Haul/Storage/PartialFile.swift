@@ -1,0 +1,51 @@
+import NIOCore
+import NIOPosix
+
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// The file that holds a download's bytes until it is complete.
+///
+/// Writes are positional, so any byte range can be written in any order; every blocking call runs
+/// on a thread pool, never on the caller's executor or an event loop.
+final class PartialFile: Sendable {
+    let path: String
+    private let descriptor: Int32
+    private let io: BlockingIO
+
+    /// Opens (creating if needed) the partial file; a symbolic link at `path` is refused, never followed.
+    init(path: String, io: BlockingIO = .shared) throws {
+        self.path = path
+        self.io = io
+        self.descriptor = try POSIX.open(path, flags: O_RDWR | O_CREAT | O_NOFOLLOW)
+    }
+
+    deinit { POSIX.close(descriptor) }
+
+    func write(_ buffer: ByteBuffer, at offset: Int64) async throws {
+        try await io.run { [descriptor, path] in
+            try buffer.withUnsafeReadableBytes { try POSIX.write(descriptor, $0, at: offset, path: path) }
+        }
+    }
+
+    func syncData() async throws {
+        try await io.run { [descriptor, path] in try POSIX.syncData(descriptor, path: path) }
+    }
+
+    func truncate(to length: Int64) async throws {
+        try await io.run { [descriptor, path] in try POSIX.truncate(descriptor, to: length, path: path) }
+    }
+
+    func read(count: Int, at offset: Int64) async throws -> [UInt8] {
+        try await io.run { [descriptor, path] in
+            try POSIX.read(descriptor, count: count, at: offset, path: path)
+        }
+    }
+
+    func size() throws -> Int64 { try POSIX.size(descriptor, path: path) }
+}

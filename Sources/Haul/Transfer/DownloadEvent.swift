@@ -1,0 +1,91 @@
+/// What happens during a download, in order: `started`, then `progress` (and possibly `restarted`
+/// or `retrying`, each followed by a new `started`), then `completed` or `failed`.
+public enum DownloadEvent: Sendable {
+    case started(DownloadStart)
+    case progress(DownloadProgress)
+    /// The partial data was discarded and the download starts again from byte 0.
+    case restarted(RestartReason)
+    /// An attempt failed; the next one starts after `delay`, from the last stored byte.
+    case retrying(attempt: Int, delay: Duration, error: HaulError)
+    case completed(DownloadResult)
+    case failed(HaulError)
+}
+
+/// The facts known once the server has answered.
+public struct DownloadStart: Sendable, Equatable {
+    public let destination: String
+    public let url: String
+    /// The complete length, if the server announced it.
+    public let totalBytes: Int64?
+    /// Bytes already on disk from earlier attempts, not fetched again.
+    public let resumedFrom: Int64
+    /// Whether an interruption can be resumed (byte ranges and a validator).
+    public let resumable: Bool
+    public let validator: ResourceValidator
+}
+
+/// A progress report; `bytes` never decreases between two `started` events and never exceeds `totalBytes`.
+public struct DownloadProgress: Sendable, Equatable {
+    public let bytes: Int64
+    public let totalBytes: Int64?
+    /// Average over the last few seconds, in bytes per second.
+    public let bytesPerSecond: Double
+    /// Estimated time left, when the total and a speed are known.
+    public let secondsRemaining: Double?
+
+    /// Between 0 and 1, when the total is known.
+    public var fraction: Double? {
+        guard let totalBytes, totalBytes > 0 else { return totalBytes == 0 ? 1 : nil }
+        return min(1, Double(bytes) / Double(totalBytes))
+    }
+}
+
+/// Why Haul threw away partial data and started again.
+public enum RestartReason: Sendable, Equatable, CustomStringConvertible {
+    /// The validator changed: the server holds a different file now.
+    case remoteChanged(String)
+    /// The server answered a range request with the whole file.
+    case rangeIgnored
+    /// The `Content-Range` of the answer did not match the request.
+    case invalidContentRange(String)
+    /// The server applied a content coding, so byte positions do not match the file.
+    case contentEncoded(String)
+    /// The server answered a range with `multipart/byteranges`.
+    case multipartResponse
+    /// `416` with a length that does not match the stored one.
+    case rangeNotSatisfiable(String)
+    /// The server gave no validator, so the partial data could not be checked.
+    case unvalidated
+    /// The manifest was missing, unreadable or did not match the partial file.
+    case untrustedPartial(String)
+
+    public var description: String {
+        switch self {
+        case .remoteChanged(let detail): "the remote file changed (\(detail))"
+        case .rangeIgnored: "the server sent the whole file instead of the requested range"
+        case .invalidContentRange(let detail): "the server sent the wrong range (\(detail))"
+        case .contentEncoded(let coding): "the server applied Content-Encoding \(coding), so the range cannot be trusted"
+        case .multipartResponse: "the server answered a single range with multipart/byteranges"
+        case .rangeNotSatisfiable(let detail): "the server refused the range (\(detail))"
+        case .unvalidated:
+            "the server sends no ETag or Last-Modified, so the partial file cannot be checked "
+                + "(allow an unchecked resume with --trust-unvalidated)"
+        case .untrustedPartial(let detail): "the partial file cannot be trusted (\(detail))"
+        }
+    }
+}
+
+/// A finished download.
+public struct DownloadResult: Sendable, Equatable {
+    /// The path of the complete file.
+    public let destination: String
+    public let url: String
+    /// The size of the file.
+    public let bytes: Int64
+    /// Bytes that came over the network during this call (including any re-fetched overlap).
+    public let bytesFetched: Int64
+    /// Bytes kept from earlier sessions.
+    public let resumedFrom: Int64
+    public let restarts: Int
+    public let validator: ResourceValidator
+}

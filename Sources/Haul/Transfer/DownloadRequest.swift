@@ -1,0 +1,28 @@
+/// What to download and where to put it.
+public struct DownloadRequest: Sendable {
+    /// Where the finished file goes.
+    public enum Destination: Sendable, Equatable {
+        /// Exactly this path.
+        case file(String)
+        /// A file in this directory, named by the server's `Content-Disposition`, else the URL's last
+        /// path segment, else `index.html`; always sanitized so it stays inside the directory.
+        case directory(String)
+    }
+
+    public var url: String
+    public var destination: Destination
+    /// Extra request headers, e.g. `Authorization`. They are sent, never stored; `Authorization`
+    /// and `Cookie` are dropped when a redirect leaves the origin.
+    public var headers: [(name: String, value: String)]
+    /// Replace an existing file at the destination once the new one is complete.
+    public var overwrite: Bool
+
+    public init(
+        url: String, destination: Destination, headers: [(name: String, value: String)] = [], overwrite: Bool = false
+    ) {
+        self.url = url
+        self.destination = destination
+        self.headers = headers
+        self.overwrite = overwrite
+    }
+}

@@ -1,0 +1,118 @@
+import AsyncHTTPClient
+import Logging
+import NIOCore
+import NIOPosix
+
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
+import Foundation
+#endif
+
+/// Downloads files so that an interrupted download continues where it stopped and a file that
+/// changed on the server is never spliced.
+///
+/// ```swift
+/// let downloader = Downloader()
+/// defer { try? await downloader.shutdown() }
+/// let result = try await downloader.download(
+///     DownloadRequest(url: "https://example.com/big.iso", destination: .directory("/tmp"))
+/// ) { event in print(event) }
+/// ```
+///
+/// Cancelling the calling task pauses the download: the partial file and its manifest stay on disk
+/// and the next call with the same destination resumes it; the call then throws
+/// ``HaulError/Code/cancelled``.
+public final class Downloader: Sendable {
+    public let configuration: DownloaderConfiguration
+    let client: HTTPClient
+    let logger: Logger
+    let io: BlockingIO
+
+    /// - Parameter logger: Haul logs nothing unless given a logger.
+    public init(configuration: DownloaderConfiguration = .init(), logger: Logger? = nil) {
+        self.configuration = configuration
+        self.logger = logger ?? Logger(label: "haul", factory: { _ in SwiftLogNoOpLogHandler() })
+        self.io = .shared
+        var clientConfiguration = HTTPClient.Configuration(
+            redirectConfiguration: .disallow,
+            timeout: .init(
+                connect: TimeAmount(configuration.timeouts.connect),
+                read: TimeAmount(configuration.timeouts.stall)
+            ),
+            decompression: .disabled
+        )
+        clientConfiguration.httpVersion = .automatic
+        self.client = HTTPClient(eventLoopGroupProvider: .singleton, configuration: clientConfiguration)
+    }
+
+    /// Closes the connections. Call it once no download is running any more.
+    public func shutdown() async throws {
+        try await client.shutdown()
+    }
+
+    /// Downloads `request.url`, resuming a partial download of the same destination when there is one.
+    ///
+    /// - Parameter observe: receives the download's events, in order, on the downloading task.
+    /// - Returns: the finished file.
+    /// - Throws: ``HaulError``.
+    @discardableResult
+    public func download(
+        _ request: DownloadRequest, observing observe: @escaping @Sendable (DownloadEvent) -> Void = { _ in }
+    ) async throws -> DownloadResult {
+        do {
+            let url = try DownloadURL(request.url)
+            var session = try TransferSession(downloader: self, request: request, url: url, observe: observe)
+            let result = try await session.run()
+            observe(.completed(result))
+            return result
+        } catch let error as HaulError {
+            observe(.failed(error))
+            throw error
+        } catch {
+            let wrapped = HaulError(.fileSystem, "\(error)", underlying: error)
+            observe(.failed(wrapped))
+            throw wrapped
+        }
+    }
+}
+
+extension TimeAmount {
+    init(_ duration: Duration) {
+        let parts = duration.components
+        self = .nanoseconds(parts.seconds * 1_000_000_000 + parts.attoseconds / 1_000_000_000)
+    }
+}
+
+/// A URL Haul accepts: http or https with a host.
+struct DownloadURL: Sendable, Equatable {
+    let url: URL
+
+    init(_ text: String) throws {
+        guard let url = URL(string: text), let scheme = url.scheme?.lowercased() else {
+            throw HaulError(.invalidURL, "not a valid URL: \(text)")
+        }
+        guard scheme == "http" || scheme == "https" else {
+            throw HaulError(.unsupportedScheme, "unsupported scheme \(scheme): only http and https are supported (\(text))")
+        }
+        guard let host = url.host, !host.isEmpty else { throw HaulError(.invalidURL, "URL has no host: \(text)") }
+        self.url = url
+    }
+
+    init(resolving location: String, against base: URL) throws {
+        guard let resolved = URL(string: location, relativeTo: base)?.absoluteURL else {
+            throw HaulError(.protocolViolation, "the server redirected to an invalid location: \(location)")
+        }
+        try self.init(resolved.absoluteString)
+    }
+
+    var string: String { url.absoluteString }
+    var isHTTPS: Bool { url.scheme?.lowercased() == "https" }
+
+    /// Scheme, host and port: what decides whether credentials may follow a redirect.
+    var origin: String {
+        let scheme = url.scheme?.lowercased() ?? ""
+        let port = url.port ?? (scheme == "https" ? 443 : 80)
+        return "\(scheme)://\(url.host?.lowercased() ?? ""):\(port)"
+    }
+}

@@ -1,0 +1,72 @@
+/// How a ``Downloader`` behaves. Every value has a default that suits a command-line download.
+public struct DownloaderConfiguration: Sendable {
+    /// When and how often failed attempts are retried.
+    public struct Retry: Sendable {
+        /// Failed attempts in a row that are retried before giving up. An attempt that stored new
+        /// bytes resets the count, so a long download over a flaky link keeps going.
+        public var maximumRetries: Int = 10
+        /// The first backoff delay; each further failure doubles it, up to `maximumDelay`.
+        public var initialDelay: Duration = .seconds(1)
+        public var maximumDelay: Duration = .seconds(60)
+        /// Spread each delay randomly over its upper half, so many clients do not retry in lockstep.
+        public var jitter: Bool = true
+        /// The longest `Retry-After` Haul waits for; a server asking for more fails the download.
+        public var maximumRetryAfter: Duration = .seconds(600)
+        /// Restarts from zero (the remote file changed, ranges were ignored…) allowed in one call.
+        public var maximumRestarts: Int = 8
+
+        public init() {}
+    }
+
+    public struct Timeouts: Sendable {
+        /// Time allowed to open a connection.
+        public var connect: Duration = .seconds(15)
+        /// Time without receiving a byte after which the connection is considered stalled and retried.
+        public var stall: Duration = .seconds(30)
+
+        public init() {}
+    }
+
+    public struct Redirects: Sendable {
+        public var maximum: Int = 20
+        /// Follow a redirect from https to http. Off by default: it would expose the transfer.
+        public var allowHTTPSToHTTP: Bool = false
+
+        public init() {}
+    }
+
+    /// How bytes reach the disk.
+    public struct Storage: Sendable {
+        /// Bytes from the network are gathered into writes of this size.
+        public var blockSize: Int = 1 << 20
+        /// How often the manifest records the written offset (survives a killed process).
+        public var checkpointInterval: Duration = .seconds(1)
+        /// How often data is flushed with `fdatasync` and recorded as durable (survives a power loss).
+        public var durableCheckpointInterval: Duration = .seconds(15)
+        /// Received bytes are written at least this often, even when a block is not full.
+        public var flushInterval: Duration = .seconds(1)
+
+        public init() {}
+    }
+
+    public var retry = Retry()
+    public var timeouts = Timeouts()
+    public var redirects = Redirects()
+    public var storage = Storage()
+    /// Sent as `User-Agent` unless the request sets its own.
+    public var userAgent: String = "haul/\(Haul.version)"
+    /// Resume even when the server gave no validator (no ETag, no Last-Modified). Haul then only
+    /// compares a few bytes before the resume point; a file changed in place could be spliced.
+    public var trustUnvalidatedResume: Bool = false
+    /// Bytes re-fetched before the resume point and compared with the disk when `If-Range` cannot be used.
+    public var overlapCheckBytes: Int = 64 * 1024
+    /// The least time between two progress events.
+    public var progressInterval: Duration = .milliseconds(200)
+
+    public init() {}
+}
+
+/// Facts about this build of Haul.
+public enum Haul {
+    public static let version = "0.1.0"
+}

@@ -1,0 +1,49 @@
+/// Turns a stream of byte counts into throttled progress reports with a smoothed speed.
+///
+/// Speed is the slope over a sliding window of recent samples, which reacts within seconds and does
+/// not jump with every chunk; the reported byte count never decreases and never passes the total.
+struct ProgressMeter {
+    private var samples: [(time: ContinuousClock.Instant, bytes: Int64)] = []
+    private var lastReport: ContinuousClock.Instant?
+    private var lastBytes: Int64
+    private let window: Duration
+    private let interval: Duration
+    let totalBytes: Int64?
+
+    init(startingAt bytes: Int64, totalBytes: Int64?, interval: Duration, window: Duration = .seconds(3)) {
+        self.lastBytes = bytes
+        self.totalBytes = totalBytes
+        self.interval = interval
+        self.window = window
+    }
+
+    /// Records `bytes` at `now`; returns a report when one is due (or when `force` is set).
+    mutating func record(_ bytes: Int64, at now: ContinuousClock.Instant, force: Bool = false) -> DownloadProgress? {
+        let bytes = min(max(bytes, lastBytes), totalBytes ?? Int64.max)
+        lastBytes = bytes
+        if let lastReport, !force, now - lastReport < interval { return nil }
+        lastReport = now
+        samples.append((now, bytes))
+        while let first = samples.first, samples.count > 2, now - first.time > window { samples.removeFirst() }
+        return report(at: now)
+    }
+
+    private func report(at now: ContinuousClock.Instant) -> DownloadProgress {
+        var speed = 0.0
+        if let first = samples.first, let last = samples.last {
+            let seconds = (last.time - first.time).seconds
+            if seconds > 0.05 { speed = Double(last.bytes - first.bytes) / seconds }
+        }
+        var remaining: Double?
+        if let totalBytes, speed > 0 { remaining = Double(totalBytes - lastBytes) / speed }
+        return DownloadProgress(bytes: lastBytes, totalBytes: totalBytes, bytesPerSecond: speed, secondsRemaining: remaining)
+    }
+}
+
+extension Duration {
+    /// The duration as a floating-point number of seconds.
+    var seconds: Double {
+        let parts = components
+        return Double(parts.seconds) + Double(parts.attoseconds) / 1e18
+    }
+}
