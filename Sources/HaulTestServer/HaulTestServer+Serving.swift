@@ -1,0 +1,262 @@
+import NIOCore
+import NIOHTTP1
+import Synchronization
+
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+extension HaulTestServer {
+    /// What the server decided to send for one request.
+    struct Reply {
+        var status: HTTPResponseStatus
+        var headers: HTTPHeaders
+        /// Body parts: generated ranges of the resource or literal bytes (multipart boundaries, error text).
+        var parts: [BodyPart]
+        var faults: [Fault]
+    }
+
+    enum BodyPart {
+        case content(seed: UInt64, range: Range<Int64>)
+        case literal([UInt8])
+
+        var count: Int64 {
+            switch self {
+            case .content(_, let range): range.count.int64
+            case .literal(let bytes): Int64(bytes.count)
+            }
+        }
+    }
+
+    func serve(_ connection: NIOAsyncChannel<HTTPServerRequestPart, HTTPServerResponsePart>) async {
+        let connectionNumber = state.withLock { state in
+            state.openConnections += 1
+            state.connectionsAccepted += 1
+            state.maximumOpenConnections = max(state.maximumOpenConnections, state.openConnections)
+            return state.connectionsAccepted
+        }
+        defer { state.withLock { $0.openConnections -= 1 } }
+        do {
+            try await connection.executeThenClose { inbound, outbound in
+                var head: HTTPRequestHead?
+                for try await part in inbound {
+                    switch part {
+                    case .head(let requestHead): head = requestHead
+                    case .body: continue
+                    case .end:
+                        guard let requestHead = head else { return }
+                        let keepOpen = try await respond(to: requestHead, connection: connectionNumber, outbound: outbound)
+                        if !keepOpen || !requestHead.isKeepAlive { return }
+                        head = nil
+                    }
+                }
+            }
+        } catch {
+            // A client that goes away mid-response is normal here.
+        }
+    }
+
+    /// Answers one request; returns false when the connection must be closed.
+    private func respond(
+        to head: HTTPRequestHead, connection: Int, outbound: NIOAsyncChannelOutboundWriter<HTTPServerResponsePart>
+    ) async throws -> Bool {
+        let request = RecordedRequest(
+            method: head.method.rawValue, uri: head.uri, headers: head.headers.map { ($0.name, $0.value) },
+            connection: connection
+        )
+        let (resource, faults) = state.withLock { state -> (TestResource?, [Fault]) in
+            state.requests.append(request)
+            var faults: [Fault] = []
+            if var steps = state.scripts[request.path], !steps.isEmpty {
+                faults = steps.removeFirst()
+                state.scripts[request.path] = steps
+            }
+            faults += state.standingFaults[request.path] ?? []
+            for case .switchVersion(let version) in faults {
+                state.resources[request.path]?.version = version
+            }
+            return (state.resources[request.path], faults)
+        }
+        var reply = makeReply(for: head, resource: resource, faults: faults)
+        for case .omitHeader(let name) in faults { reply.headers.remove(name: name) }
+        try await send(reply, isHead: head.method == .HEAD, outbound: outbound)
+        return !faults.contains { if case .closeAfter = $0 { true } else if case .shortBody = $0 { true } else { false } }
+    }
+
+    func makeReply(for head: HTTPRequestHead, resource: TestResource?, faults: [Fault]) -> Reply {
+        var headers = HTTPHeaders()
+        headers.add(name: "Date", value: Self.httpDate(Int64(time(nil))))
+        headers.add(name: "Server", value: "HaulTestServer")
+        guard let resource else {
+            return Self.textReply(.notFound, "not found\n", headers: headers, faults: faults)
+        }
+        if let redirect = resource.redirect {
+            headers.add(name: "Location", value: redirect.location)
+            headers.add(name: "Content-Length", value: "0")
+            return Reply(status: HTTPResponseStatus(statusCode: redirect.status), headers: headers, parts: [], faults: faults)
+        }
+        for case .status(let code, let retryAfter) in faults {
+            if let retryAfter { headers.add(name: "Retry-After", value: retryAfter) }
+            return Self.textReply(HTTPResponseStatus(statusCode: code), "scripted status \(code)\n", headers: headers, faults: faults)
+        }
+
+        if let tag = resource.entityTagValue { headers.add(name: "ETag", value: tag) }
+        if resource.lastModified { headers.add(name: "Last-Modified", value: Self.httpDate(resource.lastModifiedSeconds)) }
+        if resource.acceptRanges { headers.add(name: "Accept-Ranges", value: "bytes") }
+        if let disposition = resource.contentDisposition { headers.add(name: "Content-Disposition", value: disposition) }
+        for case .contentEncoding(let coding) in faults { headers.add(name: "Content-Encoding", value: coding) }
+
+        let size = resource.size
+        let ranges = requestedRanges(head, resource: resource, faults: faults)
+        let whole = BodyPart.content(seed: resource.seed, range: 0..<size)
+        guard let ranges else {
+            headers.add(name: "Content-Type", value: "application/octet-stream")
+            return Reply(status: .ok, headers: headers, parts: [whole], faults: faults)
+        }
+        guard !ranges.isEmpty else {
+            headers.add(name: "Content-Range", value: "bytes */\(size)")
+            return Self.textReply(.rangeNotSatisfiable, "range not satisfiable\n", headers: headers, faults: faults)
+        }
+        if ranges.count == 1 && !faults.contains(.multipart) {
+            let range = ranges[0]
+            var shift: Int64 = 0
+            for case .wrongContentRange(let amount) in faults { shift = amount }
+            headers.add(name: "Content-Type", value: "application/octet-stream")
+            headers.add(
+                name: "Content-Range",
+                value: "bytes \(range.lowerBound + shift)-\(range.upperBound - 1 + shift)/\(size)"
+            )
+            return Reply(status: .partialContent, headers: headers, parts: [.content(seed: resource.seed, range: range)], faults: faults)
+        }
+        let boundary = "haul-test-boundary"
+        headers.add(name: "Content-Type", value: "multipart/byteranges; boundary=\(boundary)")
+        var parts: [BodyPart] = []
+        for range in ranges {
+            let partHead = "\r\n--\(boundary)\r\nContent-Type: application/octet-stream\r\n"
+                + "Content-Range: bytes \(range.lowerBound)-\(range.upperBound - 1)/\(size)\r\n\r\n"
+            parts.append(.literal(Array(partHead.utf8)))
+            parts.append(.content(seed: resource.seed, range: range))
+        }
+        parts.append(.literal(Array("\r\n--\(boundary)--\r\n".utf8)))
+        return Reply(status: .partialContent, headers: headers, parts: parts, faults: faults)
+    }
+
+    /// The ranges to serve: `nil` for the whole file (no range, an ignored range, or a failed `If-Range`),
+    /// an empty list when nothing requested is satisfiable.
+    private func requestedRanges(_ head: HTTPRequestHead, resource: TestResource, faults: [Fault]) -> [Range<Int64>]? {
+        guard head.method == .GET, resource.acceptRanges, !faults.contains(.ignoreRange),
+            let value = head.headers.first(name: "range"), let set = ByteRangeSet(value)
+        else { return nil }
+        if let condition = head.headers.first(name: "if-range") {
+            let matchesTag = resource.entityTagMatches(condition)
+            let matchesDate = resource.lastModified && condition == Self.httpDate(resource.lastModifiedSeconds)
+            guard matchesTag || matchesDate else { return nil }
+        }
+        return set.resolve(length: resource.size)
+    }
+
+    private static func textReply(_ status: HTTPResponseStatus, _ text: String, headers: HTTPHeaders, faults: [Fault]) -> Reply {
+        var headers = headers
+        headers.add(name: "Content-Type", value: "text/plain")
+        return Reply(status: status, headers: headers, parts: [.literal(Array(text.utf8))], faults: faults)
+    }
+
+    // MARK: Sending
+
+    private func send(_ reply: Reply, isHead: Bool, outbound: NIOAsyncChannelOutboundWriter<HTTPServerResponsePart>) async throws {
+        var headers = reply.headers
+        let total = reply.parts.reduce(Int64(0)) { $0 + $1.count }
+        if !headers.contains(name: "Content-Length") { headers.add(name: "Content-Length", value: String(total)) }
+        try await outbound.write(.head(HTTPResponseHead(version: .http1_1, status: reply.status, headers: headers)))
+        guard !isHead else {
+            try await outbound.write(.end(nil))
+            return
+        }
+
+        var limit = total
+        var stall: (after: Int64, seconds: Double)?
+        var rate: Int?
+        for fault in reply.faults {
+            switch fault {
+            case .closeAfter(let bytes): limit = min(limit, bytes)
+            case .shortBody(let missing): limit = min(limit, max(0, total - missing))
+            case .stall(let after, let seconds): stall = (after, seconds)
+            case .throttle(let bytesPerSecond): rate = bytesPerSecond
+            default: continue
+            }
+        }
+
+        let clock = ContinuousClock()
+        let start = clock.now
+        var sent: Int64 = 0
+        let chunkSize = Int64(rate.map { max(1024, min(64 * 1024, $0 / 20)) } ?? 64 * 1024)
+        var buffer = ByteBufferAllocator().buffer(capacity: Int(chunkSize))
+        outer: for part in reply.parts {
+            var position: Int64 = 0
+            while position < part.count {
+                if let pause = stall, sent >= pause.after {
+                    stall = nil
+                    try await Task.sleep(for: .seconds(pause.seconds))
+                }
+                var count = min(chunkSize, part.count - position, limit - sent)
+                if let pause = stall, pause.after > sent { count = min(count, pause.after - sent) }
+                guard count > 0 else { break outer }
+                buffer.clear()
+                switch part {
+                case .content(let seed, let range):
+                    buffer.writeWithUnsafeMutableBytes(minimumWritableBytes: Int(count)) { pointer in
+                        TestContent.fill(
+                            UnsafeMutableRawBufferPointer(rebasing: pointer[0..<Int(count)]), seed: seed,
+                            offset: range.lowerBound + position
+                        )
+                        return Int(count)
+                    }
+                case .literal(let bytes):
+                    buffer.writeBytes(bytes[Int(position)..<Int(position + count)])
+                }
+                try await outbound.write(.body(.byteBuffer(buffer)))
+                position += count
+                sent += count
+                state.withLock { $0.bodyBytesSent += count }
+                if let rate {
+                    let due = Duration.seconds(Double(sent) / Double(rate))
+                    let elapsed = clock.now - start
+                    if due > elapsed { try await Task.sleep(for: due - elapsed) }
+                }
+            }
+        }
+        if sent < total {
+            // The fault cuts the body short: close without finishing the message.
+            if let pause = stall, pause.after >= sent { try await Task.sleep(for: .seconds(pause.seconds)) }
+            return
+        }
+        try await outbound.write(.end(nil))
+    }
+
+    static func httpDate(_ seconds: Int64) -> String {
+        var time = time_t(seconds)
+        var parts = tm()
+        gmtime_r(&time, &parts)
+        let days = ["Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"]
+        let months = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"]
+        func two(_ value: Int32) -> String { value < 10 ? "0\(value)" : "\(value)" }
+        return "\(days[Int(parts.tm_wday)]), \(two(parts.tm_mday)) \(months[Int(parts.tm_mon)]) \(parts.tm_year + 1900) "
+            + "\(two(parts.tm_hour)):\(two(parts.tm_min)):\(two(parts.tm_sec)) GMT"
+    }
+}
+
+extension TestResource {
+    /// `If-Range` with an entity tag matches only a strong tag, compared strongly.
+    func entityTagMatches(_ condition: String) -> Bool {
+        guard entityTag == .strong, let tag = entityTagValue else { return false }
+        return condition.trimmingCharacters(in: " \t") == tag
+    }
+}
+
+extension Int {
+    var int64: Int64 { Int64(self) }
+}

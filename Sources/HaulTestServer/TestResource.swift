@@ -1,0 +1,64 @@
+/// A file the test server serves. Its bytes come from ``TestContent``; changing `version` changes
+/// both the content and the validators, like a file replaced on a real server.
+public struct TestResource: Sendable {
+    public enum EntityTagStyle: Sendable {
+        case strong, weak, none
+    }
+
+    public struct Redirect: Sendable {
+        public var status: Int
+        public var location: String
+        public init(status: Int = 302, location: String) {
+            self.status = status
+            self.location = location
+        }
+    }
+
+    public var name: String
+    public var size: Int64
+    public var version: Int
+    public var entityTag: EntityTagStyle
+    public var lastModified: Bool
+    public var acceptRanges: Bool
+    public var contentDisposition: String?
+    public var redirect: Redirect?
+
+    public init(
+        name: String, size: Int64, version: Int = 1, entityTag: EntityTagStyle = .strong, lastModified: Bool = true,
+        acceptRanges: Bool = true, contentDisposition: String? = nil, redirect: Redirect? = nil
+    ) {
+        self.name = name
+        self.size = size
+        self.version = version
+        self.entityTag = entityTag
+        self.lastModified = lastModified
+        self.acceptRanges = acceptRanges
+        self.contentDisposition = contentDisposition
+        self.redirect = redirect
+    }
+
+    /// A resource that only redirects.
+    public static func redirect(to location: String, status: Int = 302) -> TestResource {
+        TestResource(name: "redirect", size: 0, redirect: Redirect(status: status, location: location))
+    }
+
+    public var seed: UInt64 { TestContent.seed(name: name, version: version) }
+
+    /// The `ETag` header value, if this resource sends one.
+    public var entityTagValue: String? {
+        switch entityTag {
+        case .strong: "\"\(name)-v\(version)\""
+        case .weak: "W/\"\(name)-v\(version)\""
+        case .none: nil
+        }
+    }
+
+    /// Seconds since the epoch of the last change: a fixed date moved by the version, well in the past.
+    public var lastModifiedSeconds: Int64 { 1_767_225_600 + Int64(version) * 86_400 }
+
+    /// The bytes in `range` of the current version.
+    public func bytes(_ range: Range<Int64>) -> [UInt8] { TestContent.bytes(seed: seed, range: range) }
+
+    /// The whole current version.
+    public var content: [UInt8] { bytes(0..<size) }
+}

@@ -1,0 +1,162 @@
+import Haul
+import HaulTestServer
+import Synchronization
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// A real temporary directory, removed afterwards.
+func withTemporaryDirectory<Result>(_ body: (String) async throws -> Result) async throws -> Result {
+    var template = Array("/tmp/haul-test-XXXXXX".utf8CString)
+    guard let created = mkdtemp(&template) else { throw TestFailure("mkdtemp failed") }
+    let directory = String(cString: created)
+    defer { removeTree(directory) }
+    return try await body(directory)
+}
+
+func removeTree(_ path: String) {
+    var info = stat()
+    guard lstat(path, &info) == 0 else { return }
+    if (info.st_mode & S_IFMT) == S_IFDIR {
+        if let handle = opendir(path) {
+            var names: [String] = []
+            while let entry = readdir(handle) {
+                let name = withUnsafePointer(to: entry.pointee.d_name) {
+                    $0.withMemoryRebound(to: CChar.self, capacity: 256) { String(cString: $0) }
+                }
+                if name != "." && name != ".." { names.append(name) }
+            }
+            closedir(handle)
+            for name in names { removeTree(path + "/" + name) }
+        }
+        rmdir(path)
+    } else {
+        unlink(path)
+    }
+}
+
+struct TestFailure: Error, CustomStringConvertible {
+    let description: String
+    init(_ description: String) { self.description = description }
+}
+
+func readFile(_ path: String) throws -> [UInt8] {
+    let descriptor = open(path, O_RDONLY)
+    guard descriptor >= 0 else { throw TestFailure("cannot open \(path)") }
+    defer { close(descriptor) }
+    var bytes: [UInt8] = []
+    var buffer = [UInt8](repeating: 0, count: 1 << 16)
+    while true {
+        let count = read(descriptor, &buffer, buffer.count)
+        guard count > 0 else { break }
+        bytes += buffer[0..<count]
+    }
+    return bytes
+}
+
+func writeFile(_ path: String, _ bytes: [UInt8]) throws {
+    let descriptor = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
+    guard descriptor >= 0 else { throw TestFailure("cannot create \(path)") }
+    defer { close(descriptor) }
+    _ = bytes.withUnsafeBytes { write(descriptor, $0.baseAddress, $0.count) }
+}
+
+func fileExists(_ path: String) -> Bool {
+    var info = stat()
+    return lstat(path, &info) == 0
+}
+
+func fileSize(_ path: String) -> Int64? {
+    var info = stat()
+    return stat(path, &info) == 0 ? Int64(info.st_size) : nil
+}
+
+func listDirectory(_ path: String) -> [String] {
+    guard let handle = opendir(path) else { return [] }
+    defer { closedir(handle) }
+    var names: [String] = []
+    while let entry = readdir(handle) {
+        let name = withUnsafePointer(to: entry.pointee.d_name) {
+            $0.withMemoryRebound(to: CChar.self, capacity: 256) { String(cString: $0) }
+        }
+        if name != "." && name != ".." { names.append(name) }
+    }
+    return names.sorted()
+}
+
+/// Collects the events of a download.
+final class EventLog: Sendable {
+    private let events = Mutex<[DownloadEvent]>([])
+
+    var all: [DownloadEvent] { events.withLock { $0 } }
+
+    func record(_ event: DownloadEvent) { events.withLock { $0.append(event) } }
+
+    var restartReasons: [RestartReason] {
+        all.compactMap { if case .restarted(let reason) = $0 { reason } else { nil } }
+    }
+
+    var retries: [HaulError] {
+        all.compactMap { if case .retrying(_, _, let error) = $0 { error } else { nil } }
+    }
+
+    var starts: [DownloadStart] {
+        all.compactMap { if case .started(let start) = $0 { start } else { nil } }
+    }
+
+    var progress: [DownloadProgress] {
+        all.compactMap { if case .progress(let progress) = $0 { progress } else { nil } }
+    }
+}
+
+/// A configuration with short delays, so retries in tests take milliseconds.
+func testConfiguration(retries: Int = 5, stall: Duration = .seconds(5)) -> DownloaderConfiguration {
+    var configuration = DownloaderConfiguration()
+    configuration.retry.maximumRetries = retries
+    configuration.retry.initialDelay = .milliseconds(10)
+    configuration.retry.maximumDelay = .milliseconds(50)
+    configuration.timeouts.stall = stall
+    configuration.timeouts.connect = .seconds(5)
+    configuration.storage.blockSize = 64 * 1024
+    configuration.storage.checkpointInterval = .zero
+    configuration.progressInterval = .zero
+    return configuration
+}
+
+/// Runs `body` with a downloader and shuts it down afterwards.
+@discardableResult
+func withDownloader<Result>(
+    _ configuration: DownloaderConfiguration = testConfiguration(), _ body: (Downloader) async throws -> Result
+) async throws -> Result {
+    let downloader = Downloader(configuration: configuration)
+    do {
+        let result = try await body(downloader)
+        try await downloader.shutdown()
+        return result
+    } catch {
+        try? await downloader.shutdown()
+        throw error
+    }
+}
+
+/// Expects `body` to throw a ``HaulError`` with `code` and returns it.
+@discardableResult
+func expectHaulError(
+    _ code: HaulError.Code, sourceLocation: SourceLocation = #_sourceLocation, _ body: () async throws -> Void
+) async -> HaulError? {
+    do {
+        try await body()
+        Issue.record("expected HaulError \(code), but nothing was thrown", sourceLocation: sourceLocation)
+        return nil
+    } catch let error as HaulError {
+        #expect(error.code == code, "\(error.message)", sourceLocation: sourceLocation)
+        return error
+    } catch {
+        Issue.record("expected HaulError \(code), got \(error)", sourceLocation: sourceLocation)
+        return nil
+    }
+}
