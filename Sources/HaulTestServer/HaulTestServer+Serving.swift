@@ -41,7 +41,7 @@ extension HaulTestServer {
         }
         defer { state.withLock { $0.openConnections -= 1 } }
         do {
-            try await connection.executeThenClose { inbound, outbound in
+            try await connection.executeThenClose { inbound, _ in
                 var head: HTTPRequestHead?
                 for try await part in inbound {
                     switch part {
@@ -49,7 +49,9 @@ extension HaulTestServer {
                     case .body: continue
                     case .end:
                         guard let requestHead = head else { return }
-                        let keepOpen = try await respond(to: requestHead, connection: connectionNumber, outbound: outbound)
+                        let keepOpen = try await respond(
+                            to: requestHead, connection: connectionNumber, channel: connection.channel
+                        )
                         if !keepOpen || !requestHead.isKeepAlive { return }
                         head = nil
                     }
@@ -62,7 +64,7 @@ extension HaulTestServer {
 
     /// Answers one request; returns false when the connection must be closed.
     private func respond(
-        to head: HTTPRequestHead, connection: Int, outbound: NIOAsyncChannelOutboundWriter<HTTPServerResponsePart>
+        to head: HTTPRequestHead, connection: Int, channel: any Channel
     ) async throws -> Bool {
         let request = RecordedRequest(
             method: head.method.rawValue, uri: head.uri, headers: head.headers.map { ($0.name, $0.value) },
@@ -83,7 +85,7 @@ extension HaulTestServer {
         }
         var reply = makeReply(for: head, resource: resource, faults: faults)
         for case .omitHeader(let name) in faults { reply.headers.remove(name: name) }
-        try await send(reply, isHead: head.method == .HEAD, outbound: outbound)
+        try await send(reply, isHead: head.method == .HEAD, channel: channel)
         return !faults.contains { if case .closeAfter = $0 { true } else if case .shortBody = $0 { true } else { false } }
     }
 
@@ -167,13 +169,18 @@ extension HaulTestServer {
 
     // MARK: Sending
 
-    private func send(_ reply: Reply, isHead: Bool, outbound: NIOAsyncChannelOutboundWriter<HTTPServerResponsePart>) async throws {
+    /// Writes the reply straight to the channel and waits for each part to reach the socket, so a fault
+    /// that closes the connection after N bytes really delivers those N bytes first.
+    private func send(_ reply: Reply, isHead: Bool, channel: any Channel) async throws {
+        func write(_ part: HTTPServerResponsePart) async throws {
+            try await channel.writeAndFlush(part).get()
+        }
         var headers = reply.headers
         let total = reply.parts.reduce(Int64(0)) { $0 + $1.count }
         if !headers.contains(name: "Content-Length") { headers.add(name: "Content-Length", value: String(total)) }
-        try await outbound.write(.head(HTTPResponseHead(version: .http1_1, status: reply.status, headers: headers)))
+        try await write(.head(HTTPResponseHead(version: .http1_1, status: reply.status, headers: headers)))
         guard !isHead else {
-            try await outbound.write(.end(nil))
+            try await write(.end(nil))
             return
         }
 
@@ -218,7 +225,7 @@ extension HaulTestServer {
                 case .literal(let bytes):
                     buffer.writeBytes(bytes[Int(position)..<Int(position + count)])
                 }
-                try await outbound.write(.body(.byteBuffer(buffer)))
+                try await write(.body(.byteBuffer(buffer)))
                 position += count
                 sent += count
                 state.withLock { $0.bodyBytesSent += count }
@@ -234,7 +241,7 @@ extension HaulTestServer {
             if let pause = stall, pause.after >= sent { try await Task.sleep(for: .seconds(pause.seconds)) }
             return
         }
-        try await outbound.write(.end(nil))
+        try await write(.end(nil))
     }
 
     static func httpDate(_ seconds: Int64) -> String {

@@ -183,17 +183,9 @@ struct TransferSession {
             _ = try? await response.body.collect(upTo: 64 * 1024)
 
             let next: DownloadURL
-            do {
-                next = try DownloadURL(resolving: location, against: current.url)
-            } catch let error as HaulError {
-                throw HaulError(error.code, "redirect from \(current.string) refused: \(error.message)")
-            }
-            if current.isHTTPS && !next.isHTTPS && !redirects.allowHTTPSToHTTP {
-                throw HaulError(.redirectRefused, "redirect from https to http refused: \(next.string)")
-            }
-            if next.origin != current.origin {
-                headers.removeAll { ["authorization", "cookie"].contains($0.0.lowercased()) }
-            }
+            (next, headers) = try RedirectPolicy.follow(
+                location: location, from: current, headers: headers, allowHTTPSToHTTP: redirects.allowHTTPSToHTTP
+            )
             guard visited.insert(next.string).inserted else {
                 throw HaulError(.redirectRefused, "redirect loop at \(next.string)")
             }

@@ -45,15 +45,17 @@ struct DownloadTests {
                     await expectHaulError(.network) { try await downloader.download(request) }
                 }
                 #expect(!fileExists(destination))
-                #expect(fileSize(destination + ".haul.part") == 400_000)
+                // The client may drop what it buffered when the connection failed, never more.
+                let stored = try #require(fileSize(destination + ".haul.part"))
+                #expect(stored > 0 && stored <= 400_000)
                 // Second session: resumes from the stored byte.
                 let result = try await withDownloader { downloader in try await downloader.download(request) }
-                #expect(result.resumedFrom == 400_000)
-                #expect(result.bytesFetched == 600_000)
+                #expect(result.resumedFrom == stored)
+                #expect(result.bytesFetched == 1_000_000 - stored)
                 #expect(try readFile(destination) == resource.content)
                 let requests = server.requests(for: "/resume.bin")
                 #expect(requests.count == 2)
-                #expect(requests[1].header("range") == "bytes=400000-")
+                #expect(requests[1].header("range") == "bytes=\(stored)-")
                 #expect(requests[1].header("if-range") == resource.entityTagValue)
             }
         }

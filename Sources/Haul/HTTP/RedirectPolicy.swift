@@ -1,0 +1,25 @@
+/// Decides where a redirect may lead and which request headers may follow it.
+enum RedirectPolicy {
+    /// Headers that carry credentials for one origin only.
+    static let credentialHeaders: Set<String> = ["authorization", "cookie"]
+
+    /// Resolves `location` against `current` and returns the next URL and the headers to send there.
+    ///
+    /// Refuses other schemes than http and https, and https → http unless allowed. Credentials are
+    /// dropped as soon as the redirect leaves the origin (scheme, host and port) and stay dropped.
+    static func follow(
+        location: String, from current: DownloadURL, headers: [(String, String)], allowHTTPSToHTTP: Bool
+    ) throws -> (DownloadURL, [(String, String)]) {
+        let next: DownloadURL
+        do {
+            next = try DownloadURL(resolving: location, against: current.url)
+        } catch let error as HaulError {
+            throw HaulError(error.code, "redirect from \(current.string) refused: \(error.message)")
+        }
+        if current.isHTTPS && !next.isHTTPS && !allowHTTPSToHTTP {
+            throw HaulError(.redirectRefused, "redirect from https to http refused: \(next.string)")
+        }
+        guard next.origin != current.origin else { return (next, headers) }
+        return (next, headers.filter { !credentialHeaders.contains($0.0.lowercased()) })
+    }
+}
