@@ -43,6 +43,8 @@ public final class Downloader: Sendable {
             decompression: .disabled
         )
         clientConfiguration.httpVersion = .automatic
+        // Haul retries with its own backoff and reports each attempt; a refused connection should reach it at once.
+        clientConfiguration.connectionPool.retryConnectionEstablishment = false
         self.client = HTTPClient(eventLoopGroupProvider: .singleton, configuration: clientConfiguration)
     }
 

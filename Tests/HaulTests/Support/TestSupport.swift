@@ -145,11 +145,11 @@ func withDownloader<Result>(
 
 /// Expects `body` to throw a ``HaulError`` with `code` and returns it.
 @discardableResult
-func expectHaulError(
-    _ code: HaulError.Code, sourceLocation: SourceLocation = #_sourceLocation, _ body: () async throws -> Void
+func expectHaulError<Value>(
+    _ code: HaulError.Code, sourceLocation: SourceLocation = #_sourceLocation, _ body: () async throws -> Value
 ) async -> HaulError? {
     do {
-        try await body()
+        _ = try await body()
         Issue.record("expected HaulError \(code), but nothing was thrown", sourceLocation: sourceLocation)
         return nil
     } catch let error as HaulError {

@@ -1,0 +1,124 @@
+import Haul
+import HaulTestServer
+import Testing
+
+@Suite(.timeLimit(.minutes(1)))
+struct RetryTests {
+    @Test func serviceUnavailableWithRetryAfterIsRetriedAfterTheAskedDelay() async throws {
+        try await HaulTestServer.withRunning { server in
+            let resource = TestResource(name: "busy", size: 100_000)
+            server.add("/f", resource)
+            server.script("/f", [[.status(503, retryAfter: "1")], [.status(429, retryAfter: "0")]])
+            try await withTemporaryDirectory { directory in
+                let log = EventLog()
+                let clock = ContinuousClock()
+                let start = clock.now
+                try await withDownloader { downloader in
+                    try await downloader.download(
+                        DownloadRequest(url: server.url("/f"), destination: .file(directory + "/f")), observing: log.record
+                    )
+                }
+                #expect(clock.now - start >= .seconds(1))
+                #expect(try readFile(directory + "/f") == resource.content)
+                #expect(server.requests(for: "/f").count == 3)
+                let delays = log.all.compactMap { event -> Duration? in
+                    if case .retrying(_, let delay, _) = event { delay } else { nil }
+                }
+                #expect(delays == [.seconds(1), .seconds(0)])
+                #expect(log.retries.map(\.status) == [503, 429])
+            }
+        }
+    }
+
+    @Test func stallIsRetriedFromTheStoredByte() async throws {
+        try await HaulTestServer.withRunning { server in
+            let resource = TestResource(name: "stall", size: 600_000)
+            server.add("/f", resource)
+            server.script("/f", [[.stall(afterBytes: 300_000, seconds: 30)]])
+            try await withTemporaryDirectory { directory in
+                let log = EventLog()
+                let result = try await withDownloader(testConfiguration(stall: .milliseconds(500))) { downloader in
+                    try await downloader.download(
+                        DownloadRequest(url: server.url("/f"), destination: .file(directory + "/f")), observing: log.record
+                    )
+                }
+                #expect(try readFile(directory + "/f") == resource.content)
+                #expect(log.retries.map(\.code) == [.timedOut])
+                let second = try #require(server.requests(for: "/f").last)
+                // A stalled connection loses nothing: every byte before the stall was stored.
+                #expect(second.header("range") == "bytes=300000-")
+                #expect(second.header("if-range") == resource.entityTagValue)
+                // Retried within one call: the bytes from before the stall were kept, not fetched again.
+                #expect(result.bytesFetched == 600_000)
+            }
+        }
+    }
+
+    @Test(arguments: [404, 403, 410, 401])
+    func clientErrorsFailAtOnceWithTheStatus(status: Int) async throws {
+        try await HaulTestServer.withRunning { server in
+            server.add("/f", TestResource(name: "gone", size: 1000))
+            server.script("/f", [[.status(status)]])
+            try await withTemporaryDirectory { directory in
+                let error = await expectHaulError(.httpStatus) {
+                    try await withDownloader { downloader in
+                        try await downloader.download(DownloadRequest(url: server.url("/f"), destination: .file(directory + "/f")))
+                    }
+                }
+                #expect(error?.status == status)
+                #expect(error?.message.contains("\(status)") == true)
+                #expect(server.requests(for: "/f").count == 1)
+                #expect(!fileExists(directory + "/f"))
+            }
+        }
+    }
+
+    @Test func retriesRunOutWithTheLastError() async throws {
+        try await HaulTestServer.withRunning { server in
+            server.add("/f", TestResource(name: "down", size: 1000))
+            server.setStandingFaults("/f", [.status(502)])
+            try await withTemporaryDirectory { directory in
+                let error = await expectHaulError(.httpStatus) {
+                    try await withDownloader(testConfiguration(retries: 3)) { downloader in
+                        try await downloader.download(DownloadRequest(url: server.url("/f"), destination: .file(directory + "/f")))
+                    }
+                }
+                #expect(error?.status == 502)
+                #expect(error?.message.contains("gave up after 3 retries") == true)
+                #expect(server.requests(for: "/f").count == 4)
+            }
+        }
+    }
+
+    @Test func refusedConnectionIsANetworkError() async throws {
+        // Find a port nobody listens on: start a server, note its port, stop it.
+        let port = try await HaulTestServer.withRunning { server in server.port }
+        try await withTemporaryDirectory { directory in
+            await expectHaulError(.network) {
+                try await withDownloader(testConfiguration(retries: 1)) { downloader in
+                    try await downloader.download(
+                        DownloadRequest(url: "http://127.0.0.1:\(port)/f", destination: .file(directory + "/f"))
+                    )
+                }
+            }
+            #expect(listDirectory(directory).allSatisfy { !$0.hasSuffix(".part") || fileSize(directory + "/" + $0) == 0 })
+        }
+    }
+
+    @Test func manyDropsWithProgressStillComplete() async throws {
+        try await HaulTestServer.withRunning { server in
+            let resource = TestResource(name: "flaky", size: 2_000_000)
+            server.add("/f", resource)
+            // More drops than retries allowed: each attempt stores bytes, which resets the count.
+            server.script("/f", Array(repeating: [Fault.closeAfter(bytes: 150_000)], count: 12))
+            try await withTemporaryDirectory { directory in
+                try await withDownloader(testConfiguration(retries: 3)) { downloader in
+                    try await downloader.download(DownloadRequest(url: server.url("/f"), destination: .file(directory + "/f")))
+                }
+                #expect(try readFile(directory + "/f") == resource.content)
+                let ranges = server.requests(for: "/f").dropFirst().compactMap { $0.header("range") }
+                #expect(ranges.count == server.requests(for: "/f").count - 1)
+            }
+        }
+    }
+}
