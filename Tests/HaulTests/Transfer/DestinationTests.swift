@@ -1,0 +1,201 @@
+@testable import Haul
+import HaulTestServer
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+@Suite(.timeLimit(.minutes(1)))
+struct DestinationTests {
+    @Test(arguments: [
+        ("attachment; filename=\"../../x\"", "x"),
+        ("attachment; filename=\"/etc/passwd\"", "passwd"),
+        ("attachment; filename=\"..\\\\..\\\\win.ini\"", "win.ini"),
+        ("attachment; filename=\"...\"", "served"),
+        ("attachment; filename*=UTF-8''a%01b%7Fc%00.txt", "abc.txt"),
+        ("attachment; filename*=UTF-8''%2E%2E%2Fup.txt", "up.txt"),
+        ("attachment; filename*=UTF-8''na%C3%AFve.txt; filename=\"plain.txt\"", "naïve.txt"),
+        ("attachment; filename=\"" + String(repeating: "n", count: 10_000) + ".iso\"", String(repeating: "n", count: 196) + ".iso"),
+        ("inline", "served"),
+    ])
+    func serverSuggestedNamesStayInsideTheDirectory(disposition: String, expected: String) async throws {
+        try await HaulTestServer.withRunning { server in
+            let resource = TestResource(name: "named", size: 5000, contentDisposition: disposition)
+            server.add("/served", resource)
+            try await withTemporaryDirectory { root in
+                let directory = root + "/inner/target"
+                let result = try await withDownloader { downloader in
+                    try await downloader.download(DownloadRequest(url: server.url("/served"), destination: .directory(directory)))
+                }
+                #expect(result.destination == directory + "/" + expected)
+                #expect(try readFile(result.destination) == resource.content)
+                #expect(listDirectory(directory) == [expected])
+                #expect(listDirectory(root) == ["inner"])
+                #expect(listDirectory(root + "/inner") == ["target"])
+            }
+        }
+    }
+
+    @Test(arguments: [("/", "index.html"), ("/dir/", "dir"), ("/a%20b.txt", "a b.txt"), ("/x?y=1", "x")])
+    func namesComeFromTheURLWhenTheServerSuggestsNone(path: String, expected: String) async throws {
+        try await HaulTestServer.withRunning { server in
+            let servedPath = String(path.split(separator: "?").first ?? "/")
+            server.add(servedPath, TestResource(name: "url-named", size: 100))
+            try await withTemporaryDirectory { directory in
+                let result = try await withDownloader { downloader in
+                    try await downloader.download(DownloadRequest(url: server.url(path), destination: .directory(directory)))
+                }
+                #expect(result.destination == directory + "/" + expected)
+            }
+        }
+    }
+
+    @Test func existingFileIsNotOverwrittenWithoutPermission() async throws {
+        try await HaulTestServer.withRunning { server in
+            let resource = TestResource(name: "exists", size: 20_000)
+            server.add("/f", resource)
+            try await withTemporaryDirectory { directory in
+                let destination = directory + "/f"
+                try writeFile(destination, Array("precious".utf8))
+                let error = await expectHaulError(.destinationExists) {
+                    try await withDownloader { downloader in
+                        try await downloader.download(DownloadRequest(url: server.url("/f"), destination: .file(destination)))
+                    }
+                }
+                #expect(error?.message.contains("--force") == true)
+                #expect(try readFile(destination) == Array("precious".utf8))
+                #expect(server.requests.isEmpty)
+
+                try await withDownloader { downloader in
+                    try await downloader.download(
+                        DownloadRequest(url: server.url("/f"), destination: .file(destination), overwrite: true)
+                    )
+                }
+                #expect(try readFile(destination) == resource.content)
+            }
+        }
+    }
+
+    @Test func secondDownloaderOfTheSameDestinationIsLockedOut() async throws {
+        try await HaulTestServer.withRunning { server in
+            let resource = TestResource(name: "locked", size: 400_000)
+            server.add("/f", resource)
+            server.setStandingFaults("/f", [.throttle(bytesPerSecond: 400_000)])
+            try await withTemporaryDirectory { directory in
+                let destination = directory + "/f"
+                let request = DownloadRequest(url: server.url("/f"), destination: .file(destination))
+                try await withDownloader { downloader in
+                    try await withThrowingTaskGroup(of: Void.self) { group in
+                        group.addTask { try await downloader.download(request) }
+                        while server.requests.isEmpty { try await Task.sleep(for: .milliseconds(10)) }
+                        let error = await expectHaulError(.locked) { try await downloader.download(request) }
+                        #expect(error?.message.contains("pid \(getpid())") == true)
+                        try await group.waitForAll()
+                    }
+                }
+                #expect(try readFile(destination) == resource.content)
+                #expect(server.requests.count == 1)
+                #expect(listDirectory(directory) == ["f"])
+            }
+        }
+    }
+
+    @Test func cancellationKeepsThePartialAndTheNextCallResumes() async throws {
+        try await HaulTestServer.withRunning { server in
+            let resource = TestResource(name: "paused", size: 1_000_000)
+            server.add("/f", resource)
+            server.script("/f", [[.throttle(bytesPerSecond: 1_000_000)]])
+            try await withTemporaryDirectory { directory in
+                let destination = directory + "/f"
+                let request = DownloadRequest(url: server.url("/f"), destination: .file(destination))
+                let log = EventLog()
+                try await withDownloader { downloader in
+                    let task = Task { try await downloader.download(request, observing: log.record) }
+                    while (log.progress.last?.bytes ?? 0) < 200_000 { try await Task.sleep(for: .milliseconds(10)) }
+                    task.cancel()
+                    await expectHaulError(.cancelled) { try await task.value }
+                }
+                let stored = try #require(fileSize(destination + ".haul.part"))
+                #expect(stored >= 200_000 && stored < 1_000_000)
+                let manifest = try #require(try ManifestStore.load(DownloadPaths(destination: destination)))
+                // A pause flushes: the stored bytes are durable, not just written.
+                #expect(manifest.segments[0].written == stored)
+                #expect(manifest.segments[0].durable == stored)
+
+                let result = try await withDownloader { downloader in try await downloader.download(request) }
+                #expect(result.resumedFrom == stored)
+                #expect(try readFile(destination) == resource.content)
+                #expect(server.requests.last?.header("range") == "bytes=\(stored)-")
+            }
+        }
+    }
+
+    @Test func resumeAboveFourGibibytes() async throws {
+        try await HaulTestServer.withRunning { server in
+            let size: Int64 = (4 << 30) + 3 * 1024 * 1024 + 123
+            let resource = TestResource(name: "huge", size: size)
+            server.add("/huge.iso", resource)
+            try await withTemporaryDirectory { directory in
+                let paths = DownloadPaths(destination: directory + "/huge.iso")
+                // A sparse partial file claiming everything below 4 GiB + 1 MiB, as a long first session would leave it.
+                let stored: Int64 = (4 << 30) + 1024 * 1024
+                let descriptor = open(paths.partial, O_RDWR | O_CREAT, 0o644)
+                #expect(ftruncate(descriptor, off_t(stored)) == 0)
+                close(descriptor)
+                var manifest = Manifest(
+                    originalURL: server.url("/huge.iso"), finalURL: server.url("/huge.iso"),
+                    validator: ResourceValidator(entityTag: EntityTag(resource.entityTagValue!)),
+                    totalLength: size, acceptsRanges: true, contentEncoding: nil, bootID: BootIdentity.current, now: 0
+                )
+                manifest.segments[0].written = stored
+                try ManifestStore.store(manifest, at: paths, durable: false)
+
+                let result = try await withDownloader { downloader in
+                    try await downloader.download(DownloadRequest(url: server.url("/huge.iso"), destination: .file(paths.destination)))
+                }
+                #expect(result.bytes == size)
+                #expect(result.resumedFrom == stored)
+                #expect(fileSize(paths.destination) == size)
+                #expect(server.requests.first?.header("range") == "bytes=\(stored)-")
+                let file = open(paths.destination, O_RDONLY)
+                defer { close(file) }
+                var tail = [UInt8](repeating: 0, count: Int(size - stored))
+                let count = pread(file, &tail, tail.count, off_t(stored))
+                #expect(count == tail.count)
+                #expect(tail == resource.bytes(stored..<size))
+            }
+        }
+    }
+
+    @Test(arguments: ["ftp://example.com/file", "file:///etc/passwd", "not a url", "http://", "mailto:a@b"])
+    func onlyHTTPAndHTTPSAreAccepted(url: String) async throws {
+        try await withTemporaryDirectory { directory in
+            do {
+                try await withDownloader { downloader in
+                    try await downloader.download(DownloadRequest(url: url, destination: .directory(directory)))
+                }
+                Issue.record("\(url) was accepted")
+            } catch let error as HaulError {
+                #expect([.unsupportedScheme, .invalidURL].contains(error.code))
+            }
+            #expect(listDirectory(directory).isEmpty)
+        }
+    }
+
+    @Test(arguments: ["Range", "If-Range", "accept-encoding", "Bad Name", "X-Line"])
+    func managedOrMalformedHeadersAreRefused(name: String) async throws {
+        try await withTemporaryDirectory { directory in
+            let value = name == "X-Line" ? "a\r\nInjected: 1" : "x"
+            await expectHaulError(.invalidArgument) {
+                try await withDownloader { downloader in
+                    try await downloader.download(
+                        DownloadRequest(url: "http://127.0.0.1:1/f", destination: .directory(directory), headers: [(name, value)])
+                    )
+                }
+            }
+        }
+    }
+}
