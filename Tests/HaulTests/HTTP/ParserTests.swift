@@ -1,0 +1,250 @@
+@testable import Haul
+import NIOHTTP1
+import Testing
+
+struct ContentRangeTests {
+    @Test(arguments: [
+        ("bytes 0-499/1234", ContentRange(first: 0, last: 499, completeLength: 1234)),
+        ("bytes 500-999/*", ContentRange(first: 500, last: 999, completeLength: nil)),
+        ("bytes */1234", ContentRange(first: nil, last: nil, completeLength: 1234)),
+        ("BYTES 4294967296-4294967395/5000000000", ContentRange(first: 4_294_967_296, last: 4_294_967_395, completeLength: 5_000_000_000)),
+        ("  bytes 1-1/2 ", ContentRange(first: 1, last: 1, completeLength: 2)),
+    ])
+    func parsesValidValues(text: String, expected: ContentRange) {
+        #expect(ContentRange(text) == expected)
+    }
+
+    @Test(arguments: [
+        "", "bytes", "bytes 5-4/10", "bytes 0-10/10", "bytes -1-5/10", "bytes 0-5", "items 0-5/10", "bytes */*",
+        "bytes 0-5/-1", "bytes +0-5/10", "bytes 0-99999999999999999999/1", "bytes 0 -5/10", "bytes a-b/c",
+    ])
+    func rejectsMalformedValues(text: String) {
+        #expect(ContentRange(text) == nil)
+    }
+}
+
+struct EntityTagTests {
+    @Test func parsesStrongAndWeakTags() throws {
+        let strong = try #require(EntityTag("\"abc\""))
+        let weak = try #require(EntityTag("W/\"abc\""))
+        #expect(!strong.isWeak && weak.isWeak)
+        #expect(strong.weaklyMatches(weak))
+        #expect(!strong.stronglyMatches(weak))
+        #expect(strong.stronglyMatches(strong))
+        #expect(weak.description == "W/\"abc\"")
+    }
+
+    @Test(arguments: ["abc", "\"a\"b\"", "W/abc", "\"", "\"a b\""])
+    func rejectsMalformedTags(text: String) {
+        #expect(EntityTag(text) == nil)
+    }
+}
+
+struct HTTPDateTests {
+    @Test(arguments: [
+        "Sun, 06 Nov 1994 08:49:37 GMT", "Sunday, 06-Nov-94 08:49:37 GMT", "Sun Nov  6 08:49:37 1994",
+    ])
+    func parsesAllThreeFormats(text: String) {
+        #expect(HTTPDate.parse(text) == 784_111_777)
+    }
+
+    @Test func formatsIMFFixdate() {
+        #expect(HTTPDate.format(784_111_777) == "Sun, 06 Nov 1994 08:49:37 GMT")
+        #expect(HTTPDate.parse(HTTPDate.format(1_767_225_600)) == 1_767_225_600)
+    }
+
+    @Test(arguments: ["", "yesterday", "Sun, 32 Nov 1994 08:49:37 GMT", "Sun, 06 Foo 1994 08:49:37 GMT", "Sun, 06 Nov 1994 25:00:00 GMT"])
+    func rejectsOtherText(text: String) {
+        #expect(HTTPDate.parse(text) == nil)
+    }
+}
+
+struct RetryAfterTests {
+    @Test func readsSecondsAndDates() {
+        #expect(RetryAfter.delay("120", now: 0) == 120)
+        #expect(RetryAfter.delay("Sun, 06 Nov 1994 08:49:37 GMT", now: 784_111_777 - 30) == 30)
+        #expect(RetryAfter.delay("Sun, 06 Nov 1994 08:49:37 GMT", now: 784_111_777 + 30) == 0)
+        #expect(RetryAfter.delay("-5", now: 0) == nil)
+        #expect(RetryAfter.delay("soon", now: 0) == nil)
+    }
+}
+
+struct ContentDispositionTests {
+    @Test(arguments: [
+        ("attachment; filename=\"a.txt\"", "a.txt"),
+        ("attachment; filename=a.txt", "a.txt"),
+        ("attachment; filename=\"a\\\"b.txt\"", "a\"b.txt"),
+        ("attachment; filename*=UTF-8''%E2%82%AC%20rates.txt", "€ rates.txt"),
+        ("attachment; filename=\"fallback.txt\"; filename*=utf-8''real.txt", "real.txt"),
+        ("attachment; filename*=iso-8859-1''caf%E9.txt", "café.txt"),
+        ("attachment; FILENAME=\"upper.txt\"", "upper.txt"),
+    ])
+    func extractsFilenames(header: String, expected: String) {
+        #expect(ContentDisposition.filename(header) == expected)
+    }
+
+    @Test(arguments: ["attachment", "inline; size=3", "attachment; filename*=UTF-8''%ZZ", "attachment; filename*=koi8-r''x"])
+    func returnsNothingWithoutAUsableName(header: String) {
+        #expect(ContentDisposition.filename(header) == nil)
+    }
+}
+
+struct FileNamingTests {
+    @Test(arguments: [
+        ("../../x", "x"), ("/etc/passwd", "passwd"), ("..\\..\\win.ini", "win.ini"), ("...", nil), ("..", nil),
+        (".hidden", "hidden"), ("a\u{0}b", "ab"), ("tab\there", "tabhere"), ("name. ", "name"), ("", nil),
+        ("dir/", "dir"), ("ok.tar.gz", "ok.tar.gz"),
+    ] as [(String, String?)])
+    func sanitizes(input: String, expected: String?) {
+        #expect(FileNaming.sanitize(input) == expected)
+    }
+
+    @Test func longNamesKeepTheirExtensionWithinTheLimit() throws {
+        let name = try #require(FileNaming.sanitize(String(repeating: "é", count: 5000) + ".tar.gz"))
+        #expect(name.utf8.count <= FileNaming.maximumNameBytes)
+        #expect(name.hasSuffix(".gz"))
+    }
+}
+
+struct ResourceValidatorTests {
+    @Test func lastModifiedIsStrongOnlyWhenOlderThanTheDate() {
+        let strong = ResourceValidator(etag: nil, lastModified: "Sun, 06 Nov 1994 08:49:37 GMT", date: "Sun, 06 Nov 1994 08:49:39 GMT")
+        let weak = ResourceValidator(etag: nil, lastModified: "Sun, 06 Nov 1994 08:49:37 GMT", date: "Sun, 06 Nov 1994 08:49:37 GMT")
+        #expect(strong.ifRangeValue == "Sun, 06 Nov 1994 08:49:37 GMT")
+        #expect(weak.ifRangeValue == nil)
+    }
+
+    @Test func weakTagIsNeverUsedInIfRangeNorReplacedByADate() {
+        let validator = ResourceValidator(
+            etag: "W/\"x\"", lastModified: "Sun, 06 Nov 1994 08:49:37 GMT", date: "Mon, 07 Nov 1994 08:49:37 GMT"
+        )
+        #expect(validator.ifRangeValue == nil)
+        #expect(ResourceValidator(etag: "\"x\"", lastModified: nil, date: nil).ifRangeValue == "\"x\"")
+    }
+
+    @Test func contradictions() {
+        let stored = ResourceValidator(etag: "\"a\"", lastModified: nil, date: nil)
+        #expect(stored.contradiction(with: ResourceValidator(etag: "\"a\"", lastModified: nil, date: nil)) == nil)
+        #expect(stored.contradiction(with: ResourceValidator(etag: "\"b\"", lastModified: nil, date: nil)) != nil)
+        #expect(stored.contradiction(with: ResourceValidator()) != nil)
+    }
+}
+
+struct ProgressMeterTests {
+    @Test func reportsAreMonotonicCappedAndThrottled() {
+        var meter = ProgressMeter(startingAt: 100, totalBytes: 1000, interval: .milliseconds(100))
+        let start = ContinuousClock.now
+        let first = meter.record(200, at: start)
+        #expect(first?.bytes == 200)
+        #expect(meter.record(300, at: start + .milliseconds(10)) == nil)
+        let second = meter.record(150, at: start + .milliseconds(200))
+        #expect(second?.bytes == 300)
+        let third = meter.record(5000, at: start + .milliseconds(400))
+        #expect(third?.bytes == 1000)
+        #expect(third?.fraction == 1)
+        #expect((third?.bytesPerSecond ?? 0) > 0)
+    }
+}
+
+struct ResponseClassifierTests {
+    func manifest(total: Int64? = 1000, etag: String? = "\"v1\"") -> Manifest {
+        Manifest(
+            originalURL: "http://h/f", finalURL: "http://h/f",
+            validator: ResourceValidator(etag: etag, lastModified: nil, date: nil), totalLength: total, acceptsRanges: true,
+            contentEncoding: nil, bootID: nil, now: 0
+        )
+    }
+
+    func headers(_ pairs: [(String, String)]) -> HTTPHeaders { HTTPHeaders(pairs) }
+
+    @Test func acceptsAnExactPartialAnswer() {
+        let plan = ResumePlan(resumeOffset: 400, overlap: 0, ifRange: "\"v1\"", stored: manifest())
+        let action = ResponseClassifier.classify(
+            status: 206, headers: headers([("Content-Range", "bytes 400-999/1000"), ("ETag", "\"v1\""), ("Content-Length", "600")]),
+            plan: plan, now: 0
+        )
+        guard case .stream(let stream) = action else {
+            Issue.record("expected stream, got \(action)")
+            return
+        }
+        #expect(stream.writeStart == 400 && stream.bodyStart == 400 && stream.totalLength == 1000)
+    }
+
+    @Test(arguments: [
+        [("Content-Range", "bytes 401-999/1000")],
+        [("Content-Range", "bytes 400-998/1000")],
+        [("Content-Range", "bytes 400-1999/2000")],
+        [("Content-Range", "bytes 400-999/1000"), ("ETag", "\"v2\"")],
+        [("Content-Range", "bytes 400-999/1000"), ("Content-Length", "10")],
+        [("Content-Range", "bytes 400-999/1000"), ("Content-Encoding", "gzip")],
+        [("Content-Type", "multipart/byteranges; boundary=x")],
+        [],
+    ])
+    func restartsOnAnyMismatch(pairs: [(String, String)]) {
+        let plan = ResumePlan(resumeOffset: 400, overlap: 0, ifRange: "\"v1\"", stored: manifest())
+        let action = ResponseClassifier.classify(status: 206, headers: headers(pairs), plan: plan, now: 0)
+        guard case .restart = action else {
+            Issue.record("expected restart for \(pairs), got \(action)")
+            return
+        }
+    }
+
+    @Test func fullAnswerToARangeStartsOver() {
+        let plan = ResumePlan(resumeOffset: 400, overlap: 0, ifRange: "\"v1\"", stored: manifest())
+        let action = ResponseClassifier.classify(status: 200, headers: headers([("ETag", "\"v2\"")]), plan: plan, now: 0)
+        guard case .stream(let stream) = action else {
+            Issue.record("expected stream, got \(action)")
+            return
+        }
+        #expect(stream.startsOver)
+        #expect(stream.restartReason == .remoteChanged("ETag changed from \"v1\" to \"v2\""))
+    }
+
+    @Test func rangeNotSatisfiableIsSuccessOnlyWhenItConfirmsTheStoredFile() {
+        let complete = ResumePlan(resumeOffset: 1000, overlap: 0, ifRange: "\"v1\"", stored: manifest())
+        #expect(
+            ResponseClassifier.classify(status: 416, headers: headers([("Content-Range", "bytes */1000")]), plan: complete, now: 0)
+                == .alreadyComplete
+        )
+        let longer = ResumePlan(resumeOffset: 1200, overlap: 0, ifRange: "\"v1\"", stored: manifest(total: 1200))
+        guard case .restart = ResponseClassifier.classify(status: 416, headers: headers([("Content-Range", "bytes */1000")]), plan: longer, now: 0)
+        else {
+            Issue.record("a shorter remote file must restart")
+            return
+        }
+    }
+
+    @Test func statusesAreRetriedOrFailed() {
+        #expect(
+            ResponseClassifier.classify(status: 503, headers: headers([("Retry-After", "7")]), plan: .fresh, now: 0)
+                == .retry(status: 503, retryAfter: 7)
+        )
+        #expect(ResponseClassifier.classify(status: 429, headers: headers([]), plan: .fresh, now: 0) == .retry(status: 429, retryAfter: nil))
+        guard case .fail(.httpStatus, _, 404) = ResponseClassifier.classify(status: 404, headers: headers([]), plan: .fresh, now: 0) else {
+            Issue.record("404 must fail")
+            return
+        }
+    }
+}
+
+struct RedirectPolicyTests {
+    @Test func httpsToHTTPIsRefusedUnlessAllowed() throws {
+        let current = try DownloadURL("https://a.example/x")
+        #expect(throws: HaulError.self) {
+            try RedirectPolicy.follow(location: "http://a.example/y", from: current, headers: [], allowHTTPSToHTTP: false)
+        }
+        let (next, _) = try RedirectPolicy.follow(location: "http://a.example/y", from: current, headers: [], allowHTTPSToHTTP: true)
+        #expect(next.string == "http://a.example/y")
+    }
+
+    @Test func credentialsStayWithTheirOrigin() throws {
+        let current = try DownloadURL("https://a.example/x")
+        let headers = [("Authorization", "t"), ("Cookie", "c"), ("Accept", "*/*")]
+        let (_, same) = try RedirectPolicy.follow(location: "/y", from: current, headers: headers, allowHTTPSToHTTP: false)
+        #expect(same.count == 3)
+        let (_, otherPort) = try RedirectPolicy.follow(
+            location: "https://a.example:8443/y", from: current, headers: headers, allowHTTPSToHTTP: false
+        )
+        #expect(otherPort.map(\.0) == ["Accept"])
+    }
+}
