@@ -3,11 +3,11 @@ import NIOHTTP1
 import Synchronization
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #elseif canImport(Musl)
-import Musl
+    import Musl
 #elseif canImport(Darwin)
-import Darwin
+    import Darwin
 #endif
 
 extension HaulTestServer {
@@ -86,7 +86,9 @@ extension HaulTestServer {
         var reply = makeReply(for: head, resource: resource, faults: faults)
         for case .omitHeader(let name) in faults { reply.headers.remove(name: name) }
         try await send(reply, isHead: head.method == .HEAD, channel: channel)
-        return !faults.contains { if case .closeAfter = $0 { true } else if case .shortBody = $0 { true } else { false } }
+        return !faults.contains {
+            if case .closeAfter = $0 { true } else if case .shortBody = $0 { true } else { false }
+        }
     }
 
     func makeReply(for head: HTTPRequestHead, resource: TestResource?, faults: [Fault]) -> Reply {
@@ -99,17 +101,23 @@ extension HaulTestServer {
         if let redirect = resource.redirect {
             headers.add(name: "Location", value: redirect.location)
             headers.add(name: "Content-Length", value: "0")
-            return Reply(status: HTTPResponseStatus(statusCode: redirect.status), headers: headers, parts: [], faults: faults)
+            return Reply(
+                status: HTTPResponseStatus(statusCode: redirect.status), headers: headers, parts: [], faults: faults)
         }
         for case .status(let code, let retryAfter) in faults {
             if let retryAfter { headers.add(name: "Retry-After", value: retryAfter) }
-            return Self.textReply(HTTPResponseStatus(statusCode: code), "scripted status \(code)\n", headers: headers, faults: faults)
+            return Self.textReply(
+                HTTPResponseStatus(statusCode: code), "scripted status \(code)\n", headers: headers, faults: faults)
         }
 
         if let tag = resource.entityTagValue { headers.add(name: "ETag", value: tag) }
-        if resource.lastModified { headers.add(name: "Last-Modified", value: Self.httpDate(resource.lastModifiedSeconds)) }
+        if resource.lastModified {
+            headers.add(name: "Last-Modified", value: Self.httpDate(resource.lastModifiedSeconds))
+        }
         if resource.acceptRanges { headers.add(name: "Accept-Ranges", value: "bytes") }
-        if let disposition = resource.contentDisposition { headers.add(name: "Content-Disposition", value: disposition) }
+        if let disposition = resource.contentDisposition {
+            headers.add(name: "Content-Disposition", value: disposition)
+        }
         for case .contentEncoding(let coding) in faults { headers.add(name: "Content-Encoding", value: coding) }
 
         let size = resource.size
@@ -132,13 +140,16 @@ extension HaulTestServer {
                 name: "Content-Range",
                 value: "bytes \(range.lowerBound + shift)-\(range.upperBound - 1 + shift)/\(size)"
             )
-            return Reply(status: .partialContent, headers: headers, parts: [.content(seed: resource.seed, range: range)], faults: faults)
+            return Reply(
+                status: .partialContent, headers: headers, parts: [.content(seed: resource.seed, range: range)],
+                faults: faults)
         }
         let boundary = "haul-test-boundary"
         headers.add(name: "Content-Type", value: "multipart/byteranges; boundary=\(boundary)")
         var parts: [BodyPart] = []
         for range in ranges {
-            let partHead = "\r\n--\(boundary)\r\nContent-Type: application/octet-stream\r\n"
+            let partHead =
+                "\r\n--\(boundary)\r\nContent-Type: application/octet-stream\r\n"
                 + "Content-Range: bytes \(range.lowerBound)-\(range.upperBound - 1)/\(size)\r\n\r\n"
             parts.append(.literal(Array(partHead.utf8)))
             parts.append(.content(seed: resource.seed, range: range))
@@ -161,7 +172,9 @@ extension HaulTestServer {
         return set.resolve(length: resource.size)
     }
 
-    private static func textReply(_ status: HTTPResponseStatus, _ text: String, headers: HTTPHeaders, faults: [Fault]) -> Reply {
+    private static func textReply(_ status: HTTPResponseStatus, _ text: String, headers: HTTPHeaders, faults: [Fault])
+        -> Reply
+    {
         var headers = headers
         headers.add(name: "Content-Type", value: "text/plain")
         return Reply(status: status, headers: headers, parts: [.literal(Array(text.utf8))], faults: faults)
@@ -251,7 +264,8 @@ extension HaulTestServer {
         let days = ["Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"]
         let months = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"]
         func two(_ value: Int32) -> String { value < 10 ? "0\(value)" : "\(value)" }
-        return "\(days[Int(parts.tm_wday)]), \(two(parts.tm_mday)) \(months[Int(parts.tm_mon)]) \(parts.tm_year + 1900) "
+        return
+            "\(days[Int(parts.tm_wday)]), \(two(parts.tm_mday)) \(months[Int(parts.tm_mon)]) \(parts.tm_year + 1900) "
             + "\(two(parts.tm_hour)):\(two(parts.tm_min)):\(two(parts.tm_sec)) GMT"
     }
 }

@@ -77,7 +77,9 @@ public final class HaulTestServer: Sendable {
         }
     }
 
-    private func accept(_ channel: NIOAsyncChannel<NIOAsyncChannel<HTTPServerRequestPart, HTTPServerResponsePart>, Never>)
+    private func accept(
+        _ channel: NIOAsyncChannel<NIOAsyncChannel<HTTPServerRequestPart, HTTPServerResponsePart>, Never>
+    )
         async throws
     {
         try await withThrowingDiscardingTaskGroup { group in

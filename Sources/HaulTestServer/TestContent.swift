@@ -22,7 +22,8 @@ public enum TestContent {
             absolute += 1
         }
         while buffer.count - position >= 8 {
-            buffer.storeBytes(of: word(seed: seed, index: absolute / 8).littleEndian, toByteOffset: position, as: UInt64.self)
+            buffer.storeBytes(
+                of: word(seed: seed, index: absolute / 8).littleEndian, toByteOffset: position, as: UInt64.self)
             position += 8
             absolute += 8
         }

@@ -3,7 +3,9 @@
 /// Parsing accepts the preferred IMF-fixdate and the two obsolete forms recipients must accept
 /// (RFC 850 and asctime). Formatting always produces IMF-fixdate.
 public enum HTTPDate {
-    private static let monthNames = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"]
+    private static let monthNames = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ]
     private static let dayNames = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"]
 
     /// Parses an HTTP date; returns `nil` for anything else.
@@ -21,7 +23,8 @@ public enum HTTPDate {
             guard parts.count == 3, let day = Int(decimal: parts[0]), let month = month(parts[1]),
                 let shortYear = Int(decimal: parts[2]), parts[2].count == 2
             else { return nil }
-            return epochSeconds(year: shortYear < 70 ? 2000 + shortYear : 1900 + shortYear, month: month, day: day, time: fields[2])
+            return epochSeconds(
+                year: shortYear < 70 ? 2000 + shortYear : 1900 + shortYear, month: month, day: day, time: fields[2])
         case 5:
             // asctime: Sun Nov  6 08:49:37 1994
             guard let month = month(fields[1]), let day = Int(decimal: fields[2]), let year = Int(decimal: fields[4])

@@ -22,7 +22,9 @@ public struct ResourceValidator: Codable, Equatable, Sendable {
         self.entityTag = etag.flatMap(EntityTag.init)
         let modified = lastModified.flatMap { HTTPDate.parse($0) != nil ? $0 : nil }
         self.lastModified = modified
-        if let modified, let modifiedSeconds = HTTPDate.parse(modified), let date, let dateSeconds = HTTPDate.parse(date) {
+        if let modified, let modifiedSeconds = HTTPDate.parse(modified), let date,
+            let dateSeconds = HTTPDate.parse(date)
+        {
             self.lastModifiedIsStrong = modifiedSeconds <= dateSeconds - 1
         } else {
             self.lastModifiedIsStrong = false

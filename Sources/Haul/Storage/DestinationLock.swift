@@ -1,9 +1,9 @@
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #elseif canImport(Musl)
-import Musl
+    import Musl
 #elseif canImport(Darwin)
-import Darwin
+    import Darwin
 #endif
 
 /// An advisory lock that keeps a second process (or a second download in this one) from writing
@@ -31,7 +31,8 @@ final class DestinationLock: Sendable {
                     .trimmingHTTPWhitespace()
                 POSIX.close(descriptor)
                 guard code == EWOULDBLOCK || code == EAGAIN else { throw POSIX.error("lock", path: path, errno: code) }
-                let who = owner.map { $0.isEmpty ? "another process" : "another process (pid \($0))" } ?? "another process"
+                let who =
+                    owner.map { $0.isEmpty ? "another process" : "another process (pid \($0))" } ?? "another process"
                 throw HaulError(.locked, "\(paths.destination) is being downloaded by \(who)")
             }
             // The previous owner may have removed the file between our open and our lock: only a lock
@@ -60,13 +61,13 @@ final class DestinationLock: Sendable {
 enum BootIdentity {
     static let current: String? = {
         #if os(Linux)
-        guard let bytes = try? POSIX.readWholeFile("/proc/sys/kernel/random/boot_id", limit: 64),
-            let text = String(validating: bytes, as: UTF8.self)
-        else { return nil }
-        let trimmed = text.filter { !$0.isWhitespace }
-        return trimmed.isEmpty ? nil : trimmed
+            guard let bytes = try? POSIX.readWholeFile("/proc/sys/kernel/random/boot_id", limit: 64),
+                let text = String(validating: bytes, as: UTF8.self)
+            else { return nil }
+            let trimmed = text.filter { !$0.isWhitespace }
+            return trimmed.isEmpty ? nil : trimmed
         #else
-        return nil
+            return nil
         #endif
     }()
 }

@@ -28,7 +28,8 @@ public enum FileNaming {
     /// percent-decoded and sanitized, or `index.html`.
     public static func name(fromURLPath path: String) -> String {
         let segment = path.split(separator: "/").last.map(String.init) ?? ""
-        let decoded = ContentDisposition.percentDecode(segment).flatMap { String(validating: $0, as: UTF8.self) } ?? segment
+        let decoded =
+            ContentDisposition.percentDecode(segment).flatMap { String(validating: $0, as: UTF8.self) } ?? segment
         return sanitize(decoded) ?? "index.html"
     }
 

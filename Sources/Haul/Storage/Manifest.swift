@@ -1,15 +1,15 @@
 #if canImport(FoundationEssentials)
-import FoundationEssentials
+    import FoundationEssentials
 #else
-import Foundation
+    import Foundation
 #endif
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #elseif canImport(Musl)
-import Musl
+    import Musl
 #elseif canImport(Darwin)
-import Darwin
+    import Darwin
 #endif
 
 /// What Haul knows about a partial download, stored beside it as versioned JSON.
@@ -77,11 +77,18 @@ public struct Manifest: Codable, Equatable, Sendable {
         self.updatedAt = now
     }
 
-    /// Bytes from the start of the file that can be trusted on this boot.
-    public func trustedPrefix(currentBootID: String?) -> Int64 {
-        guard let first = segments.first, first.start == 0 else { return 0 }
+    /// Bytes from the start of the file that can be trusted, given the partial file's current size.
+    ///
+    /// On the boot that wrote them, every byte `write()` accepted survives a killed process in the page
+    /// cache, and one connection writes in order, so the file's size is the trusted prefix, even when
+    /// the process died before its next checkpoint. (Data of another version is never there: starting
+    /// over truncates the file before the new manifest is written.) After a reboot, only the bytes
+    /// flushed before the last durable checkpoint are trusted.
+    public func trustedPrefix(currentBootID: String?, partialSize: Int64) -> Int64 {
+        guard segments.count == 1, let first = segments.first, first.start == 0 else { return 0 }
         let sameBoot = currentBootID != nil && currentBootID == bootID
-        return sameBoot ? first.written : first.durable
+        let limit = min(partialSize, totalLength ?? Int64.max)
+        return sameBoot ? limit : min(first.durable, limit)
     }
 
     /// Checks that the values make sense together; a manifest that does not is not trusted.

@@ -1,9 +1,9 @@
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #elseif canImport(Musl)
-import Musl
+    import Musl
 #elseif canImport(Darwin)
-import Darwin
+    import Darwin
 #endif
 
 /// Thin, throwing wrappers over the POSIX calls the storage layer needs.
@@ -14,7 +14,8 @@ enum POSIX {
     static func error(_ operation: String, path: String, errno code: Int32 = errno) -> HaulError {
         let reason = String(cString: strerror(code))
         if code == ENOSPC || code == EDQUOT {
-            return HaulError(.diskFull, "disk full while \(operation) \(path): \(reason)", underlying: SystemError(code: code))
+            return HaulError(
+                .diskFull, "disk full while \(operation) \(path): \(reason)", underlying: SystemError(code: code))
         }
         return HaulError(.fileSystem, "cannot \(operation) \(path): \(reason)", underlying: SystemError(code: code))
     }
@@ -46,7 +47,9 @@ enum POSIX {
         var buffer = [UInt8](repeating: 0, count: count)
         var done = 0
         while done < count {
-            let result = buffer.withUnsafeMutableBytes { pread(descriptor, $0.baseAddress! + done, count - done, off_t(offset) + off_t(done)) }
+            let result = buffer.withUnsafeMutableBytes {
+                pread(descriptor, $0.baseAddress! + done, count - done, off_t(offset) + off_t(done))
+            }
             if result < 0 {
                 if errno == EINTR { continue }
                 throw error("read", path: path)
@@ -61,9 +64,9 @@ enum POSIX {
     /// Flushes the file's data (and the metadata needed to read it back) to stable storage.
     static func syncData(_ descriptor: Int32, path: String) throws {
         #if canImport(Darwin)
-        let result = fcntl(descriptor, F_FULLFSYNC)
+            let result = fcntl(descriptor, F_FULLFSYNC)
         #else
-        let result = fdatasync(descriptor)
+            let result = fdatasync(descriptor)
         #endif
         if result != 0 { throw error("sync", path: path) }
     }
@@ -164,18 +167,20 @@ public struct SystemError: Error, Sendable, Equatable {
 
 // The module-qualified names keep these calls unambiguous next to the wrappers above.
 #if canImport(Glibc)
-private let systemOpen: @Sendable (UnsafePointer<CChar>, Int32, mode_t) -> Int32 = { Glibc.open($0, $1, $2) }
-private let systemClose: @Sendable (Int32) -> Int32 = { Glibc.close($0) }
-private let systemRename: @Sendable (UnsafePointer<CChar>, UnsafePointer<CChar>) -> Int32 = { Glibc.rename($0, $1) }
-private let systemUnlink: @Sendable (UnsafePointer<CChar>) -> Int32 = { Glibc.unlink($0) }
+    private let systemOpen: @Sendable (UnsafePointer<CChar>, Int32, mode_t) -> Int32 = { Glibc.open($0, $1, $2) }
+    private let systemClose: @Sendable (Int32) -> Int32 = { Glibc.close($0) }
+    private let systemRename: @Sendable (UnsafePointer<CChar>, UnsafePointer<CChar>) -> Int32 = { Glibc.rename($0, $1) }
+    private let systemUnlink: @Sendable (UnsafePointer<CChar>) -> Int32 = { Glibc.unlink($0) }
 #elseif canImport(Musl)
-private let systemOpen: @Sendable (UnsafePointer<CChar>, Int32, mode_t) -> Int32 = { Musl.open($0, $1, $2) }
-private let systemClose: @Sendable (Int32) -> Int32 = { Musl.close($0) }
-private let systemRename: @Sendable (UnsafePointer<CChar>, UnsafePointer<CChar>) -> Int32 = { Musl.rename($0, $1) }
-private let systemUnlink: @Sendable (UnsafePointer<CChar>) -> Int32 = { Musl.unlink($0) }
+    private let systemOpen: @Sendable (UnsafePointer<CChar>, Int32, mode_t) -> Int32 = { Musl.open($0, $1, $2) }
+    private let systemClose: @Sendable (Int32) -> Int32 = { Musl.close($0) }
+    private let systemRename: @Sendable (UnsafePointer<CChar>, UnsafePointer<CChar>) -> Int32 = { Musl.rename($0, $1) }
+    private let systemUnlink: @Sendable (UnsafePointer<CChar>) -> Int32 = { Musl.unlink($0) }
 #elseif canImport(Darwin)
-private let systemOpen: @Sendable (UnsafePointer<CChar>, Int32, mode_t) -> Int32 = { Darwin.open($0, $1, $2) }
-private let systemClose: @Sendable (Int32) -> Int32 = { Darwin.close($0) }
-private let systemRename: @Sendable (UnsafePointer<CChar>, UnsafePointer<CChar>) -> Int32 = { Darwin.rename($0, $1) }
-private let systemUnlink: @Sendable (UnsafePointer<CChar>) -> Int32 = { Darwin.unlink($0) }
+    private let systemOpen: @Sendable (UnsafePointer<CChar>, Int32, mode_t) -> Int32 = { Darwin.open($0, $1, $2) }
+    private let systemClose: @Sendable (Int32) -> Int32 = { Darwin.close($0) }
+    private let systemRename: @Sendable (UnsafePointer<CChar>, UnsafePointer<CChar>) -> Int32 = {
+        Darwin.rename($0, $1)
+    }
+    private let systemUnlink: @Sendable (UnsafePointer<CChar>) -> Int32 = { Darwin.unlink($0) }
 #endif

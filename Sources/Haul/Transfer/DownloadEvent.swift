@@ -64,7 +64,8 @@ public enum RestartReason: Sendable, Equatable, CustomStringConvertible {
         case .remoteChanged(let detail): "the remote file changed (\(detail))"
         case .rangeIgnored: "the server sent the whole file instead of the requested range"
         case .invalidContentRange(let detail): "the server sent the wrong range (\(detail))"
-        case .contentEncoded(let coding): "the server applied Content-Encoding \(coding), so the range cannot be trusted"
+        case .contentEncoded(let coding):
+            "the server applied Content-Encoding \(coding), so the range cannot be trusted"
         case .multipartResponse: "the server answered a single range with multipart/byteranges"
         case .rangeNotSatisfiable(let detail): "the server refused the range (\(detail))"
         case .unvalidated:

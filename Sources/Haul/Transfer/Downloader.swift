@@ -4,9 +4,9 @@ import NIOCore
 import NIOPosix
 
 #if canImport(FoundationEssentials)
-import FoundationEssentials
+    import FoundationEssentials
 #else
-import Foundation
+    import Foundation
 #endif
 
 /// Downloads files so that an interrupted download continues where it stopped and a file that
@@ -95,7 +95,8 @@ struct DownloadURL: Sendable, Equatable {
             throw HaulError(.invalidURL, "not a valid URL: \(text)")
         }
         guard scheme == "http" || scheme == "https" else {
-            throw HaulError(.unsupportedScheme, "unsupported scheme \(scheme): only http and https are supported (\(text))")
+            throw HaulError(
+                .unsupportedScheme, "unsupported scheme \(scheme): only http and https are supported (\(text))")
         }
         guard let host = url.host, !host.isEmpty else { throw HaulError(.invalidURL, "URL has no host: \(text)") }
         self.url = url

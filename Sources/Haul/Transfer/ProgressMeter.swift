@@ -36,7 +36,8 @@ struct ProgressMeter {
         }
         var remaining: Double?
         if let totalBytes, speed > 0 { remaining = Double(totalBytes - lastBytes) / speed }
-        return DownloadProgress(bytes: lastBytes, totalBytes: totalBytes, bytesPerSecond: speed, secondsRemaining: remaining)
+        return DownloadProgress(
+            bytes: lastBytes, totalBytes: totalBytes, bytesPerSecond: speed, secondsRemaining: remaining)
     }
 }
 

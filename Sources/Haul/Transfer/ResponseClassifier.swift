@@ -47,12 +47,14 @@ enum ResponseClassifier {
             let length = headers.first(name: "content-length").flatMap { Int64(decimalDigits: $0) }
             var reason: RestartReason?
             if plan.isResume, let stored = plan.stored {
-                reason = stored.validator.contradiction(with: validator).map(RestartReason.remoteChanged) ?? .rangeIgnored
+                reason =
+                    stored.validator.contradiction(with: validator).map(RestartReason.remoteChanged) ?? .rangeIgnored
             }
             let acceptsRanges = headers[canonicalForm: "accept-ranges"].contains { $0.lowercased() == "bytes" }
             return .stream(
                 StreamPlan(
-                    bodyStart: 0, writeStart: 0, totalLength: length, validator: validator, acceptsRanges: acceptsRanges,
+                    bodyStart: 0, writeStart: 0, totalLength: length, validator: validator,
+                    acceptsRanges: acceptsRanges,
                     contentEncoding: coding, restartReason: reason
                 )
             )
@@ -60,7 +62,9 @@ enum ResponseClassifier {
             return classifyPartial(headers: headers, plan: plan, validator: validator, coding: coding)
         case 416:
             guard plan.isResume, let stored = plan.stored else {
-                return .fail(.httpStatus, "the server answered 416 Range Not Satisfiable to a request without a range", status: 416)
+                return .fail(
+                    .httpStatus, "the server answered 416 Range Not Satisfiable to a request without a range",
+                    status: 416)
             }
             let range = headers.first(name: "content-range").flatMap(ContentRange.init)
             let detail = "416 with Content-Range \(headers.first(name: "content-range") ?? "missing")"
@@ -72,14 +76,18 @@ enum ResponseClassifier {
             let retryAfter = headers.first(name: "retry-after").flatMap { RetryAfter.delay($0, now: now) }
             return .retry(status: status, retryAfter: retryAfter)
         default:
-            return .fail(.httpStatus, "the server answered \(status) \(HTTPResponseStatus(statusCode: status).reasonPhrase)", status: status)
+            return .fail(
+                .httpStatus, "the server answered \(status) \(HTTPResponseStatus(statusCode: status).reasonPhrase)",
+                status: status)
         }
     }
 
     private static func classifyPartial(
         headers: HTTPHeaders, plan: ResumePlan, validator: ResourceValidator, coding: String?
     ) -> ResponseAction {
-        if let contentType = headers.first(name: "content-type"), contentType.lowercased().hasPrefix("multipart/byteranges") {
+        if let contentType = headers.first(name: "content-type"),
+            contentType.lowercased().hasPrefix("multipart/byteranges")
+        {
             return .restart(.multipartResponse)
         }
         if let coding { return .restart(.contentEncoded(coding)) }
@@ -98,7 +106,9 @@ enum ResponseClassifier {
         if let total, last != total - 1 {
             return .restart(.invalidContentRange("asked for the rest of the file, got Content-Range \(header)"))
         }
-        if let length = headers.first(name: "content-length").flatMap({ Int64(decimalDigits: $0) }), length != range.length {
+        if let length = headers.first(name: "content-length").flatMap({ Int64(decimalDigits: $0) }),
+            length != range.length
+        {
             return .restart(.invalidContentRange("Content-Length \(length) does not match Content-Range \(header)"))
         }
         guard let stored = plan.stored, plan.isResume else {

@@ -3,9 +3,9 @@ import NIOCore
 import NIOHTTP1
 
 #if canImport(FoundationEssentials)
-import FoundationEssentials
+    import FoundationEssentials
 #else
-import Foundation
+    import Foundation
 #endif
 
 /// A failure worth another attempt: the next one resumes from the last stored byte.
@@ -39,7 +39,10 @@ struct TransferSession {
     private var resumedFrom: Int64?
     private var lastCheckpoint: ContinuousClock.Instant
 
-    init(downloader: Downloader, request: DownloadRequest, url: DownloadURL, observe: @escaping @Sendable (DownloadEvent) -> Void)
+    init(
+        downloader: Downloader, request: DownloadRequest, url: DownloadURL,
+        observe: @escaping @Sendable (DownloadEvent) -> Void
+    )
         throws
     {
         self.downloader = downloader
@@ -100,7 +103,7 @@ struct TransferSession {
         }
         var plan = ResumePlan.fresh
         if let manifest, let file {
-            let trusted = min(manifest.trustedPrefix(currentBootID: BootIdentity.current), try file.size())
+            let trusted = manifest.trustedPrefix(currentBootID: BootIdentity.current, partialSize: try file.size())
             if let total = manifest.totalLength, trusted == total {
                 return try await finish(totalBytes: total)
             }
@@ -116,7 +119,8 @@ struct TransferSession {
         let (response, finalURL) = try await fetch(plan: plan)
         if paths == nil { try adoptDestination(response: response) }
         let action = ResponseClassifier.classify(
-            status: Int(response.status.code), headers: response.headers, plan: plan, now: Int64(Date().timeIntervalSince1970)
+            status: Int(response.status.code), headers: response.headers, plan: plan,
+            now: Int64(Date().timeIntervalSince1970)
         )
         switch action {
         case .stream(let streamPlan):
@@ -142,7 +146,8 @@ struct TransferSession {
         if let retryAfter {
             guard retryAfter <= retry.maximumRetryAfter else {
                 throw HaulError(
-                    error.code, "\(error.message) and asked to retry after \(Int(retryAfter.seconds)) s, longer than allowed",
+                    error.code,
+                    "\(error.message) and asked to retry after \(Int(retryAfter.seconds)) s, longer than allowed",
                     status: error.status
                 )
             }
@@ -204,9 +209,11 @@ struct TransferSession {
             switch clientError {
             case .readTimeout:
                 let seconds = Int(configuration.timeouts.stall.seconds)
-                return RetryableFailure(error: HaulError(.timedOut, "no data from \(host) for \(seconds) s", underlying: error))
+                return RetryableFailure(
+                    error: HaulError(.timedOut, "no data from \(host) for \(seconds) s", underlying: error))
             case .connectTimeout:
-                return RetryableFailure(error: HaulError(.timedOut, "connecting to \(host) timed out", underlying: error))
+                return RetryableFailure(
+                    error: HaulError(.timedOut, "connecting to \(host) timed out", underlying: error))
             case .cancelled:
                 return cancelled(paths)
             case .invalidURL, .emptyHost, .emptyScheme:
@@ -214,7 +221,8 @@ struct TransferSession {
             case .remoteConnectionClosed:
                 return RetryableFailure(error: HaulError(.network, "\(host) closed the connection", underlying: error))
             default:
-                return RetryableFailure(error: HaulError(.network, "transfer from \(host) failed: \(clientError)", underlying: error))
+                return RetryableFailure(
+                    error: HaulError(.network, "transfer from \(host) failed: \(clientError)", underlying: error))
             }
         }
         let typeName = String(reflecting: type(of: error))
@@ -261,12 +269,13 @@ struct TransferSession {
         }
         if case .directory = request.destination, let loaded, loaded.originalURL != url.string {
             throw HaulError(
-                .destinationExists, "\(paths.partial) belongs to a download of \(loaded.originalURL); remove it or choose another name"
+                .destinationExists,
+                "\(paths.partial) belongs to a download of \(loaded.originalURL); remove it or choose another name"
             )
         }
         if let loaded, !partialExists {
             // A crash between the final rename and the manifest's removal leaves exactly this.
-            if let total = loaded.totalLength, loaded.trustedPrefix(currentBootID: BootIdentity.current) == total,
+            if let total = loaded.totalLength, loaded.segments.first?.written == total,
                 let status = POSIX.fileStatus(paths.destination), Int64(status.st_size) == total
             {
                 try ManifestStore.remove(paths)
@@ -415,7 +424,8 @@ struct TransferSession {
         }
 
         if resumedFrom == nil { resumedFrom = plan.writeStart }
-        let resumable = plan.acceptsRanges && plan.contentEncoding == nil
+        let resumable =
+            plan.acceptsRanges && plan.contentEncoding == nil
             && (!plan.validator.isEmpty || configuration.trustUnvalidatedResume)
         observe(
             .started(
@@ -428,7 +438,8 @@ struct TransferSession {
 
         let received: Int64
         do {
-            received = try await pump(body, file: file, writeStart: plan.writeStart, overlap: overlap, total: plan.totalLength)
+            received = try await pump(
+                body, file: file, writeStart: plan.writeStart, overlap: overlap, total: plan.totalLength)
         } catch is OverlapMismatch {
             try await startOver(.remoteChanged("the bytes before the resume point differ from the partial file"))
             return nil
@@ -486,14 +497,17 @@ struct TransferSession {
                     }
                     if let total, received + Int64(chunk.readableBytes) > total {
                         throw RetryableFailure(
-                            error: HaulError(.protocolViolation, "the server sent more than the announced \(total) bytes")
+                            error: HaulError(
+                                .protocolViolation, "the server sent more than the announced \(total) bytes")
                         )
                     }
                     received += Int64(chunk.readableBytes)
                     block.writeImmutableBuffer(chunk)
                     let now = clock.now
                     if let progress = meter.record(received, at: now) { observe(.progress(progress)) }
-                    guard block.readableBytes >= storage.blockSize || now - lastWrite >= storage.flushInterval else { continue }
+                    guard block.readableBytes >= storage.blockSize || now - lastWrite >= storage.flushInterval else {
+                        continue
+                    }
 
                     if writeInFlight, let receipt = try await group.next() {
                         try await recordWrite(receipt)

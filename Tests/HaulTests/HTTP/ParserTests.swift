@@ -1,13 +1,17 @@
-@testable import Haul
 import NIOHTTP1
 import Testing
+
+@testable import Haul
 
 struct ContentRangeTests {
     @Test(arguments: [
         ("bytes 0-499/1234", ContentRange(first: 0, last: 499, completeLength: 1234)),
         ("bytes 500-999/*", ContentRange(first: 500, last: 999, completeLength: nil)),
         ("bytes */1234", ContentRange(first: nil, last: nil, completeLength: 1234)),
-        ("BYTES 4294967296-4294967395/5000000000", ContentRange(first: 4_294_967_296, last: 4_294_967_395, completeLength: 5_000_000_000)),
+        (
+            "BYTES 4294967296-4294967395/5000000000",
+            ContentRange(first: 4_294_967_296, last: 4_294_967_395, completeLength: 5_000_000_000)
+        ),
         ("  bytes 1-1/2 ", ContentRange(first: 1, last: 1, completeLength: 2)),
     ])
     func parsesValidValues(text: String, expected: ContentRange) {
@@ -53,7 +57,10 @@ struct HTTPDateTests {
         #expect(HTTPDate.parse(HTTPDate.format(1_767_225_600)) == 1_767_225_600)
     }
 
-    @Test(arguments: ["", "yesterday", "Sun, 32 Nov 1994 08:49:37 GMT", "Sun, 06 Foo 1994 08:49:37 GMT", "Sun, 06 Nov 1994 25:00:00 GMT"])
+    @Test(arguments: [
+        "", "yesterday", "Sun, 32 Nov 1994 08:49:37 GMT", "Sun, 06 Foo 1994 08:49:37 GMT",
+        "Sun, 06 Nov 1994 25:00:00 GMT",
+    ])
     func rejectsOtherText(text: String) {
         #expect(HTTPDate.parse(text) == nil)
     }
@@ -83,18 +90,21 @@ struct ContentDispositionTests {
         #expect(ContentDisposition.filename(header) == expected)
     }
 
-    @Test(arguments: ["attachment", "inline; size=3", "attachment; filename*=UTF-8''%ZZ", "attachment; filename*=koi8-r''x"])
+    @Test(arguments: [
+        "attachment", "inline; size=3", "attachment; filename*=UTF-8''%ZZ", "attachment; filename*=koi8-r''x",
+    ])
     func returnsNothingWithoutAUsableName(header: String) {
         #expect(ContentDisposition.filename(header) == nil)
     }
 }
 
 struct FileNamingTests {
-    @Test(arguments: [
-        ("../../x", "x"), ("/etc/passwd", "passwd"), ("..\\..\\win.ini", "win.ini"), ("...", nil), ("..", nil),
-        (".hidden", "hidden"), ("a\u{0}b", "ab"), ("tab\there", "tabhere"), ("name. ", "name"), ("", nil),
-        ("dir/", "dir"), ("ok.tar.gz", "ok.tar.gz"),
-    ] as [(String, String?)])
+    @Test(
+        arguments: [
+            ("../../x", "x"), ("/etc/passwd", "passwd"), ("..\\..\\win.ini", "win.ini"), ("...", nil), ("..", nil),
+            (".hidden", "hidden"), ("a\u{0}b", "ab"), ("tab\there", "tabhere"), ("name. ", "name"), ("", nil),
+            ("dir/", "dir"), ("ok.tar.gz", "ok.tar.gz"),
+        ] as [(String, String?)])
     func sanitizes(input: String, expected: String?) {
         #expect(FileNaming.sanitize(input) == expected)
     }
@@ -108,8 +118,10 @@ struct FileNamingTests {
 
 struct ResourceValidatorTests {
     @Test func lastModifiedIsStrongOnlyWhenOlderThanTheDate() {
-        let strong = ResourceValidator(etag: nil, lastModified: "Sun, 06 Nov 1994 08:49:37 GMT", date: "Sun, 06 Nov 1994 08:49:39 GMT")
-        let weak = ResourceValidator(etag: nil, lastModified: "Sun, 06 Nov 1994 08:49:37 GMT", date: "Sun, 06 Nov 1994 08:49:37 GMT")
+        let strong = ResourceValidator(
+            etag: nil, lastModified: "Sun, 06 Nov 1994 08:49:37 GMT", date: "Sun, 06 Nov 1994 08:49:39 GMT")
+        let weak = ResourceValidator(
+            etag: nil, lastModified: "Sun, 06 Nov 1994 08:49:37 GMT", date: "Sun, 06 Nov 1994 08:49:37 GMT")
         #expect(strong.ifRangeValue == "Sun, 06 Nov 1994 08:49:37 GMT")
         #expect(weak.ifRangeValue == nil)
     }
@@ -150,7 +162,8 @@ struct ResponseClassifierTests {
     func manifest(total: Int64? = 1000, etag: String? = "\"v1\"") -> Manifest {
         Manifest(
             originalURL: "http://h/f", finalURL: "http://h/f",
-            validator: ResourceValidator(etag: etag, lastModified: nil, date: nil), totalLength: total, acceptsRanges: true,
+            validator: ResourceValidator(etag: etag, lastModified: nil, date: nil), totalLength: total,
+            acceptsRanges: true,
             contentEncoding: nil, bootID: nil, now: 0
         )
     }
@@ -160,7 +173,8 @@ struct ResponseClassifierTests {
     @Test func acceptsAnExactPartialAnswer() {
         let plan = ResumePlan(resumeOffset: 400, overlap: 0, ifRange: "\"v1\"", stored: manifest())
         let action = ResponseClassifier.classify(
-            status: 206, headers: headers([("Content-Range", "bytes 400-999/1000"), ("ETag", "\"v1\""), ("Content-Length", "600")]),
+            status: 206,
+            headers: headers([("Content-Range", "bytes 400-999/1000"), ("ETag", "\"v1\""), ("Content-Length", "600")]),
             plan: plan, now: 0
         )
         guard case .stream(let stream) = action else {
@@ -191,7 +205,8 @@ struct ResponseClassifierTests {
 
     @Test func fullAnswerToARangeStartsOver() {
         let plan = ResumePlan(resumeOffset: 400, overlap: 0, ifRange: "\"v1\"", stored: manifest())
-        let action = ResponseClassifier.classify(status: 200, headers: headers([("ETag", "\"v2\"")]), plan: plan, now: 0)
+        let action = ResponseClassifier.classify(
+            status: 200, headers: headers([("ETag", "\"v2\"")]), plan: plan, now: 0)
         guard case .stream(let stream) = action else {
             Issue.record("expected stream, got \(action)")
             return
@@ -203,11 +218,14 @@ struct ResponseClassifierTests {
     @Test func rangeNotSatisfiableIsSuccessOnlyWhenItConfirmsTheStoredFile() {
         let complete = ResumePlan(resumeOffset: 1000, overlap: 0, ifRange: "\"v1\"", stored: manifest())
         #expect(
-            ResponseClassifier.classify(status: 416, headers: headers([("Content-Range", "bytes */1000")]), plan: complete, now: 0)
+            ResponseClassifier.classify(
+                status: 416, headers: headers([("Content-Range", "bytes */1000")]), plan: complete, now: 0)
                 == .alreadyComplete
         )
         let longer = ResumePlan(resumeOffset: 1200, overlap: 0, ifRange: "\"v1\"", stored: manifest(total: 1200))
-        guard case .restart = ResponseClassifier.classify(status: 416, headers: headers([("Content-Range", "bytes */1000")]), plan: longer, now: 0)
+        guard
+            case .restart = ResponseClassifier.classify(
+                status: 416, headers: headers([("Content-Range", "bytes */1000")]), plan: longer, now: 0)
         else {
             Issue.record("a shorter remote file must restart")
             return
@@ -219,8 +237,13 @@ struct ResponseClassifierTests {
             ResponseClassifier.classify(status: 503, headers: headers([("Retry-After", "7")]), plan: .fresh, now: 0)
                 == .retry(status: 503, retryAfter: 7)
         )
-        #expect(ResponseClassifier.classify(status: 429, headers: headers([]), plan: .fresh, now: 0) == .retry(status: 429, retryAfter: nil))
-        guard case .fail(.httpStatus, _, 404) = ResponseClassifier.classify(status: 404, headers: headers([]), plan: .fresh, now: 0) else {
+        #expect(
+            ResponseClassifier.classify(status: 429, headers: headers([]), plan: .fresh, now: 0)
+                == .retry(status: 429, retryAfter: nil))
+        guard
+            case .fail(.httpStatus, _, 404) = ResponseClassifier.classify(
+                status: 404, headers: headers([]), plan: .fresh, now: 0)
+        else {
             Issue.record("404 must fail")
             return
         }
@@ -231,16 +254,19 @@ struct RedirectPolicyTests {
     @Test func httpsToHTTPIsRefusedUnlessAllowed() throws {
         let current = try DownloadURL("https://a.example/x")
         #expect(throws: HaulError.self) {
-            try RedirectPolicy.follow(location: "http://a.example/y", from: current, headers: [], allowHTTPSToHTTP: false)
+            try RedirectPolicy.follow(
+                location: "http://a.example/y", from: current, headers: [], allowHTTPSToHTTP: false)
         }
-        let (next, _) = try RedirectPolicy.follow(location: "http://a.example/y", from: current, headers: [], allowHTTPSToHTTP: true)
+        let (next, _) = try RedirectPolicy.follow(
+            location: "http://a.example/y", from: current, headers: [], allowHTTPSToHTTP: true)
         #expect(next.string == "http://a.example/y")
     }
 
     @Test func credentialsStayWithTheirOrigin() throws {
         let current = try DownloadURL("https://a.example/x")
         let headers = [("Authorization", "t"), ("Cookie", "c"), ("Accept", "*/*")]
-        let (_, same) = try RedirectPolicy.follow(location: "/y", from: current, headers: headers, allowHTTPSToHTTP: false)
+        let (_, same) = try RedirectPolicy.follow(
+            location: "/y", from: current, headers: headers, allowHTTPSToHTTP: false)
         #expect(same.count == 3)
         let (_, otherPort) = try RedirectPolicy.follow(
             location: "https://a.example:8443/y", from: current, headers: headers, allowHTTPSToHTTP: false

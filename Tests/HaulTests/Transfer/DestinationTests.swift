@@ -1,11 +1,12 @@
-@testable import Haul
 import HaulTestServer
 import Testing
 
+@testable import Haul
+
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #elseif canImport(Darwin)
-import Darwin
+    import Darwin
 #endif
 
 @Suite(.timeLimit(.minutes(1)))
@@ -18,7 +19,10 @@ struct DestinationTests {
         ("attachment; filename*=UTF-8''a%01b%7Fc%00.txt", "abc.txt"),
         ("attachment; filename*=UTF-8''%2E%2E%2Fup.txt", "up.txt"),
         ("attachment; filename*=UTF-8''na%C3%AFve.txt; filename=\"plain.txt\"", "naïve.txt"),
-        ("attachment; filename=\"" + String(repeating: "n", count: 10_000) + ".iso\"", String(repeating: "n", count: 196) + ".iso"),
+        (
+            "attachment; filename=\"" + String(repeating: "n", count: 10_000) + ".iso\"",
+            String(repeating: "n", count: 196) + ".iso"
+        ),
         ("inline", "served"),
     ])
     func serverSuggestedNamesStayInsideTheDirectory(disposition: String, expected: String) async throws {
@@ -28,7 +32,8 @@ struct DestinationTests {
             try await withTemporaryDirectory { root in
                 let directory = root + "/inner/target"
                 let result = try await withDownloader { downloader in
-                    try await downloader.download(DownloadRequest(url: server.url("/served"), destination: .directory(directory)))
+                    try await downloader.download(
+                        DownloadRequest(url: server.url("/served"), destination: .directory(directory)))
                 }
                 #expect(result.destination == directory + "/" + expected)
                 #expect(try readFile(result.destination) == resource.content)
@@ -46,7 +51,8 @@ struct DestinationTests {
             server.add(servedPath, TestResource(name: "url-named", size: 100))
             try await withTemporaryDirectory { directory in
                 let result = try await withDownloader { downloader in
-                    try await downloader.download(DownloadRequest(url: server.url(path), destination: .directory(directory)))
+                    try await downloader.download(
+                        DownloadRequest(url: server.url(path), destination: .directory(directory)))
                 }
                 #expect(result.destination == directory + "/" + expected)
             }
@@ -62,7 +68,8 @@ struct DestinationTests {
                 try writeFile(destination, Array("precious".utf8))
                 let error = await expectHaulError(.destinationExists) {
                     try await withDownloader { downloader in
-                        try await downloader.download(DownloadRequest(url: server.url("/f"), destination: .file(destination)))
+                        try await downloader.download(
+                            DownloadRequest(url: server.url("/f"), destination: .file(destination)))
                     }
                 }
                 #expect(error?.message.contains("--force") == true)
@@ -154,7 +161,8 @@ struct DestinationTests {
                 try ManifestStore.store(manifest, at: paths, durable: false)
 
                 let result = try await withDownloader { downloader in
-                    try await downloader.download(DownloadRequest(url: server.url("/huge.iso"), destination: .file(paths.destination)))
+                    try await downloader.download(
+                        DownloadRequest(url: server.url("/huge.iso"), destination: .file(paths.destination)))
                 }
                 #expect(result.bytes == size)
                 #expect(result.resumedFrom == stored)
@@ -192,7 +200,8 @@ struct DestinationTests {
             await expectHaulError(.invalidArgument) {
                 try await withDownloader { downloader in
                     try await downloader.download(
-                        DownloadRequest(url: "http://127.0.0.1:1/f", destination: .directory(directory), headers: [(name, value)])
+                        DownloadRequest(
+                            url: "http://127.0.0.1:1/f", destination: .directory(directory), headers: [(name, value)])
                     )
                 }
             }

@@ -12,7 +12,8 @@ struct DownloadTests {
                 let log = EventLog()
                 let result = try await withDownloader { downloader in
                     try await downloader.download(
-                        DownloadRequest(url: server.url("/plain.bin"), destination: .directory(directory)), observing: log.record
+                        DownloadRequest(url: server.url("/plain.bin"), destination: .directory(directory)),
+                        observing: log.record
                     )
                 }
                 #expect(result.destination == directory + "/plain.bin")

@@ -70,7 +70,8 @@ struct RedirectTests {
             server.add("/file", TestResource(name: "named", size: 1000))
             try await withTemporaryDirectory { directory in
                 let request = DownloadRequest(
-                    url: server.url("/start"), destination: .file(directory + "/f"), headers: [("Authorization", "Basic eA==")]
+                    url: server.url("/start"), destination: .file(directory + "/f"),
+                    headers: [("Authorization", "Basic eA==")]
                 )
                 try await withDownloader { downloader in try await downloader.download(request) }
                 #expect(server.requests(for: "/start").first?.header("authorization") == "Basic eA==")
@@ -86,7 +87,8 @@ struct RedirectTests {
             try await withTemporaryDirectory { directory in
                 let error = await expectHaulError(.redirectRefused) {
                     try await withDownloader { downloader in
-                        try await downloader.download(DownloadRequest(url: server.url("/x"), destination: .file(directory + "/f")))
+                        try await downloader.download(
+                            DownloadRequest(url: server.url("/x"), destination: .file(directory + "/f")))
                     }
                 }
                 #expect(error?.message.contains("loop") == true)
@@ -104,7 +106,8 @@ struct RedirectTests {
             try await withTemporaryDirectory { directory in
                 await expectHaulError(.redirectRefused) {
                     try await withDownloader(configuration) { downloader in
-                        try await downloader.download(DownloadRequest(url: server.url("/0"), destination: .file(directory + "/f")))
+                        try await downloader.download(
+                            DownloadRequest(url: server.url("/0"), destination: .file(directory + "/f")))
                     }
                 }
                 #expect(server.requests.count == 4)
@@ -119,10 +122,13 @@ struct RedirectTests {
             try await withTemporaryDirectory { directory in
                 await expectHaulError(.unsupportedScheme) {
                     try await withDownloader { downloader in
-                        try await downloader.download(DownloadRequest(url: server.url("/go"), destination: .file(directory + "/f")))
+                        try await downloader.download(
+                            DownloadRequest(url: server.url("/go"), destination: .file(directory + "/f")))
                     }
                 }
-                #expect(listDirectory(directory).filter { !$0.hasSuffix(".haul.lock") && !$0.hasSuffix(".haul.part") }.isEmpty)
+                #expect(
+                    listDirectory(directory).filter { !$0.hasSuffix(".haul.lock") && !$0.hasSuffix(".haul.part") }
+                        .isEmpty)
             }
         }
     }

@@ -109,7 +109,8 @@ struct ResumeValidationTests {
                 let destination = directory + "/f"
                 try await withDownloader(testConfiguration(retries: 0)) { downloader in
                     await expectHaulError(.network) {
-                        try await downloader.download(DownloadRequest(url: server.url("/f"), destination: .file(destination)))
+                        try await downloader.download(
+                            DownloadRequest(url: server.url("/f"), destination: .file(destination)))
                     }
                 }
                 #expect(!fileExists(destination))

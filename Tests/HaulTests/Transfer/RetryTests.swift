@@ -15,7 +15,8 @@ struct RetryTests {
                 let start = clock.now
                 try await withDownloader { downloader in
                     try await downloader.download(
-                        DownloadRequest(url: server.url("/f"), destination: .file(directory + "/f")), observing: log.record
+                        DownloadRequest(url: server.url("/f"), destination: .file(directory + "/f")),
+                        observing: log.record
                     )
                 }
                 #expect(clock.now - start >= .seconds(1))
@@ -39,7 +40,8 @@ struct RetryTests {
                 let log = EventLog()
                 let result = try await withDownloader(testConfiguration(stall: .milliseconds(500))) { downloader in
                     try await downloader.download(
-                        DownloadRequest(url: server.url("/f"), destination: .file(directory + "/f")), observing: log.record
+                        DownloadRequest(url: server.url("/f"), destination: .file(directory + "/f")),
+                        observing: log.record
                     )
                 }
                 #expect(try readFile(directory + "/f") == resource.content)
@@ -62,7 +64,8 @@ struct RetryTests {
             try await withTemporaryDirectory { directory in
                 let error = await expectHaulError(.httpStatus) {
                     try await withDownloader { downloader in
-                        try await downloader.download(DownloadRequest(url: server.url("/f"), destination: .file(directory + "/f")))
+                        try await downloader.download(
+                            DownloadRequest(url: server.url("/f"), destination: .file(directory + "/f")))
                     }
                 }
                 #expect(error?.status == status)
@@ -80,7 +83,8 @@ struct RetryTests {
             try await withTemporaryDirectory { directory in
                 let error = await expectHaulError(.httpStatus) {
                     try await withDownloader(testConfiguration(retries: 3)) { downloader in
-                        try await downloader.download(DownloadRequest(url: server.url("/f"), destination: .file(directory + "/f")))
+                        try await downloader.download(
+                            DownloadRequest(url: server.url("/f"), destination: .file(directory + "/f")))
                     }
                 }
                 #expect(error?.status == 502)
@@ -101,7 +105,8 @@ struct RetryTests {
                     )
                 }
             }
-            #expect(listDirectory(directory).allSatisfy { !$0.hasSuffix(".part") || fileSize(directory + "/" + $0) == 0 })
+            #expect(
+                listDirectory(directory).allSatisfy { !$0.hasSuffix(".part") || fileSize(directory + "/" + $0) == 0 })
         }
     }
 
@@ -113,7 +118,8 @@ struct RetryTests {
             server.script("/f", Array(repeating: [Fault.closeAfter(bytes: 150_000)], count: 12))
             try await withTemporaryDirectory { directory in
                 try await withDownloader(testConfiguration(retries: 3)) { downloader in
-                    try await downloader.download(DownloadRequest(url: server.url("/f"), destination: .file(directory + "/f")))
+                    try await downloader.download(
+                        DownloadRequest(url: server.url("/f"), destination: .file(directory + "/f")))
                 }
                 #expect(try readFile(directory + "/f") == resource.content)
                 let ranges = server.requests(for: "/f").dropFirst().compactMap { $0.header("range") }

@@ -1,0 +1,130 @@
+import Foundation
+import HaulTestServer
+import Testing
+
+@Suite(.timeLimit(.minutes(3)), .serialized)
+struct GetCommandTests {
+    @Test func killedRepeatedlyThenResumedGivesAByteIdenticalFile() async throws {
+        try await HaulTestServer.withRunning { server in try await killRepeatedlyThenResume(server) }
+    }
+
+    /// Kept out of the closure above: the compiler's region checker crashes on this body inside a closure.
+    private func killRepeatedlyThenResume(_ server: HaulTestServer) async throws {
+        let resource = TestResource(name: "killed", size: 12 * 1024 * 1024 + 5)
+        server.add("/big.bin", resource)
+        server.setStandingFaults("/big.bin", [.throttle(bytesPerSecond: 3 * 1024 * 1024)])
+        let directory = try makeTemporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let destination = directory + "/big.bin"
+        let arguments = ["get", server.url("/big.bin"), "-o", destination, "--quiet"]
+
+        var sizesAtKill: [Int64] = []
+        for round in 1...3 {
+            let haul = try HaulProcess(arguments)
+            // Let this round add roughly another megabyte, then kill without warning.
+            let target = (sizesAtKill.last ?? 0) + 1024 * 1024
+            let deadline = ContinuousClock.now + .seconds(20)
+            while (size(destination + ".haul.part") ?? 0) < target && ContinuousClock.now < deadline {
+                try await Task.sleep(for: .milliseconds(20))
+            }
+            try await Task.sleep(for: .milliseconds(Int64(50 * round)))
+            haul.signal(SIGKILL)
+            let (status, _, _) = try await haul.finish()
+            #expect(status == SIGKILL || status == 9 || status != 0)
+            let partial = try #require(size(destination + ".haul.part"))
+            sizesAtKill.append(partial)
+            #expect(!FileManager.default.fileExists(atPath: destination))
+        }
+        #expect(sizesAtKill == sizesAtKill.sorted())
+
+        server.setStandingFaults("/big.bin", [])
+        let (status, _, errors) = try await HaulProcess.run(arguments)
+        #expect(status == 0, "\(errors)")
+        #expect(contents(destination) == resource.content)
+        let names = try FileManager.default.contentsOfDirectory(atPath: directory)
+        #expect(names == ["big.bin"])
+        // Every run after the first resumed with a checked range; none started again from zero.
+        let requests = server.requests(for: "/big.bin")
+        #expect(requests.count == 4)
+        for request in requests.dropFirst() {
+            let range = try #require(request.header("range"))
+            #expect(range != "bytes=0-")
+            #expect(request.header("if-range") == resource.entityTagValue)
+        }
+        // Re-fetched bytes stay small: at most what the manifest had not yet recorded at each kill.
+        let fetched = server.bodyBytesSent
+        #expect(fetched < resource.size + 3 * 4 * 1024 * 1024)
+    }
+
+    @Test func interruptCheckpointsExitsWith130AndTheNextRunResumes() async throws {
+        try await HaulTestServer.withRunning { server in
+            let resource = TestResource(name: "interrupted", size: 6 * 1024 * 1024)
+            server.add("/f.bin", resource)
+            server.script("/f.bin", [[.throttle(bytesPerSecond: 2 * 1024 * 1024)]])
+            let directory = try makeTemporaryDirectory()
+            defer { try? FileManager.default.removeItem(atPath: directory) }
+            let haul = try HaulProcess(["get", server.url("/f.bin"), "-d", directory, "--json"])
+            while (size(directory + "/f.bin.haul.part") ?? 0) < 1024 * 1024 {
+                try await Task.sleep(for: .milliseconds(20))
+            }
+            haul.signal(SIGINT)
+            let (status, output, _) = try await haul.finish()
+            #expect(status == 130)
+            #expect(output.contains("\"event\":\"started\""))
+            #expect(output.contains("\"code\":\"cancelled\""))
+            let partial = try #require(size(directory + "/f.bin.haul.part"))
+            let manifest = try #require(contents(directory + "/f.bin.haul.json"))
+            #expect(String(decoding: manifest, as: UTF8.self).contains("\"written\":\(partial)"))
+
+            let (second, _, errors) = try await HaulProcess.run(["get", server.url("/f.bin"), "-d", directory])
+            #expect(second == 0, "\(errors)")
+            #expect(errors.contains("resum"))
+            #expect(contents(directory + "/f.bin") == resource.content)
+            #expect(server.requests(for: "/f.bin").last?.header("range") == "bytes=\(partial)-")
+        }
+    }
+
+    @Test func errorsAreOneLineWithDocumentedExitCodes() async throws {
+        try await HaulTestServer.withRunning { server in
+            server.add("/exists", TestResource(name: "exists", size: 10))
+            let directory = try makeTemporaryDirectory()
+            defer { try? FileManager.default.removeItem(atPath: directory) }
+
+            let missing = try await HaulProcess.run(["get", server.url("/missing"), "-d", directory])
+            #expect(missing.status == 4)
+            #expect(missing.errors == "haul: error: the server answered 404 Not Found\n")
+
+            let scheme = try await HaulProcess.run(["get", "ftp://127.0.0.1/x", "-d", directory])
+            #expect(scheme.status == 3)
+            #expect(scheme.errors.split(separator: "\n").count == 1)
+
+            #expect(FileManager.default.createFile(atPath: directory + "/exists", contents: Data("mine".utf8)))
+            let exists = try await HaulProcess.run(["get", server.url("/exists"), "-d", directory, "-q"])
+            #expect(exists.status == 14)
+            #expect(exists.errors.contains("--force"))
+            #expect(contents(directory + "/exists") == Array("mine".utf8))
+
+            let forced = try await HaulProcess.run(["get", server.url("/exists"), "-d", directory, "-q", "--force"])
+            #expect(forced.status == 0)
+            #expect(contents(directory + "/exists") == server.resource("/exists")?.content)
+
+            let badHeader = try await HaulProcess.run(["get", server.url("/exists"), "-H", "no colon"])
+            #expect(badHeader.status == 64)
+            #expect(badHeader.errors.contains("Name: value"))
+        }
+    }
+
+    @Test func pipedOutputPrintsPlainLines() async throws {
+        try await HaulTestServer.withRunning { server in
+            let resource = TestResource(name: "lines", size: 300_000)
+            server.add("/plain.txt", resource)
+            let directory = try makeTemporaryDirectory()
+            defer { try? FileManager.default.removeItem(atPath: directory) }
+            let result = try await HaulProcess.run(["get", server.url("/plain.txt")], directory: directory)
+            #expect(result.status == 0)
+            #expect(!result.errors.contains("\u{1B}["))
+            #expect(result.errors.contains("haul: saved ./plain.txt (293.0 KiB)"))
+            #expect(contents(directory + "/plain.txt") == resource.content)
+        }
+    }
+}
