@@ -65,9 +65,14 @@ public final class Downloader: Sendable {
         do {
             let url = try DownloadURL(request.url)
             var session = try TransferSession(downloader: self, request: request, url: url, observe: observe)
-            let result = try await session.run()
-            observe(.completed(result))
-            return result
+            do {
+                let result = try await session.run()
+                observe(.completed(result))
+                return result
+            } catch {
+                session.release()
+                throw error
+            }
         } catch let error as HaulError {
             observe(.failed(error))
             throw error

@@ -34,6 +34,8 @@ struct TransferSession {
     private var manifest: Manifest?
     /// A reason to discard the partial data, found while opening it.
     private var pendingRestart: RestartReason?
+    /// Set when an earlier session renamed the complete file but died before removing its manifest.
+    private var completedEarlier: Int64?
     private var restarts = 0
     private var bytesFetched: Int64 = 0
     private var resumedFrom: Int64?
@@ -97,6 +99,7 @@ struct TransferSession {
     /// One request and, when the answer allows, one body. Returns `nil` when the download starts over.
     private mutating func attempt() async throws -> DownloadResult? {
         if Task.isCancelled { throw Self.cancelled(paths) }
+        if let total = completedEarlier { return try await finish(totalBytes: total) }
         if let reason = pendingRestart {
             pendingRestart = nil
             try await startOver(reason)
@@ -257,6 +260,19 @@ struct TransferSession {
 
     private mutating func open(_ paths: DownloadPaths) throws {
         let lock = try DestinationLock.acquire(paths)
+        do {
+            try inspect(paths)
+        } catch {
+            lock.removeFile()
+            throw error
+        }
+        self.lock = lock
+        self.paths = paths
+        if completedEarlier == nil { self.file = try PartialFile(path: paths.partial, io: downloader.io) }
+    }
+
+    /// Reads what an earlier session left at `paths` and decides what of it can be used.
+    private mutating func inspect(_ paths: DownloadPaths) throws {
         var loaded: Manifest?
         do {
             loaded = try ManifestStore.load(paths)
@@ -278,18 +294,24 @@ struct TransferSession {
             if let total = loaded.totalLength, loaded.segments.first?.written == total,
                 let status = POSIX.fileStatus(paths.destination), Int64(status.st_size) == total
             {
-                try ManifestStore.remove(paths)
-                self.manifest = loaded
+                completedEarlier = total
             } else {
                 pendingRestart = .untrustedPartial("the manifest exists but \(paths.partial) is missing")
             }
         } else if loaded == nil, partialExists, pendingRestart == nil {
             pendingRestart = .untrustedPartial("\(paths.partial) has no manifest")
         }
-        self.lock = lock
-        self.paths = paths
-        self.file = try PartialFile(path: paths.partial, io: downloader.io)
         if pendingRestart == nil { self.manifest = loaded }
+    }
+
+    /// Removes what an unfinished call leaves behind that cannot help a later resume: the lock file
+    /// always (the lock itself is released with it), the partial file when no manifest describes it.
+    mutating func release() {
+        guard let paths, let lock else { return }
+        if !POSIX.exists(paths.manifest) { try? POSIX.unlink(paths.partial) }
+        lock.removeFile()
+        self.lock = nil
+        self.file = nil
     }
 
     /// Names the file from the first response when the caller gave only a directory.
@@ -364,9 +386,9 @@ struct TransferSession {
 
     /// Moves the complete file into place: flush, rename, flush the directory, drop the manifest.
     private mutating func finish(totalBytes: Int64) async throws -> DownloadResult {
-        guard let paths, let file else { throw HaulError(.fileSystem, "no destination was chosen") }
+        guard let paths else { throw HaulError(.fileSystem, "no destination was chosen") }
         let validator = manifest?.validator ?? ResourceValidator()
-        if POSIX.exists(paths.partial) {
+        if let file, POSIX.exists(paths.partial) {
             try await file.syncData()
             try await downloader.io.run {
                 try POSIX.rename(paths.partial, to: paths.destination)
@@ -375,6 +397,7 @@ struct TransferSession {
         }
         try await downloader.io.run { try ManifestStore.remove(paths) }
         lock?.removeFile()
+        lock = nil
         return DownloadResult(
             destination: paths.destination, url: url.string, bytes: totalBytes, bytesFetched: bytesFetched,
             resumedFrom: resumedFrom ?? 0, restarts: restarts, validator: validator

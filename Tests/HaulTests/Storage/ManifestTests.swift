@@ -80,6 +80,31 @@ struct ManifestTests {
         }
     }
 
+    @Test func crashAfterTheFinalRenameIsRecognisedAsComplete() async throws {
+        try await HaulTestServer.withRunning { server in
+            let resource = TestResource(name: "renamed", size: 50_000)
+            server.add("/f", resource)
+            try await withTemporaryDirectory { directory in
+                let paths = DownloadPaths(destination: directory + "/f")
+                // The complete file was renamed into place, then the process died before removing the manifest.
+                try writeFile(paths.destination, resource.content)
+                var stored = manifest(written: 50_000, durable: 50_000, bootID: BootIdentity.current)
+                stored.totalLength = 50_000
+                stored.segments[0].end = 50_000
+                try ManifestStore.store(stored, at: paths, durable: true)
+
+                let result = try await withDownloader { downloader in
+                    try await downloader.download(
+                        DownloadRequest(url: server.url("/f"), destination: .file(paths.destination)))
+                }
+                #expect(result.bytes == 50_000)
+                #expect(server.requests.isEmpty)
+                #expect(try readFile(paths.destination) == resource.content)
+                #expect(listDirectory(directory) == ["f"])
+            }
+        }
+    }
+
     @Test func manifestNeverHoldsCredentials() async throws {
         try await HaulTestServer.withRunning { server in
             server.add("/f", TestResource(name: "secret", size: 300_000))

@@ -21,6 +21,8 @@ struct ResumeValidationTests {
         }
         let stored = try #require(fileSize(destination + ".haul.part"))
         #expect(stored > 0 && stored <= bytes)
+        #expect(fileExists(destination + ".haul.json"))
+        #expect(!fileExists(destination + ".haul.lock"))
         return stored
     }
 
