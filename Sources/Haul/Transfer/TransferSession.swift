@@ -232,7 +232,8 @@ struct TransferSession {
         if typeName.contains("NIOSSL") || typeName.contains("TLS") {
             return HaulError(.tls, "TLS with \(host) failed: \(error)", underlying: error)
         }
-        return RetryableFailure(error: HaulError(.network, "transfer from \(host) failed: \(error)", underlying: error))
+        let message = TransportErrorDescription.describe(error, host: host)
+        return RetryableFailure(error: HaulError(.network, message, underlying: error))
     }
 
     static func cancelled(_ paths: DownloadPaths?) -> HaulError {

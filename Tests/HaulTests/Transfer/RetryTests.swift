@@ -99,7 +99,7 @@ struct RetryTests {
         // Find a port nobody listens on: start a server, note its port, stop it.
         let port = try await HaulTestServer.withRunning { server in server.port }
         try await withTemporaryDirectory { directory in
-            await expectHaulError(.network) {
+            let error = await expectHaulError(.network) {
                 try await withDownloader(testConfiguration(retries: 1)) { downloader in
                     try await downloader.download(
                         DownloadRequest(url: "http://127.0.0.1:\(port)/f", destination: .file(directory + "/f"))
