@@ -55,7 +55,11 @@ final class ProgressRenderer: Sendable {
     func fail(_ error: HaulError) {
         if style == .json { return }  // the failed event was already printed
         clearBar()
-        writeError("haul: error: \(error.message)")
+        if error.code == .cancelled {
+            writeError("haul: interrupted; run the same command to resume (\(error.message))")
+        } else {
+            writeError("haul: error: \(error.message)")
+        }
     }
 
     // MARK: Human output
@@ -103,7 +107,7 @@ final class ProgressRenderer: Sendable {
         let columns = Self.terminalColumns()
         var line: String
         if let fraction = progress.fraction {
-            let barWidth = max(10, min(40, columns - summary.count - 24))
+            let barWidth = max(10, min(40, columns - summary.count - 28))
             let filled = Int(Double(barWidth) * fraction)
             let bar =
                 "[" + String(repeating: "#", count: filled) + String(repeating: "-", count: barWidth - filled) + "]"
@@ -111,7 +115,8 @@ final class ProgressRenderer: Sendable {
         } else {
             line = "\(Self.fit(name, 20)) \(summary)"
         }
-        if line.count >= columns { line = String(line.prefix(columns - 1)) }
+        // Leave room for the terminal's "^C" echo, so erasing the line erases the echo too.
+        if line.count > columns - 4 { line = String(line.prefix(max(0, columns - 4))) }
         writeRaw("\r" + line + "\u{1B}[K")
     }
 

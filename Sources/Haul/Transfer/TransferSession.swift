@@ -237,7 +237,7 @@ struct TransferSession {
     }
 
     static func cancelled(_ paths: DownloadPaths?) -> HaulError {
-        let detail = paths.map { "; the partial file \($0.partial) is kept for a resume" } ?? ""
+        let detail = paths.map { ": the partial file \($0.partial) is kept" } ?? ""
         return HaulError(.cancelled, "download cancelled\(detail)", underlying: CancellationError())
     }
 
@@ -287,7 +287,8 @@ struct TransferSession {
         if case .directory = request.destination, let loaded, loaded.originalURL != url.string {
             throw HaulError(
                 .destinationExists,
-                "\(paths.partial) belongs to a download of \(loaded.originalURL); remove it or choose another name"
+                "\(paths.partial) belongs to a download of \(loaded.originalURL); to continue it from this URL, "
+                    + "name it explicitly (-o \(paths.fileName)), or remove it"
             )
         }
         if let loaded, !partialExists {

@@ -86,6 +86,64 @@ struct DestinationTests {
         }
     }
 
+    @Test func aRefreshedURLResumesTheSameDestination() async throws {
+        try await HaulTestServer.withRunning { server in
+            // The same file behind an expiring link: a new link, same validator.
+            let resource = TestResource(name: "signed", size: 600_000)
+            server.add("/file", resource)
+            server.script("/file", [[.closeAfter(bytes: 300_000)]])
+            try await withTemporaryDirectory { directory in
+                let destination = directory + "/file.bin"
+                await expectHaulError(.network) {
+                    try await withDownloader(testConfiguration(retries: 0)) { downloader in
+                        try await downloader.download(
+                            DownloadRequest(url: server.url("/file?token=old"), destination: .file(destination))
+                        )
+                    }
+                }
+                let stored = try #require(fileSize(destination + ".haul.part"))
+                let result = try await withDownloader { downloader in
+                    try await downloader.download(
+                        DownloadRequest(url: server.url("/file?token=new"), destination: .file(destination))
+                    )
+                }
+                #expect(result.resumedFrom == stored)
+                #expect(try readFile(destination) == resource.content)
+                let last = try #require(server.requests.last)
+                #expect(last.uri == "/file?token=new")
+                #expect(last.header("range") == "bytes=\(stored)-")
+                #expect(last.header("if-range") == resource.entityTagValue)
+            }
+        }
+    }
+
+    @Test func anAutomaticNameNeverTakesOverAnotherURLsPartial() async throws {
+        try await HaulTestServer.withRunning { server in
+            server.add("/a/data.bin", TestResource(name: "first", size: 300_000))
+            server.add("/b/data.bin", TestResource(name: "second", size: 300_000))
+            server.script("/a/data.bin", [[.closeAfter(bytes: 100_000)]])
+            try await withTemporaryDirectory { directory in
+                await expectHaulError(.network) {
+                    try await withDownloader(testConfiguration(retries: 0)) { downloader in
+                        try await downloader.download(
+                            DownloadRequest(url: server.url("/a/data.bin"), destination: .directory(directory)))
+                    }
+                }
+                let stored = try #require(fileSize(directory + "/data.bin.haul.part"))
+                let error = await expectHaulError(.destinationExists) {
+                    try await withDownloader { downloader in
+                        try await downloader.download(
+                            DownloadRequest(url: server.url("/b/data.bin"), destination: .directory(directory)))
+                    }
+                }
+                #expect(error?.message.contains("-o data.bin") == true)
+                // The other download's partial data is untouched.
+                #expect(fileSize(directory + "/data.bin.haul.part") == stored)
+                #expect(fileExists(directory + "/data.bin.haul.json"))
+            }
+        }
+    }
+
     @Test func secondDownloaderOfTheSameDestinationIsLockedOut() async throws {
         try await HaulTestServer.withRunning { server in
             let resource = TestResource(name: "locked", size: 400_000)
