@@ -69,6 +69,8 @@ measure() {
     shift
     local report
     report=$(mktemp)
+    # Start each run with no dirty pages left by the previous one.
+    sync
     /usr/bin/time -f "%e %U %S %M" -o "$report" "$@" >/dev/null 2>&1 || { echo "$label FAILED"; rm -f "$report"; return 1; }
     read -r wall user system rss < "$report"
     rm -f "$report"

@@ -41,6 +41,9 @@ struct Get: AsyncParsableCommand {
     @Option(help: "Seconds allowed to connect.")
     var connectTimeout: Double = 15
 
+    @Option(help: .hidden)
+    var durableCheckpointInterval: Double = 5
+
     @Flag(help: "Replace an existing file at the destination once the new download is complete.")
     var force = false
 
@@ -61,6 +64,7 @@ struct Get: AsyncParsableCommand {
         if output?.isEmpty == true { throw ValidationError("-o needs a file name") }
         guard retries >= 0 else { throw ValidationError("--retries must be 0 or more") }
         guard stallTimeout > 0, connectTimeout > 0 else { throw ValidationError("timeouts must be greater than 0") }
+        guard durableCheckpointInterval > 0 else { throw ValidationError("intervals must be greater than 0") }
         _ = try parsedHeaders()
     }
 
@@ -93,6 +97,7 @@ struct Get: AsyncParsableCommand {
         configuration.trustUnvalidatedResume = trustUnvalidated
         configuration.redirects.allowHTTPSToHTTP = allowInsecureRedirects
         configuration.progressInterval = .milliseconds(100)
+        configuration.storage.durableCheckpointInterval = .milliseconds(Int64(durableCheckpointInterval * 1000))
 
         let request = DownloadRequest(
             url: url, destination: destination(), headers: try parsedHeaders(), overwrite: force)

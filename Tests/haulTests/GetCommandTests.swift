@@ -128,3 +128,26 @@ struct GetCommandTests {
         }
     }
 }
+
+@Suite(.timeLimit(.minutes(1)))
+struct LockCommandTests {
+    @Test func aSecondProcessIsRefusedWithTheFirstOnesPID() async throws {
+        try await HaulTestServer.withRunning { server in
+            let resource = TestResource(name: "contended", size: 4 * 1024 * 1024)
+            server.add("/c.bin", resource)
+            server.script("/c.bin", [[.throttle(bytesPerSecond: 2 * 1024 * 1024)]])
+            let directory = try makeTemporaryDirectory()
+            defer { try? FileManager.default.removeItem(atPath: directory) }
+            let arguments = ["get", server.url("/c.bin"), "-o", directory + "/c.bin", "-q"]
+            let first = try HaulProcess(arguments)
+            while (size(directory + "/c.bin.haul.part") ?? 0) == 0 { try await Task.sleep(for: .milliseconds(20)) }
+            let second = try await HaulProcess.run(arguments)
+            #expect(second.status == 13)
+            #expect(second.errors.contains("pid \(first.pid)"))
+            let (status, _, errors) = try await first.finish()
+            #expect(status == 0, "\(errors)")
+            #expect(contents(directory + "/c.bin") == resource.content)
+            #expect(server.requests(for: "/c.bin").count == 1)
+        }
+    }
+}

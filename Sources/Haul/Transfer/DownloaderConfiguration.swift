@@ -42,7 +42,9 @@ public struct DownloaderConfiguration: Sendable {
         /// How often the manifest records the written offset (survives a killed process).
         public var checkpointInterval: Duration = .seconds(1)
         /// How often data is flushed with `fdatasync` and recorded as durable (survives a power loss).
-        public var durableCheckpointInterval: Duration = .seconds(15)
+        /// Measured on loopback with a 4 GiB file: every 0.5 s costs up to 2×, every 2 s about 30 %,
+        /// every 5 s or more is within run-to-run noise.
+        public var durableCheckpointInterval: Duration = .seconds(5)
         /// Received bytes are written at least this often, even when a block is not full.
         public var flushInterval: Duration = .seconds(1)
 
