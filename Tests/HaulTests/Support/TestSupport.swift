@@ -100,6 +100,22 @@ final class EventLog: Sendable {
         all.compactMap { if case .restarted(let reason) = $0 { reason } else { nil } }
     }
 
+    /// The restart reasons by case name, e.g. `["remoteChanged"]`, for exact comparisons.
+    var restartKinds: [String] {
+        restartReasons.map { reason in
+            switch reason {
+            case .remoteChanged: "remoteChanged"
+            case .rangeIgnored: "rangeIgnored"
+            case .invalidContentRange: "invalidContentRange"
+            case .contentEncoded: "contentEncoded"
+            case .multipartResponse: "multipartResponse"
+            case .rangeNotSatisfiable: "rangeNotSatisfiable"
+            case .unvalidated: "unvalidated"
+            case .untrustedPartial: "untrustedPartial"
+            }
+        }
+    }
+
     var retries: [HaulError] {
         all.compactMap { if case .retrying(_, _, let error) = $0 { error } else { nil } }
     }
