@@ -120,13 +120,13 @@ struct TransferSession {
         }
 
         let (response, finalURL) = try await fetch(plan: plan)
-        if paths == nil { try adoptDestination(response: response) }
         let action = ResponseClassifier.classify(
             status: Int(response.status.code), headers: response.headers, plan: plan,
             now: Int64(Date().timeIntervalSince1970)
         )
         switch action {
         case .stream(let streamPlan):
+            if paths == nil { try adoptDestination(response: response) }
             return try await receive(response.body, plan: streamPlan, finalURL: finalURL)
         case .alreadyComplete:
             return try await finish(totalBytes: plan.resumeOffset)

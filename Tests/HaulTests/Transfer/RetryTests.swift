@@ -73,6 +73,18 @@ struct RetryTests {
                 #expect(server.requests(for: "/f").count == 1)
                 // Nothing resumable was stored, so nothing is left behind.
                 #expect(listDirectory(directory).isEmpty)
+
+                // Named by the server's answer: the status is what the user hears about, not the name.
+                try writeFile(directory + "/f", [1, 2, 3])
+                server.script("/f", [[.status(status)]])
+                let named = await expectHaulError(.httpStatus) {
+                    try await withDownloader { downloader in
+                        try await downloader.download(
+                            DownloadRequest(url: server.url("/f"), destination: .directory(directory)))
+                    }
+                }
+                #expect(named?.status == status)
+                #expect(listDirectory(directory) == ["f"])
             }
         }
     }
