@@ -108,6 +108,8 @@ struct TransferSession {
         if let manifest, let file {
             let trusted = manifest.trustedPrefix(currentBootID: BootIdentity.current, partialSize: try file.size())
             if let total = manifest.totalLength, trusted == total {
+                // Every byte is already on disk: the previous session ended just before the rename.
+                resumedFrom = total
                 return try await finish(totalBytes: total)
             }
             switch ResumePlan.resuming(
@@ -420,13 +422,17 @@ struct TransferSession {
                 }
                 observe(.restarted(reason))
             }
-            if try file.size() > 0 { try await file.truncate(to: 0) }
+            // When old data or an old manifest is replaced, the new manifest is flushed before any new
+            // byte is written: after a power loss the old manifest can then never describe new data.
+            let partialSize = try file.size()
+            let replacing = manifest != nil || POSIX.exists(paths.manifest) || partialSize > 0
+            if partialSize > 0 { try await file.truncate(to: 0) }
             manifest = Manifest(
                 originalURL: url.string, finalURL: finalURL.string, validator: plan.validator,
                 totalLength: plan.totalLength, acceptsRanges: plan.acceptsRanges, contentEncoding: plan.contentEncoding,
                 bootID: BootIdentity.current, now: Int64(Date().timeIntervalSince1970)
             )
-            try await checkpoint(durable: false)
+            try await checkpoint(durable: replacing)
         } else {
             manifest?.finalURL = finalURL.string
         }
