@@ -11,7 +11,9 @@ import NIOPosix
 
 /// Short, human wording for the errors the network stack throws, for one-line messages.
 enum TransportErrorDescription {
-    static func describe(_ error: any Error, host: String) -> String {
+    static func describe(_ error: any Error, url: DownloadURL) -> String {
+        let host = url.url.host ?? url.string
+        let port = url.url.port ?? (url.isHTTPS ? 443 : 80)
         if let connection = error as? NIOConnectionError {
             let reason =
                 connection.connectionErrors.first.map { describeCause($0.error) }
@@ -19,8 +21,14 @@ enum TransportErrorDescription {
                 ?? "no address to connect to"
             return "cannot connect to \(connection.host):\(connection.port): \(reason)"
         }
+        if let io = error as? IOError, connectErrors.contains(io.errnoCode) {
+            return "cannot connect to \(host):\(port): \(describeCause(io))"
+        }
         return "transfer from \(host) failed: \(describeCause(error))"
     }
+
+    /// Errors that only happen while a connection is being set up.
+    private static let connectErrors: Set<Int32> = [ECONNREFUSED, EHOSTUNREACH, ENETUNREACH, EADDRNOTAVAIL]
 
     private static func describeCause(_ error: any Error) -> String {
         if let io = error as? IOError { return String(cString: strerror(io.errnoCode)).lowercased() }

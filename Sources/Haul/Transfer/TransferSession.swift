@@ -234,7 +234,7 @@ struct TransferSession {
         if typeName.contains("NIOSSL") || typeName.contains("TLS") {
             return HaulError(.tls, "TLS with \(host) failed: \(error)", underlying: error)
         }
-        let message = TransportErrorDescription.describe(error, host: host)
+        let message = TransportErrorDescription.describe(error, url: url)
         return RetryableFailure(error: HaulError(.network, message, underlying: error))
     }
 

@@ -118,7 +118,9 @@ struct RetryTests {
                     )
                 }
             }
-            #expect(error?.message.hasPrefix("cannot connect to 127.0.0.1:\(port): connection refused") == true)
+            #expect(
+                error?.message.hasPrefix("cannot connect to 127.0.0.1:\(port): connection refused") == true,
+                "\(error?.message ?? "")")
             #expect(listDirectory(directory).isEmpty)
         }
     }
