@@ -42,6 +42,8 @@ public struct HaulError: Error, Sendable, CustomStringConvertible {
         public static let destinationExists = Code("destinationExists")
         /// The partial file's manifest could not be read; it was not trusted.
         public static let manifestCorrupt = Code("manifestCorrupt")
+        /// The complete file does not have the expected checksum; it is kept under its partial name.
+        public static let checksumMismatch = Code("checksumMismatch")
         /// The download was cancelled; its partial data is kept for a later resume.
         public static let cancelled = Code("cancelled")
         /// An option given by the caller is not valid.

@@ -1,4 +1,7 @@
-/// What identifies one version of a remote file: its entity tag and last-modified date.
+import NIOHTTP1
+
+/// What identifies one version of a remote file: its entity tag, last-modified date and the digests
+/// the server announced for it (`Repr-Digest`, `Digest`).
 ///
 /// Haul stores these with a partial download and refuses to append bytes from a response
 /// that does not carry the same validator.
@@ -10,11 +13,34 @@ public struct ResourceValidator: Codable, Equatable, Sendable {
     /// A `Last-Modified` date is a strong validator only if it lies at least one second before the
     /// response's `Date` (RFC 9110 §8.8.2.2); otherwise the file may change again within the same second.
     public var lastModifiedIsStrong: Bool
+    /// Digests of the complete file, from `Repr-Digest` or `Digest`.
+    public var digests: [Checksum]
 
-    public init(entityTag: EntityTag? = nil, lastModified: String? = nil, lastModifiedIsStrong: Bool = false) {
+    public init(
+        entityTag: EntityTag? = nil, lastModified: String? = nil, lastModifiedIsStrong: Bool = false,
+        digests: [Checksum] = []
+    ) {
         self.entityTag = entityTag
         self.lastModified = lastModified
         self.lastModifiedIsStrong = lastModifiedIsStrong
+        self.digests = digests
+    }
+
+    /// Reads the validators of a response.
+    public init(headers: HTTPHeaders) {
+        self.init(
+            etag: headers.first(name: "etag"), lastModified: headers.first(name: "last-modified"),
+            date: headers.first(name: "date")
+        )
+        self.digests = DigestFields.representationDigests(headers)
+    }
+
+    public init(from decoder: any Decoder) throws {
+        let container = try decoder.container(keyedBy: CodingKeys.self)
+        entityTag = try container.decodeIfPresent(EntityTag.self, forKey: .entityTag)
+        lastModified = try container.decodeIfPresent(String.self, forKey: .lastModified)
+        lastModifiedIsStrong = try container.decode(Bool.self, forKey: .lastModifiedIsStrong)
+        digests = try container.decodeIfPresent([Checksum].self, forKey: .digests) ?? []
     }
 
     /// Reads the validators of a response from its header values.
@@ -29,10 +55,11 @@ public struct ResourceValidator: Codable, Equatable, Sendable {
         } else {
             self.lastModifiedIsStrong = false
         }
+        self.digests = []
     }
 
-    /// True when the server sent neither an entity tag nor a last-modified date.
-    public var isEmpty: Bool { entityTag == nil && lastModified == nil }
+    /// True when the server sent no entity tag, no last-modified date and no digest.
+    public var isEmpty: Bool { entityTag == nil && lastModified == nil && digests.isEmpty }
 
     /// The value for `If-Range`, when this validator may be used there (RFC 9110 §13.1.5):
     /// a strong entity tag; or, only when there is no entity tag at all, a strong date.
@@ -49,6 +76,7 @@ public struct ResourceValidator: Codable, Equatable, Sendable {
         var parts: [String] = []
         if let entityTag { parts.append("ETag \(entityTag)") }
         if let lastModified { parts.append("Last-Modified \(lastModified)") }
+        for digest in digests { parts.append("digest \(digest)") }
         return parts.isEmpty ? "none" : parts.joined(separator: ", ")
     }
 
@@ -68,6 +96,13 @@ public struct ResourceValidator: Codable, Equatable, Sendable {
         }
         if entityTag == nil, lastModified != nil, response.lastModified == nil {
             return "the server no longer sends Last-Modified"
+        }
+        // A digest only contradicts when the same algorithm gives another value; many servers send
+        // them with full answers only.
+        for stored in digests {
+            if let received = response.digests.first(where: { $0.algorithm == stored.algorithm }), received != stored {
+                return "Repr-Digest \(stored.algorithm.rawValue) changed from \(stored.hex) to \(received.hex)"
+            }
         }
         return nil
     }

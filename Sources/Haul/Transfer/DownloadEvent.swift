@@ -58,6 +58,8 @@ public enum RestartReason: Sendable, Equatable, CustomStringConvertible {
     case unvalidated
     /// The manifest was missing, unreadable or did not match the partial file.
     case untrustedPartial(String)
+    /// The complete file does not match the digest the server announced for it.
+    case digestMismatch(String)
 
     public var description: String {
         switch self {
@@ -72,6 +74,7 @@ public enum RestartReason: Sendable, Equatable, CustomStringConvertible {
             "the server sends no ETag or Last-Modified, so the partial file cannot be checked "
                 + "(allow an unchecked resume with --trust-unvalidated)"
         case .untrustedPartial(let detail): "the partial file cannot be trusted (\(detail))"
+        case .digestMismatch(let detail): "the file does not match the server's digest (\(detail))"
         }
     }
 }

@@ -16,13 +16,17 @@ public struct DownloadRequest: Sendable {
     public var headers: [(name: String, value: String)]
     /// Replace an existing file at the destination once the new one is complete.
     public var overwrite: Bool
+    /// The digest the complete file must have; checked before the file gets its final name.
+    public var checksum: Checksum?
 
     public init(
-        url: String, destination: Destination, headers: [(name: String, value: String)] = [], overwrite: Bool = false
+        url: String, destination: Destination, headers: [(name: String, value: String)] = [], overwrite: Bool = false,
+        checksum: Checksum? = nil
     ) {
         self.url = url
         self.destination = destination
         self.headers = headers
         self.overwrite = overwrite
+        self.checksum = checksum
     }
 }

@@ -37,10 +37,7 @@ struct StreamPlan: Equatable, Sendable {
 /// always means starting over; a `416` is success only when it confirms exactly what is stored.
 enum ResponseClassifier {
     static func classify(status: Int, headers: HTTPHeaders, plan: ResumePlan, now: Int64) -> ResponseAction {
-        let validator = ResourceValidator(
-            etag: headers.first(name: "etag"), lastModified: headers.first(name: "last-modified"),
-            date: headers.first(name: "date")
-        )
+        let validator = ResourceValidator(headers: headers)
         let coding = contentCoding(headers)
         switch status {
         case 200:
@@ -129,10 +126,12 @@ enum ResponseClassifier {
             let onlyMissing = plan.ifRange != nil && (validator.entityTag == nil && validator.lastModified == nil)
             if !onlyMissing { return .restart(.remoteChanged(contradiction)) }
         }
+        var resumed = stored.validator
+        if resumed.digests.isEmpty { resumed.digests = validator.digests }
         return .stream(
             StreamPlan(
                 bodyStart: first, writeStart: plan.resumeOffset, totalLength: total ?? storedTotal,
-                validator: stored.validator, acceptsRanges: true, contentEncoding: nil, restartReason: nil
+                validator: resumed, acceptsRanges: true, contentEncoding: nil, restartReason: nil
             )
         )
     }

@@ -1,0 +1,71 @@
+import AsyncHTTPClient
+import NIOCore
+import NIOHTTP1
+
+#if canImport(FoundationEssentials)
+    import FoundationEssentials
+#else
+    import Foundation
+#endif
+
+/// Starting over, checkpointing and finishing: everything that changes the manifest.
+extension TransferSession {
+
+    var storedBytes: Int64 { manifest?.segments.first?.written ?? 0 }
+
+    /// Discards the partial data and tells the observer why.
+    mutating func startOver(_ reason: RestartReason) async throws {
+        restarts += 1
+        guard restarts <= configuration.retry.maximumRestarts else {
+            throw HaulError(.remoteChanged, "gave up after \(restarts - 1) restarts: \(reason)")
+        }
+        if let file { try await file.truncate(to: 0) }
+        if let paths { try await downloader.io.run { try ManifestStore.remove(paths) } }
+        manifest = nil
+        resumedFrom = nil
+        observe(.restarted(reason))
+    }
+
+    /// Records progress in the manifest. A durable checkpoint first flushes the data, so the manifest
+    /// can call those bytes durable, and then flushes the manifest itself.
+    mutating func checkpoint(durable: Bool) async throws {
+        guard manifest != nil, let file else { return }
+        if durable {
+            try await file.syncData()
+            for index in manifest!.segments.indices {
+                manifest!.segments[index].durable = manifest!.segments[index].written
+            }
+        }
+        try await storeManifest(durable: durable)
+    }
+
+    mutating func storeManifest(durable: Bool) async throws {
+        guard var manifest, let paths else { return }
+        manifest.bootID = BootIdentity.current
+        manifest.updatedAt = Int64(Date().timeIntervalSince1970)
+        let snapshot = manifest
+        try await downloader.io.run { try ManifestStore.store(snapshot, at: paths, durable: durable) }
+        self.manifest = manifest
+        lastCheckpoint = clock.now
+    }
+
+    /// Moves the complete file into place: flush, rename, flush the directory, drop the manifest.
+    mutating func finish(totalBytes: Int64) async throws -> DownloadResult {
+        guard let paths else { throw HaulError(.fileSystem, "no destination was chosen") }
+        let validator = manifest?.validator ?? ResourceValidator()
+        if let file, POSIX.exists(paths.partial) {
+            try await file.syncData()
+            try await downloader.io.run {
+                try POSIX.rename(paths.partial, to: paths.destination)
+                try POSIX.syncDirectory(paths.directory)
+            }
+        }
+        try await downloader.io.run { try ManifestStore.remove(paths) }
+        lock?.removeFile()
+        lock = nil
+        return DownloadResult(
+            destination: paths.destination, url: url.string, bytes: totalBytes, bytesFetched: bytesFetched,
+            resumedFrom: resumedFrom ?? 0, restarts: restarts, validator: validator
+        )
+    }
+}

@@ -1,0 +1,204 @@
+import AsyncHTTPClient
+import NIOCore
+import NIOHTTP1
+
+#if canImport(FoundationEssentials)
+    import FoundationEssentials
+#else
+    import Foundation
+#endif
+
+/// Streaming a response body into the partial file.
+extension TransferSession {
+
+    mutating func receive(
+        _ body: HTTPClientResponse.Body, plan: StreamPlan, finalURL: DownloadURL
+    ) async throws -> DownloadResult? {
+        guard let paths, let file else { throw HaulError(.fileSystem, "no destination was chosen") }
+        if plan.startsOver {
+            if let reason = plan.restartReason {
+                restarts += 1
+                guard restarts <= configuration.retry.maximumRestarts else {
+                    throw HaulError(.remoteChanged, "gave up after \(restarts - 1) restarts: \(reason)")
+                }
+                observe(.restarted(reason))
+            }
+            // When old data or an old manifest is replaced, the new manifest is flushed before any new
+            // byte is written: after a power loss the old manifest can then never describe new data.
+            let partialSize = try file.size()
+            let replacing = manifest != nil || POSIX.exists(paths.manifest) || partialSize > 0
+            if partialSize > 0 { try await file.truncate(to: 0) }
+            manifest = Manifest(
+                originalURL: url.string, finalURL: finalURL.string, validator: plan.validator,
+                totalLength: plan.totalLength, acceptsRanges: plan.acceptsRanges, contentEncoding: plan.contentEncoding,
+                bootID: BootIdentity.current, now: Int64(Date().timeIntervalSince1970)
+            )
+            try await checkpoint(durable: replacing)
+        } else {
+            manifest?.finalURL = finalURL.string
+        }
+
+        if let total = plan.totalLength, let free = POSIX.freeSpace(paths.directory), total - plan.writeStart > free {
+            throw HaulError(
+                .insufficientSpace,
+                "\(paths.directory) has \(ByteCount.format(free)) free, the download needs \(ByteCount.format(total - plan.writeStart)) more"
+            )
+        }
+
+        var overlap: [UInt8] = []
+        if plan.writeStart > plan.bodyStart {
+            let count = Int(plan.writeStart - plan.bodyStart)
+            overlap = try await file.read(count: count, at: plan.bodyStart)
+            guard overlap.count == count else {
+                try await startOver(.untrustedPartial("\(paths.partial) is shorter than its manifest says"))
+                return nil
+            }
+        }
+
+        if resumedFrom == nil { resumedFrom = plan.writeStart }
+        let resumable =
+            plan.acceptsRanges && plan.contentEncoding == nil
+            && (!plan.validator.isEmpty || configuration.trustUnvalidatedResume)
+        observe(
+            .started(
+                DownloadStart(
+                    destination: paths.destination, url: finalURL.string, totalBytes: plan.totalLength,
+                    resumedFrom: plan.writeStart, resumable: resumable, validator: plan.validator
+                )
+            )
+        )
+
+        let received: Int64
+        do {
+            received = try await pump(
+                body, file: file, writeStart: plan.writeStart, overlap: overlap, total: plan.totalLength)
+        } catch is OverlapMismatch {
+            try await startOver(.remoteChanged("the bytes before the resume point differ from the partial file"))
+            return nil
+        }
+
+        if let total = plan.totalLength, received < total {
+            throw RetryableFailure(
+                error: HaulError(
+                    .network, "the connection ended after \(ByteCount.format(received)) of \(ByteCount.format(total))"
+                )
+            )
+        }
+        if plan.totalLength == nil { manifest?.totalLength = received }
+        return try await finish(totalBytes: received)
+    }
+
+    struct WriteReceipt: Sendable {
+        let end: Int64
+        let durable: Bool
+    }
+
+    /// Streams the body into the file: network buffers are gathered into large blocks, and one block
+    /// is written on the thread pool while the next one fills, so disk and network overlap while at
+    /// most two blocks are held in memory.
+    ///
+    /// Whatever happens, every byte received is written and checkpointed before this returns or throws.
+    mutating func pump(
+        _ body: HTTPClientResponse.Body, file: PartialFile, writeStart: Int64, overlap: [UInt8], total: Int64?
+    ) async throws -> Int64 {
+        let storage = configuration.storage
+        var meter = ProgressMeter(startingAt: writeStart, totalBytes: total, interval: configuration.progressInterval)
+        let allocator = ByteBufferAllocator()
+        var block = allocator.buffer(capacity: storage.blockSize)
+        var blockStart = writeStart
+        var received = writeStart
+        var overlapChecked = 0
+        var lastWrite = clock.now
+        var lastDurable = clock.now
+        var streamError: (any Error)?
+        var writeError: (any Error)?
+
+        await withThrowingTaskGroup(of: WriteReceipt.self) { group in
+            var writeInFlight = false
+            do {
+                for try await chunk in body {
+                    var chunk = chunk
+                    bytesFetched += Int64(chunk.readableBytes)
+                    if overlapChecked < overlap.count {
+                        let count = min(overlap.count - overlapChecked, chunk.readableBytes)
+                        let matches = chunk.readableBytesView.prefix(count)
+                            .elementsEqual(overlap[overlapChecked..<overlapChecked + count])
+                        guard matches else { throw OverlapMismatch() }
+                        overlapChecked += count
+                        chunk.moveReaderIndex(forwardBy: count)
+                    }
+                    if let total, received + Int64(chunk.readableBytes) > total {
+                        throw RetryableFailure(
+                            error: HaulError(
+                                .protocolViolation, "the server sent more than the announced \(total) bytes")
+                        )
+                    }
+                    received += Int64(chunk.readableBytes)
+                    block.writeImmutableBuffer(chunk)
+                    let now = clock.now
+                    if let progress = meter.record(received, at: now) { observe(.progress(progress)) }
+                    guard block.readableBytes >= storage.blockSize || now - lastWrite >= storage.flushInterval else {
+                        continue
+                    }
+
+                    if writeInFlight, let receipt = try await group.next() {
+                        try await recordWrite(receipt)
+                    }
+                    let durable = now - lastDurable >= storage.durableCheckpointInterval
+                    if durable { lastDurable = now }
+                    let data = block
+                    let offset = blockStart
+                    blockStart += Int64(data.readableBytes)
+                    block = allocator.buffer(capacity: storage.blockSize)
+                    group.addTask {
+                        try await file.write(data, at: offset)
+                        if durable { try await file.syncData() }
+                        return WriteReceipt(end: offset + Int64(data.readableBytes), durable: durable)
+                    }
+                    writeInFlight = true
+                    lastWrite = now
+                }
+            } catch {
+                streamError = error
+            }
+            // Store what arrived even when the transfer failed: those bytes are valid.
+            do {
+                if writeInFlight, let receipt = try await group.next() { try await recordWrite(receipt) }
+                if block.readableBytes > 0 && !(streamError is OverlapMismatch) {
+                    try await file.write(block, at: blockStart)
+                    try await recordWrite(WriteReceipt(end: blockStart + Int64(block.readableBytes), durable: false))
+                }
+            } catch {
+                writeError = error
+            }
+        }
+
+        if let writeError {
+            try? await checkpoint(durable: false)
+            throw writeError
+        }
+        if let streamError {
+            if streamError is OverlapMismatch { throw streamError }
+            let failure = Self.transportFailure(streamError, url: url, configuration: configuration, paths: paths)
+            let isCancelled = (failure as? HaulError)?.code == .cancelled
+            try await checkpoint(durable: isCancelled)
+            throw failure
+        }
+        if let progress = meter.record(received, at: clock.now, force: true) { observe(.progress(progress)) }
+        try await checkpoint(durable: false)
+        return received
+    }
+
+    /// Notes a finished write in the manifest, and stores the manifest when a checkpoint is due.
+    mutating func recordWrite(_ receipt: WriteReceipt) async throws {
+        guard manifest != nil else { return }
+        manifest!.segments[0].written = receipt.end
+        if receipt.durable {
+            // The write task already flushed the data up to `end`.
+            manifest!.segments[0].durable = receipt.end
+            try await storeManifest(durable: true)
+        } else if clock.now - lastCheckpoint >= configuration.storage.checkpointInterval {
+            try await storeManifest(durable: false)
+        }
+    }
+}
