@@ -112,6 +112,7 @@ final class EventLog: Sendable {
             case .rangeNotSatisfiable: "rangeNotSatisfiable"
             case .unvalidated: "unvalidated"
             case .untrustedPartial: "untrustedPartial"
+            case .digestMismatch: "digestMismatch"
             }
         }
     }
