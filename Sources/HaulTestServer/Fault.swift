@@ -22,4 +22,6 @@ public enum Fault: Sendable, Equatable {
     case multipart
     /// Leave out this response header.
     case omitHeader(String)
+    /// Send the body with the byte at this file offset changed (headers and digests stay as if it were not).
+    case corruptByte(at: Int64)
 }

@@ -2,6 +2,12 @@ import NIOCore
 import NIOHTTP1
 import Synchronization
 
+#if canImport(FoundationEssentials)
+    import FoundationEssentials
+#else
+    import Foundation
+#endif
+
 #if canImport(Glibc)
     import Glibc
 #elseif canImport(Musl)
@@ -125,6 +131,9 @@ extension HaulTestServer {
         let whole = BodyPart.content(seed: resource.seed, range: 0..<size)
         guard let ranges else {
             headers.add(name: "Content-Type", value: "application/octet-stream")
+            if resource.contentDigest {
+                headers.add(name: "Content-Digest", value: "sha-256=:\(Self.base64(resource.sha256(0..<size))):")
+            }
             return Reply(status: .ok, headers: headers, parts: [whole], faults: faults)
         }
         guard !ranges.isEmpty else {
@@ -136,6 +145,9 @@ extension HaulTestServer {
             var shift: Int64 = 0
             for case .wrongContentRange(let amount) in faults { shift = amount }
             headers.add(name: "Content-Type", value: "application/octet-stream")
+            if resource.contentDigest {
+                headers.add(name: "Content-Digest", value: "sha-256=:\(Self.base64(resource.sha256(range))):")
+            }
             headers.add(
                 name: "Content-Range",
                 value: "bytes \(range.lowerBound + shift)-\(range.upperBound - 1 + shift)/\(size)"
@@ -198,6 +210,7 @@ extension HaulTestServer {
         }
 
         var limit = total
+        var corruptAt: Int64?
         var stall: (after: Int64, seconds: Double)?
         var rate: Int?
         for fault in reply.faults {
@@ -206,6 +219,7 @@ extension HaulTestServer {
             case .shortBody(let missing): limit = min(limit, max(0, total - missing))
             case .stall(let after, let seconds): stall = (after, seconds)
             case .throttle(let bytesPerSecond): rate = bytesPerSecond
+            case .corruptByte(let offset): corruptAt = offset
             default: continue
             }
         }
@@ -228,11 +242,14 @@ extension HaulTestServer {
                 buffer.clear()
                 switch part {
                 case .content(let seed, let range):
+                    let first = range.lowerBound + position
                     buffer.writeWithUnsafeMutableBytes(minimumWritableBytes: Int(count)) { pointer in
                         TestContent.fill(
-                            UnsafeMutableRawBufferPointer(rebasing: pointer[0..<Int(count)]), seed: seed,
-                            offset: range.lowerBound + position
+                            UnsafeMutableRawBufferPointer(rebasing: pointer[0..<Int(count)]), seed: seed, offset: first
                         )
+                        if let corruptAt, corruptAt >= first, corruptAt < first + count {
+                            pointer[Int(corruptAt - first)] ^= 0xFF
+                        }
                         return Int(count)
                     }
                 case .literal(let bytes):
@@ -256,6 +273,8 @@ extension HaulTestServer {
         }
         try await write(.end(nil))
     }
+
+    static func base64(_ bytes: [UInt8]) -> String { Data(bytes).base64EncodedString() }
 
     static func httpDate(_ seconds: Int64) -> String {
         var time = time_t(seconds)

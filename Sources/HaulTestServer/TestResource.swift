@@ -1,3 +1,5 @@
+import Crypto
+
 /// A file the test server serves. Its bytes come from ``TestContent``; changing `version` changes
 /// both the content and the validators, like a file replaced on a real server.
 public struct TestResource: Sendable {
@@ -22,10 +24,17 @@ public struct TestResource: Sendable {
     public var acceptRanges: Bool
     public var contentDisposition: String?
     public var redirect: Redirect?
+    /// Send `Repr-Digest: sha-256=…` of the whole current version.
+    public var reprDigest: Bool
+    /// Send `Content-Digest: sha-256=…` of each response body.
+    public var contentDigest: Bool
+    /// An entity tag that stays the same across versions, like a server that forgets to change it.
+    public var fixedEntityTag: String?
 
     public init(
         name: String, size: Int64, version: Int = 1, entityTag: EntityTagStyle = .strong, lastModified: Bool = true,
-        acceptRanges: Bool = true, contentDisposition: String? = nil, redirect: Redirect? = nil
+        acceptRanges: Bool = true, contentDisposition: String? = nil, redirect: Redirect? = nil,
+        reprDigest: Bool = false, contentDigest: Bool = false, fixedEntityTag: String? = nil
     ) {
         self.name = name
         self.size = size
@@ -35,6 +44,9 @@ public struct TestResource: Sendable {
         self.acceptRanges = acceptRanges
         self.contentDisposition = contentDisposition
         self.redirect = redirect
+        self.reprDigest = reprDigest
+        self.contentDigest = contentDigest
+        self.fixedEntityTag = fixedEntityTag
     }
 
     /// A resource that only redirects.
@@ -46,7 +58,8 @@ public struct TestResource: Sendable {
 
     /// The `ETag` header value, if this resource sends one.
     public var entityTagValue: String? {
-        switch entityTag {
+        if let fixedEntityTag { return fixedEntityTag }
+        return switch entityTag {
         case .strong: "\"\(name)-v\(version)\""
         case .weak: "W/\"\(name)-v\(version)\""
         case .none: nil
@@ -61,4 +74,21 @@ public struct TestResource: Sendable {
 
     /// The whole current version.
     public var content: [UInt8] { bytes(0..<size) }
+
+    /// The SHA-256 of `range` of the current version.
+    public func sha256(_ range: Range<Int64>) -> [UInt8] {
+        var hasher = SHA256()
+        var buffer = [UInt8](repeating: 0, count: 1 << 20)
+        var offset = range.lowerBound
+        while offset < range.upperBound {
+            let count = Int(min(Int64(buffer.count), range.upperBound - offset))
+            buffer.withUnsafeMutableBytes { pointer in
+                TestContent.fill(
+                    UnsafeMutableRawBufferPointer(rebasing: pointer[0..<count]), seed: seed, offset: offset)
+            }
+            buffer.withUnsafeBytes { hasher.update(bufferPointer: UnsafeRawBufferPointer(rebasing: $0[0..<count])) }
+            offset += Int64(count)
+        }
+        return Array(hasher.finalize())
+    }
 }

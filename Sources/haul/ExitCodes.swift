@@ -23,6 +23,7 @@ enum ExitCodes {
         case .locked: 13
         case .destinationExists: 14
         case .manifestCorrupt: 15
+        case .checksumMismatch: 16
         case .cancelled: interrupted
         default: unexpected
         }

@@ -32,6 +32,14 @@ struct Get: AsyncParsableCommand {
     @Option(name: [.customShort("H"), .customLong("header")], help: "Extra request header 'Name: value'; repeatable.")
     var headers: [String] = []
 
+    @Option(
+        help: ArgumentHelp(
+            "The checksum the file must have, as ALG=HEX (sha-256, sha-512; sha-1 and md5 for legacy mirrors).",
+            valueName: "alg=hex"
+        )
+    )
+    var checksum: String?
+
     @Option(help: "Failed attempts in a row to retry before giving up.")
     var retries: Int = 10
 
@@ -66,6 +74,16 @@ struct Get: AsyncParsableCommand {
         guard stallTimeout > 0, connectTimeout > 0 else { throw ValidationError("timeouts must be greater than 0") }
         guard durableCheckpointInterval > 0 else { throw ValidationError("intervals must be greater than 0") }
         _ = try parsedHeaders()
+        _ = try parsedChecksum()
+    }
+
+    func parsedChecksum() throws -> Checksum? {
+        guard let checksum else { return nil }
+        do {
+            return try Checksum(parsing: checksum)
+        } catch let error as HaulError {
+            throw ValidationError(error.message)
+        }
     }
 
     func parsedHeaders() throws -> [(name: String, value: String)] {
@@ -99,11 +117,16 @@ struct Get: AsyncParsableCommand {
         configuration.progressInterval = .milliseconds(100)
         configuration.storage.durableCheckpointInterval = .milliseconds(Int64(durableCheckpointInterval * 1000))
 
+        let expected = try parsedChecksum()
         let request = DownloadRequest(
-            url: url, destination: destination(), headers: try parsedHeaders(), overwrite: force)
+            url: url, destination: destination(), headers: try parsedHeaders(), overwrite: force, checksum: expected
+        )
         let style: ProgressRenderer.Style =
             json ? .json : quiet ? .quiet : (isatty(STDERR_FILENO) != 0 ? .terminal : .lines)
         let renderer = ProgressRenderer(style: style, url: url)
+        if let expected, expected.algorithm.isWeak, style != .quiet, style != .json {
+            renderer.note("\(expected.algorithm.rawValue) is weak: it catches corruption, not a deliberate forgery")
+        }
         let downloader = Downloader(configuration: configuration)
         let signals = SignalWatcher(signals: [SIGINT, SIGTERM])
 

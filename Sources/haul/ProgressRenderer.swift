@@ -52,6 +52,9 @@ final class ProgressRenderer: Sendable {
         writeError(line)
     }
 
+    /// A one-line remark for people (not printed in JSON or quiet mode by the caller's choice).
+    func note(_ text: String) { writeError("haul: note: \(text)") }
+
     func fail(_ error: HaulError) {
         if style == .json { return }  // the failed event was already printed
         clearBar()

@@ -13,8 +13,10 @@ struct StreamingHasher: Sendable {
     private var functions: [Function]
     /// Bytes hashed so far.
     private(set) var count: Int64 = 0
+    let algorithms: Set<DigestAlgorithm>
 
     init(algorithms: Set<DigestAlgorithm>) {
+        self.algorithms = algorithms
         functions = algorithms.sorted().map { algorithm in
             switch algorithm {
             case .md5: .md5(Insecure.MD5())

@@ -42,6 +42,23 @@ enum POSIX {
         }
     }
 
+    /// Reads up to `count` bytes at `offset` into `buffer`; fewer only at the end of the file.
+    static func readInto(
+        _ descriptor: Int32, _ buffer: UnsafeMutableRawBufferPointer, count: Int, at offset: Int64, path: String
+    ) throws -> Int {
+        var done = 0
+        while done < count {
+            let result = pread(descriptor, buffer.baseAddress! + done, count - done, off_t(offset) + off_t(done))
+            if result < 0 {
+                if errno == EINTR { continue }
+                throw error("read", path: path)
+            }
+            if result == 0 { break }
+            done += result
+        }
+        return done
+    }
+
     /// Reads up to `count` bytes at `offset`; fewer only at the end of the file.
     static func read(_ descriptor: Int32, count: Int, at offset: Int64, path: String) throws -> [UInt8] {
         var buffer = [UInt8](repeating: 0, count: count)

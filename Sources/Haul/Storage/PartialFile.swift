@@ -48,4 +48,27 @@ final class PartialFile: Sendable {
     }
 
     func size() throws -> Int64 { try POSIX.size(descriptor, path: path) }
+
+    /// Reads the first `length` bytes in order, in 1 MiB pieces, folding them into `state`.
+    func readSequentially<State: Sendable>(
+        upTo length: Int64, into state: State, _ fold: @escaping @Sendable (inout State, UnsafeRawBufferPointer) -> Void
+    ) async throws -> State {
+        try await io.run { [descriptor, path] in
+            var state = state
+            var buffer = [UInt8](repeating: 0, count: 1 << 20)
+            var offset: Int64 = 0
+            while offset < length {
+                let wanted = Int(min(Int64(buffer.count), length - offset))
+                let count = try buffer.withUnsafeMutableBytes { pointer in
+                    try POSIX.readInto(descriptor, pointer, count: wanted, at: offset, path: path)
+                }
+                guard count == wanted else {
+                    throw HaulError(.fileSystem, "\(path) ended at \(offset + Int64(count)) bytes, expected \(length)")
+                }
+                buffer.withUnsafeBytes { fold(&state, UnsafeRawBufferPointer(rebasing: $0[0..<count])) }
+                offset += Int64(count)
+            }
+            return state
+        }
+    }
 }

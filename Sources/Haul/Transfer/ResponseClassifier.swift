@@ -25,6 +25,8 @@ struct StreamPlan: Equatable, Sendable {
     let contentEncoding: String?
     /// Set when this response replaces the partial data (a `200` to a range request).
     let restartReason: RestartReason?
+    /// Digests of this response's body (`Content-Digest`, `Content-MD5`).
+    var contentDigests: [Checksum] = []
 
     /// True when the partial file must be emptied before writing.
     var startsOver: Bool { writeStart == 0 }
@@ -39,6 +41,16 @@ enum ResponseClassifier {
     static func classify(status: Int, headers: HTTPHeaders, plan: ResumePlan, now: Int64) -> ResponseAction {
         let validator = ResourceValidator(headers: headers)
         let coding = contentCoding(headers)
+        let action = classifyStatus(
+            status, headers: headers, plan: plan, validator: validator, coding: coding, now: now)
+        guard case .stream(var stream) = action else { return action }
+        stream.contentDigests = DigestFields.contentDigests(headers)
+        return .stream(stream)
+    }
+
+    private static func classifyStatus(
+        _ status: Int, headers: HTTPHeaders, plan: ResumePlan, validator: ResourceValidator, coding: String?, now: Int64
+    ) -> ResponseAction {
         switch status {
         case 200:
             let length = headers.first(name: "content-length").flatMap { Int64(decimalDigits: $0) }

@@ -49,9 +49,13 @@ extension TransferSession {
         lastCheckpoint = clock.now
     }
 
-    /// Moves the complete file into place: flush, rename, flush the directory, drop the manifest.
-    mutating func finish(totalBytes: Int64) async throws -> DownloadResult {
+    /// Moves the complete file into place: verify, flush, rename, flush the directory, drop the manifest.
+    /// Returns `nil` when verification against the server's digest failed and the download starts over.
+    mutating func finish(totalBytes: Int64, hasher: StreamingHasher? = nil) async throws -> DownloadResult? {
         guard let paths else { throw HaulError(.fileSystem, "no destination was chosen") }
+        if completedEarlier == nil, POSIX.exists(paths.partial) {
+            guard try await verify(totalBytes: totalBytes, hasher: hasher) else { return nil }
+        }
         let validator = manifest?.validator ?? ResourceValidator()
         if let file, POSIX.exists(paths.partial) {
             try await file.syncData()

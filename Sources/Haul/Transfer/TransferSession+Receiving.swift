@@ -36,6 +36,7 @@ extension TransferSession {
             try await checkpoint(durable: replacing)
         } else {
             manifest?.finalURL = finalURL.string
+            manifest?.validator = plan.validator
         }
 
         if let total = plan.totalLength, let free = POSIX.freeSpace(paths.directory), total - plan.writeStart > free {
@@ -68,10 +69,10 @@ extension TransferSession {
             )
         )
 
+        var hasher = try await hasherForPrefix(plan.writeStart, validator: plan.validator, file: file)
         let received: Int64
         do {
-            received = try await pump(
-                body, file: file, writeStart: plan.writeStart, overlap: overlap, total: plan.totalLength)
+            received = try await pump(body, file: file, plan: plan, overlap: overlap, hasher: &hasher)
         } catch is OverlapMismatch {
             try await startOver(.remoteChanged("the bytes before the resume point differ from the partial file"))
             return nil
@@ -85,12 +86,14 @@ extension TransferSession {
             )
         }
         if plan.totalLength == nil { manifest?.totalLength = received }
-        return try await finish(totalBytes: received)
+        return try await finish(totalBytes: received, hasher: hasher)
     }
 
     struct WriteReceipt: Sendable {
         let end: Int64
         let durable: Bool
+        /// The file's hash up to `end`, when the download is being verified.
+        let hasher: StreamingHasher?
     }
 
     /// Streams the body into the file: network buffers are gathered into large blocks, and one block
@@ -99,8 +102,16 @@ extension TransferSession {
     ///
     /// Whatever happens, every byte received is written and checkpointed before this returns or throws.
     mutating func pump(
-        _ body: HTTPClientResponse.Body, file: PartialFile, writeStart: Int64, overlap: [UInt8], total: Int64?
+        _ body: HTTPClientResponse.Body, file: PartialFile, plan: StreamPlan, overlap: [UInt8],
+        hasher: inout StreamingHasher?
     ) async throws -> Int64 {
+        let writeStart = plan.writeStart
+        let total = plan.totalLength
+        let hasherAtStart = hasher
+        var runningHasher = hasher
+        // `Content-Digest` and `Content-MD5` cover this response's body, overlap included.
+        let contentDigests = plan.contentDigests
+        var bodyHasher = StreamingHasher(algorithms: Set(contentDigests.map(\.algorithm)))
         let storage = configuration.storage
         var meter = ProgressMeter(startingAt: writeStart, totalBytes: total, interval: configuration.progressInterval)
         let allocator = ByteBufferAllocator()
@@ -119,6 +130,7 @@ extension TransferSession {
                 for try await chunk in body {
                     var chunk = chunk
                     bytesFetched += Int64(chunk.readableBytes)
+                    if !bodyHasher.isEmpty { bodyHasher.update(chunk) }
                     if overlapChecked < overlap.count {
                         let count = min(overlap.count - overlapChecked, chunk.readableBytes)
                         let matches = chunk.readableBytesView.prefix(count)
@@ -142,18 +154,24 @@ extension TransferSession {
                     }
 
                     if writeInFlight, let receipt = try await group.next() {
+                        runningHasher = receipt.hasher
                         try await recordWrite(receipt)
                     }
                     let durable = now - lastDurable >= storage.durableCheckpointInterval
                     if durable { lastDurable = now }
                     let data = block
                     let offset = blockStart
+                    let blockHasher = runningHasher
                     blockStart += Int64(data.readableBytes)
                     block = allocator.buffer(capacity: storage.blockSize)
+                    // Hashing rides along with the write on the thread pool, in file order: blocks are
+                    // written one after the other.
                     group.addTask {
                         try await file.write(data, at: offset)
                         if durable { try await file.syncData() }
-                        return WriteReceipt(end: offset + Int64(data.readableBytes), durable: durable)
+                        var hasher = blockHasher
+                        hasher?.update(data)
+                        return WriteReceipt(end: offset + Int64(data.readableBytes), durable: durable, hasher: hasher)
                     }
                     writeInFlight = true
                     lastWrite = now
@@ -163,15 +181,22 @@ extension TransferSession {
             }
             // Store what arrived even when the transfer failed: those bytes are valid.
             do {
-                if writeInFlight, let receipt = try await group.next() { try await recordWrite(receipt) }
+                if writeInFlight, let receipt = try await group.next() {
+                    runningHasher = receipt.hasher
+                    try await recordWrite(receipt)
+                }
                 if block.readableBytes > 0 && !(streamError is OverlapMismatch) {
                     try await file.write(block, at: blockStart)
-                    try await recordWrite(WriteReceipt(end: blockStart + Int64(block.readableBytes), durable: false))
+                    runningHasher?.update(block)
+                    let end = blockStart + Int64(block.readableBytes)
+                    try await recordWrite(WriteReceipt(end: end, durable: false, hasher: runningHasher))
                 }
             } catch {
                 writeError = error
             }
         }
+        let written = manifest?.segments.first?.written ?? writeStart
+        if let runningHasher, runningHasher.count == written { prefixHash = (written, runningHasher) }
 
         if let writeError {
             try? await checkpoint(durable: false)
@@ -184,9 +209,33 @@ extension TransferSession {
             try await checkpoint(durable: isCancelled)
             throw failure
         }
+        if let mismatch = Self.firstMismatch(expected: contentDigests, actual: bodyHasher) {
+            // The body is not what the server says it sent: drop what it added and fetch it again.
+            try await file.truncate(to: writeStart)
+            let durable = min(manifest?.segments[0].durable ?? 0, writeStart)
+            manifest?.segments[0].written = writeStart
+            manifest?.segments[0].durable = durable
+            try await checkpoint(durable: false)
+            prefixHash = hasherAtStart.map { (writeStart, $0) }
+            throw RetryableFailure(
+                error: HaulError(.checksumMismatch, "the response body failed its Content-Digest (\(mismatch))"))
+        }
         if let progress = meter.record(received, at: clock.now, force: true) { observe(.progress(progress)) }
         try await checkpoint(durable: false)
+        hasher = runningHasher
         return received
+    }
+
+    /// Describes the first expected digest the hasher contradicts, if any.
+    static func firstMismatch(expected: [Checksum], actual hasher: StreamingHasher) -> String? {
+        guard !expected.isEmpty else { return nil }
+        let digests = hasher.finalize()
+        for checksum in expected {
+            if let actual = digests.first(where: { $0.algorithm == checksum.algorithm }), actual != checksum {
+                return "\(checksum.algorithm.rawValue) is \(actual.hex), expected \(checksum.hex)"
+            }
+        }
+        return nil
     }
 
     /// Notes a finished write in the manifest, and stores the manifest when a checkpoint is due.

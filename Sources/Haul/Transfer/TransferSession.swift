@@ -40,6 +40,9 @@ struct TransferSession {
     var bytesFetched: Int64 = 0
     var resumedFrom: Int64?
     var lastCheckpoint: ContinuousClock.Instant
+    /// The hash of the partial file's first `offset` bytes, kept between attempts of this call so a
+    /// retry does not read the prefix again.
+    var prefixHash: (offset: Int64, hasher: StreamingHasher)?
 
     init(
         downloader: Downloader, request: DownloadRequest, url: DownloadURL,
