@@ -46,11 +46,11 @@ let package = Package(
         ),
         .testTarget(
             name: "HaulTests",
-            dependencies: ["Haul", "HaulTestServer"]
+            dependencies: ["Haul", "HaulTestServer", .product(name: "Crypto", package: "swift-crypto")]
         ),
         .testTarget(
             name: "haulTests",
-            dependencies: ["haul", "Haul", "HaulTestServer"]
+            dependencies: ["haul", "Haul", "HaulTestServer", .product(name: "Crypto", package: "swift-crypto")]
         ),
     ]
 )

@@ -124,6 +124,9 @@ extension HaulTestServer {
         if let disposition = resource.contentDisposition {
             headers.add(name: "Content-Disposition", value: disposition)
         }
+        if resource.reprDigest {
+            headers.add(name: "Repr-Digest", value: "sha-256=:\(Self.base64(resource.sha256(0..<resource.size))):")
+        }
         for case .contentEncoding(let coding) in faults { headers.add(name: "Content-Encoding", value: coding) }
 
         let size = resource.size
@@ -267,8 +270,10 @@ extension HaulTestServer {
             }
         }
         if sent < total {
-            // The fault cuts the body short: close without finishing the message.
+            // The fault cuts the body short: close without finishing the message. Linger first, so the
+            // client has read everything that was sent before it sees the connection close.
             if let pause = stall, pause.after >= sent { try await Task.sleep(for: .seconds(pause.seconds)) }
+            try await Task.sleep(for: .milliseconds(100))
             return
         }
         try await write(.end(nil))

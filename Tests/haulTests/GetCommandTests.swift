@@ -1,6 +1,11 @@
+import Crypto
 import Foundation
 import HaulTestServer
 import Testing
+
+func sha256Hex(_ bytes: [UInt8]) -> String {
+    SHA256.hash(data: bytes).map { ($0 < 16 ? "0" : "") + String($0, radix: 16) }.joined()
+}
 
 @Suite(.timeLimit(.minutes(3)), .serialized)
 struct GetCommandTests {
@@ -111,6 +116,39 @@ struct GetCommandTests {
             let badHeader = try await HaulProcess.run(["get", server.url("/exists"), "-H", "no colon"])
             #expect(badHeader.status == 64)
             #expect(badHeader.errors.contains("Name: value"))
+        }
+    }
+
+    @Test func checksumMismatchExitsWith16AndTheRightChecksumFinishesFromDisk() async throws {
+        try await HaulTestServer.withRunning { server in
+            let resource = TestResource(name: "summed", size: 200_000)
+            server.add("/s.bin", resource)
+            let directory = try makeTemporaryDirectory()
+            defer { try? FileManager.default.removeItem(atPath: directory) }
+            let wrong = "sha-256=" + String(repeating: "0", count: 64)
+            let failed = try await HaulProcess.run(["get", server.url("/s.bin"), "-d", directory, "--checksum", wrong])
+            #expect(failed.status == 16)
+            #expect(failed.errors.contains("checksum mismatch"))
+            #expect(!FileManager.default.fileExists(atPath: directory + "/s.bin"))
+
+            let right = "sha-256=" + sha256Hex(resource.content)
+            let passed = try await HaulProcess.run([
+                "get", server.url("/s.bin"), "-d", directory, "--checksum", right, "-q",
+            ])
+            #expect(passed.status == 0, "\(passed.errors)")
+            #expect(contents(directory + "/s.bin") == resource.content)
+            #expect(server.requests.count == 1)
+
+            let weak = try await HaulProcess.run([
+                "get", server.url("/s.bin"), "-o", directory + "/md5.bin", "--checksum",
+                "md5=" + String(repeating: "0", count: 32),
+            ])
+            #expect(weak.errors.contains("note: md5 is weak"))
+            #expect(weak.status == 16)
+
+            let malformed = try await HaulProcess.run(["get", server.url("/s.bin"), "--checksum", "sha-256=xyz"])
+            #expect(malformed.status == 64)
+            #expect(malformed.errors.contains("64 hexadecimal digits"))
         }
     }
 
