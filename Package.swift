@@ -8,6 +8,7 @@ let package = Package(
         .library(name: "Haul", targets: ["Haul"]),
         .library(name: "HaulTestServer", targets: ["HaulTestServer"]),
         .executable(name: "haul", targets: ["haul"]),
+        .executable(name: "haul-torture", targets: ["HaulTorture"]),
     ],
     dependencies: [
         .package(url: "https://github.com/swift-server/async-http-client.git", from: "1.37.0"),
@@ -41,6 +42,13 @@ let package = Package(
             name: "haul",
             dependencies: [
                 "Haul",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            ]
+        ),
+        .executableTarget(
+            name: "HaulTorture",
+            dependencies: [
+                "HaulTestServer",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),

@@ -43,6 +43,9 @@ struct Get: AsyncParsableCommand {
     @Option(help: "Failed attempts in a row to retry before giving up.")
     var retries: Int = 10
 
+    @Option(help: "Seconds before the first retry; each further failure doubles it (up to 60 s).")
+    var retryDelay: Double = 1
+
     @Option(help: "Seconds without a byte before a connection counts as stalled and is retried.")
     var stallTimeout: Double = 30
 
@@ -71,6 +74,7 @@ struct Get: AsyncParsableCommand {
         if output == "-" { throw ValidationError("writing to standard output is not supported; use -o FILE") }
         if output?.isEmpty == true { throw ValidationError("-o needs a file name") }
         guard retries >= 0 else { throw ValidationError("--retries must be 0 or more") }
+        guard retryDelay >= 0 else { throw ValidationError("--retry-delay must be 0 or more") }
         guard stallTimeout > 0, connectTimeout > 0 else { throw ValidationError("timeouts must be greater than 0") }
         guard durableCheckpointInterval > 0 else { throw ValidationError("intervals must be greater than 0") }
         _ = try parsedHeaders()
@@ -110,6 +114,7 @@ struct Get: AsyncParsableCommand {
     func run() async throws {
         var configuration = DownloaderConfiguration()
         configuration.retry.maximumRetries = retries
+        configuration.retry.initialDelay = .milliseconds(Int64(retryDelay * 1000))
         configuration.timeouts.stall = .milliseconds(Int64(stallTimeout * 1000))
         configuration.timeouts.connect = .milliseconds(Int64(connectTimeout * 1000))
         configuration.trustUnvalidatedResume = trustUnvalidated

@@ -1,0 +1,198 @@
+import ArgumentParser
+import Foundation
+import HaulTestServer
+
+/// Downloads one file with the real `haul` binary while the server misbehaves at random and the
+/// process is SIGKILLed at random moments, checking after every kill that the partial file holds
+/// only correct bytes, and at the end that the file is exactly the expected version.
+@main
+struct Torture: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "haul-torture",
+        abstract: "Kill haul at random moments against a misbehaving server; every outcome must be exact."
+    )
+
+    @Option(help: "Path of the haul binary.")
+    var haul: String
+
+    @Option(help: "How many times haul is killed before the final run.")
+    var kills: Int = 10
+
+    @Option(name: .customLong("size-mib"), help: "Size of the file, in MiB.")
+    var sizeMiB: Int = 16
+
+    @Option(help: "Seed for the random choices, to replay a run.")
+    var seed: UInt64 = UInt64(Date().timeIntervalSince1970)
+
+    @Option(help: "Working directory (a temporary one by default).")
+    var directory: String?
+
+    mutating func run() async throws {
+        let options = self
+        let report = try await HaulTestServer.withRunning { server in try await options.torture(server) }
+        print(report)
+    }
+
+    func torture(_ server: HaulTestServer) async throws -> String {
+        var random = SeededRandom(seed: seed)
+        let size = Int64(sizeMiB) * 1024 * 1024
+        server.add("/file", TestResource(name: "torture", size: size))
+        let work = directory ?? NSTemporaryDirectory() + "haul-torture-\(seed)"
+        try FileManager.default.createDirectory(atPath: work, withIntermediateDirectories: true)
+        let destination = work + "/file"
+        removeDownload(destination)
+        let arguments = [
+            "get", server.url("/file"), "-o", destination, "-q", "--retries", "1000", "--retry-delay", "0.05",
+            "--stall-timeout", "1",
+        ]
+        // Slow enough that a round moves a small part of the file, so kills land mid-transfer.
+        let rate = Int(max(64 * 1024, size / Int64(kills * 2)))
+        var applied: [String: Int] = [:]
+        var completions = 0
+        var versions = [1]
+
+        for round in 1...kills {
+            if random.next(in: 0...9) == 0 {
+                // The file changes on the server between two runs.
+                let version = versions.last! + 1
+                versions.append(version)
+                server.update("/file") { $0.version = version }
+                applied["version switch", default: 0] += 1
+            }
+            var steps: [(String, [Fault])] = []
+            for _ in 0..<6 {
+                let (name, fault) = randomFault(&random, within: Int64(rate / 2))
+                steps.append((name, [fault, .throttle(bytesPerSecond: rate)]))
+            }
+            server.script("/file", steps.map(\.1))
+            server.setStandingFaults("/file", [.throttle(bytesPerSecond: rate)])
+            let requestsBefore = server.requests.count
+
+            let process = try launch(arguments)
+            let deadline = Date().addingTimeInterval(Double(random.next(in: 100...1500)) / 1000)
+            while process.isRunning && Date() < deadline { try await Task.sleep(for: .milliseconds(10)) }
+            if process.isRunning {
+                kill(process.processIdentifier, SIGKILL)
+                process.waitUntilExit()
+                try checkPartial(destination, versions: versions, round: round)
+            } else {
+                guard process.terminationStatus == 0 else {
+                    throw TortureFailure("round \(round): haul exited with \(process.terminationStatus)")
+                }
+                // Finished before the kill: the outcome must be exact, then start over.
+                guard try compare(destination, expected: server.resource("/file")!, length: size) else {
+                    throw TortureFailure("round \(round): a completed file differs from the expected bytes")
+                }
+                completions += 1
+                removeDownload(destination)
+            }
+            let used = min(steps.count, server.requests.count - requestsBefore)
+            for (name, _) in steps.prefix(used) { applied[name, default: 0] += 1 }
+        }
+
+        server.script("/file", [])
+        server.setStandingFaults("/file", [])
+        let final = try launch(arguments)
+        final.waitUntilExit()
+        guard final.terminationStatus == 0 else {
+            throw TortureFailure("the final run failed with exit code \(final.terminationStatus)")
+        }
+        guard try compare(destination, expected: server.resource("/file")!, length: size) else {
+            throw TortureFailure("the final file differs from the expected bytes")
+        }
+        let names = try FileManager.default.contentsOfDirectory(atPath: work)
+        guard names == ["file"] else { throw TortureFailure("left behind: \(names)") }
+        try? FileManager.default.removeItem(atPath: work)
+
+        let sent = server.bodyBytesSent
+        let fetched = Double(sent) / Double(size * Int64(completions + 1))
+        let faults = applied.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", ")
+        return """
+            haul-torture: seed \(seed), \(kills) kills, \(completions) completions before a kill, \
+            \(server.requests.count) requests, file \(sizeMiB) MiB
+            faults applied: \(faults)
+            bytes sent: \(sent) = \(String(format: "%.2f", fetched))× the file size per completed file
+            result: every partial file held one version's exact bytes; every completed file was byte-identical
+            """
+    }
+
+    func removeDownload(_ destination: String) {
+        for suffix in ["", ".haul.part", ".haul.json", ".haul.json.tmp", ".haul.lock"] {
+            try? FileManager.default.removeItem(atPath: destination + suffix)
+        }
+    }
+
+    func randomFault(_ random: inout SeededRandom, within limit: Int64) -> (String, Fault) {
+        let offset = Int64(random.next(in: 1...Int(max(1, limit))))
+        switch random.next(in: 0...5) {
+        case 0: return ("reset", .closeAfter(bytes: offset))
+        case 1: return ("stall", .stall(afterBytes: offset, seconds: 3))
+        case 2: return ("short body", .shortBody(missing: offset))
+        case 3: return ("503", .status(503, retryAfter: "0"))
+        case 4: return ("ignored range", .ignoreRange)
+        default: return ("none", .omitHeader("X-None"))
+        }
+    }
+
+    func launch(_ arguments: [String]) throws -> Process {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: haul)
+        process.arguments = arguments
+        process.standardOutput = FileHandle.nullDevice
+        process.standardError = FileHandle.nullDevice
+        try process.run()
+        return process
+    }
+
+    /// After a kill, the partial file must hold exact bytes of one version of the file: a kill loses
+    /// nothing written, nothing wrong is ever written, and two versions are never mixed.
+    func checkPartial(_ destination: String, versions: [Int], round: Int) throws {
+        let path = destination + ".haul.part"
+        guard let attributes = try? FileManager.default.attributesOfItem(atPath: path),
+            let length = (attributes[.size] as? NSNumber)?.int64Value
+        else { return }
+        let size = Int64(sizeMiB) * 1024 * 1024
+        for version in versions.reversed() {
+            let resource = TestResource(name: "torture", size: size, version: version)
+            if try compare(path, expected: resource, length: length) { return }
+        }
+        throw TortureFailure("round \(round): the partial file (\(length) bytes) matches no version of the file")
+    }
+
+    func compare(_ path: String, expected: TestResource, length: Int64) throws -> Bool {
+        guard let handle = FileHandle(forReadingAtPath: path) else { return false }
+        defer { try? handle.close() }
+        var offset: Int64 = 0
+        while offset < length {
+            let count = Int(min(4 << 20, length - offset))
+            guard let data = try handle.read(upToCount: count), data.count == count else { return false }
+            if [UInt8](data) != expected.bytes(offset..<offset + Int64(count)) { return false }
+            offset += Int64(count)
+        }
+        return try handle.readToEnd()?.isEmpty ?? true
+    }
+}
+
+struct TortureFailure: Error, CustomStringConvertible {
+    let description: String
+    init(_ description: String) { self.description = description }
+}
+
+/// A small deterministic generator (SplitMix64), so a failing run can be replayed with its seed.
+struct SeededRandom {
+    private var state: UInt64
+
+    init(seed: UInt64) { state = seed }
+
+    mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
+
+    mutating func next(in range: ClosedRange<Int>) -> Int {
+        range.lowerBound + Int(next() % UInt64(range.count))
+    }
+}

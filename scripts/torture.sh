@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The torture suite: haul downloads one file while the test server injects random resets, stalls,
+# short bodies, 503s, ignored ranges and version switches, and the haul process is SIGKILLed at
+# random moments. After every kill the partial file must hold one version's exact bytes; the final
+# run must produce the exact file.
+#
+#   scripts/torture.sh --short          10 kills, 8 MiB, debug build (what CI runs)
+#   scripts/torture.sh --long [KILLS]   120 kills (or KILLS), 64 MiB, release build
+#   SEED=123 scripts/torture.sh ...     replay a run
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+mode="${1:---short}"
+case "$mode" in
+    --short) kills=10; size=8; configuration=debug ;;
+    --long) kills="${2:-120}"; size=64; configuration=release ;;
+    *) echo "usage: $0 [--short | --long [KILLS]]" >&2; exit 64 ;;
+esac
+
+swift build -c "$configuration" --product haul >/dev/null 2>&1
+swift build -c "$configuration" --product haul-torture >/dev/null 2>&1
+bin="$(swift build -c "$configuration" --show-bin-path)"
+seed="${SEED:-$(date +%s)}"
+"$bin/haul-torture" --haul "$bin/haul" --kills "$kills" --size-mib "$size" --seed "$seed"
