@@ -9,6 +9,7 @@ let package = Package(
         .library(name: "HaulTestServer", targets: ["HaulTestServer"]),
         .executable(name: "haul", targets: ["haul"]),
         .executable(name: "haul-torture", targets: ["HaulTorture"]),
+        .executable(name: "haul-fuzz", targets: ["HaulFuzz"]),
     ],
     dependencies: [
         .package(url: "https://github.com/swift-server/async-http-client.git", from: "1.37.0"),
@@ -51,6 +52,10 @@ let package = Package(
                 "HaulTestServer",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
+        ),
+        .executableTarget(
+            name: "HaulFuzz",
+            dependencies: ["Haul", "HaulTestServer"]
         ),
         .testTarget(
             name: "HaulTests",

@@ -105,11 +105,9 @@ public struct Manifest: Codable, Equatable, Sendable {
     }
 }
 
-/// Reads and atomically replaces manifests.
-enum ManifestStore {
-    static func load(_ paths: DownloadPaths) throws -> Manifest? {
-        guard POSIX.exists(paths.manifest) else { return nil }
-        let bytes = try POSIX.readWholeFile(paths.manifest, limit: 1 << 20)
+extension Manifest {
+    /// Decodes and checks a manifest; anything malformed or impossible is a ``HaulError/Code/manifestCorrupt``.
+    public static func decode(_ bytes: [UInt8]) throws -> Manifest {
         do {
             let manifest = try JSONDecoder().decode(Manifest.self, from: Data(bytes))
             try manifest.validate()
@@ -117,7 +115,20 @@ enum ManifestStore {
         } catch let error as HaulError {
             throw error
         } catch {
-            throw HaulError(.manifestCorrupt, "cannot read manifest \(paths.manifest): \(error)", underlying: error)
+            throw HaulError(.manifestCorrupt, "cannot read manifest: \(error)", underlying: error)
+        }
+    }
+}
+
+/// Reads and atomically replaces manifests.
+enum ManifestStore {
+    static func load(_ paths: DownloadPaths) throws -> Manifest? {
+        guard POSIX.exists(paths.manifest) else { return nil }
+        let bytes = try POSIX.readWholeFile(paths.manifest, limit: 1 << 24)
+        do {
+            return try Manifest.decode(bytes)
+        } catch let error as HaulError {
+            throw HaulError(.manifestCorrupt, "\(paths.manifest): \(error.message)", underlying: error.underlying)
         }
     }
 
