@@ -53,9 +53,10 @@ let package = Package(
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),
+        .target(name: "CLibFuzzer"),
         .executableTarget(
             name: "HaulFuzz",
-            dependencies: ["Haul", "HaulTestServer"]
+            dependencies: ["Haul", "HaulTestServer", "CLibFuzzer"]
         ),
         .testTarget(
             name: "HaulTests",

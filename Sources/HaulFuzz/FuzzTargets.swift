@@ -1,5 +1,6 @@
-@testable import Haul
 import HaulTestServer
+
+@testable import Haul
 
 /// The parsers that read what servers and users send, each with the properties its result must have.
 /// A violated property is a crash, so the fuzzer reports it like any other.
@@ -49,7 +50,9 @@ enum FuzzTarget: String, CaseIterable {
             check(!FileNaming.name(fromURLPath: text).contains("/"), "separator in a URL name")
         case .retryAfter:
             if let delay = RetryAfter.delay(text, now: 1_800_000_000) { check(delay >= 0, "negative delay") }
-            if let date = HTTPDate.parse(text) { check(HTTPDate.parse(HTTPDate.format(date)) == date, "date round trip") }
+            if let date = HTTPDate.parse(text) {
+                check(HTTPDate.parse(HTTPDate.format(date)) == date, "date round trip")
+            }
         case .digest:
             for checksum in DigestFields.structured(text) + DigestFields.legacyDigest(text) {
                 check(checksum.digest.count == checksum.algorithm.digestByteCount, "digest length")
@@ -64,7 +67,8 @@ enum FuzzTarget: String, CaseIterable {
         case .url:
             guard let url = try? DownloadURL(text) else { return }
             check(url.isHTTPS || url.url.scheme?.lowercased() == "http", "scheme \(url.string)")
-            _ = try? RedirectPolicy.follow(location: text, from: url, headers: [("Authorization", "x")], allowHTTPSToHTTP: false)
+            _ = try? RedirectPolicy.follow(
+                location: text, from: url, headers: [("Authorization", "x")], allowHTTPSToHTTP: false)
         }
     }
 
@@ -74,7 +78,7 @@ enum FuzzTarget: String, CaseIterable {
 }
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #elseif canImport(Darwin)
-import Darwin
+    import Darwin
 #endif
