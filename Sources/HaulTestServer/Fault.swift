@@ -22,6 +22,10 @@ public enum Fault: Sendable, Equatable {
     case multipart
     /// Leave out this response header.
     case omitHeader(String)
+    /// Set this response header, replacing any value the server would send (e.g. a bogus `Content-Length`).
+    case setHeader(String, String)
+    /// Add this many junk headers to the response.
+    case headerFlood(Int)
     /// Send the body with the byte at this file offset changed (headers and digests stay as if it were not).
     case corruptByte(at: Int64)
 }

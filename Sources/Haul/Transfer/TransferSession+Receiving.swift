@@ -15,6 +15,7 @@ extension TransferSession {
         _ body: HTTPClientResponse.Body, plan: StreamPlan, finalURL: DownloadURL
     ) async throws -> DownloadResult? {
         guard let paths, let file else { throw HaulError(.fileSystem, "no destination was chosen") }
+        try checkFreeSpace(plan: plan, paths: paths, file: file)
         if plan.startsOver {
             if let reason = plan.restartReason {
                 restarts += 1
@@ -37,13 +38,6 @@ extension TransferSession {
         } else {
             manifest?.finalURL = finalURL.string
             manifest?.validator = plan.validator
-        }
-
-        if let total = plan.totalLength, let free = POSIX.freeSpace(paths.directory), total - plan.writeStart > free {
-            throw HaulError(
-                .insufficientSpace,
-                "\(paths.directory) has \(ByteCount.format(free)) free, the download needs \(ByteCount.format(total - plan.writeStart)) more"
-            )
         }
 
         var overlap: [UInt8] = []
@@ -87,6 +81,19 @@ extension TransferSession {
         }
         if plan.totalLength == nil { manifest?.totalLength = received }
         return try await finish(totalBytes: received, hasher: hasher)
+    }
+
+    /// Refuses a download the volume cannot hold, before anything is written for it. Bytes a restart
+    /// will truncate count as free.
+    func checkFreeSpace(plan: StreamPlan, paths: DownloadPaths, file: PartialFile) throws {
+        guard let total = plan.totalLength, var free = POSIX.freeSpace(paths.directory) else { return }
+        if plan.startsOver { free += (try? file.size()) ?? 0 }
+        let needed = total - plan.writeStart
+        guard needed > free else { return }
+        throw HaulError(
+            .insufficientSpace,
+            "\(paths.directory) has \(ByteCount.format(free)) free, the download needs \(ByteCount.format(needed)) more"
+        )
     }
 
     struct WriteReceipt: Sendable {

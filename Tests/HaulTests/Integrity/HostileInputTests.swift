@@ -1,0 +1,170 @@
+import HaulTestServer
+import Testing
+
+@testable import Haul
+
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Darwin)
+    import Darwin
+#endif
+
+/// A hostile server or a hostile file system never crashes Haul or makes it write where it should not.
+@Suite(.timeLimit(.minutes(1)))
+struct HostileInputTests {
+    func download(_ server: HaulTestServer, _ path: String, to destination: String, overwrite: Bool = false)
+        async throws
+    {
+        try await withDownloader(testConfiguration(retries: 1)) { downloader in
+            try await downloader.download(
+                DownloadRequest(url: server.url(path), destination: .file(destination), overwrite: overwrite)
+            )
+        }
+    }
+
+    @Test(arguments: [".haul.part", ".haul.json", ".haul.lock"])
+    func aSymlinkPlantedBesideTheDestinationIsNeverFollowed(suffix: String) async throws {
+        try await HaulTestServer.withRunning { server in
+            server.add("/f", TestResource(name: "planted", size: 100_000))
+            try await withTemporaryDirectory { directory in
+                let victim = directory + "/victim"
+                try writeFile(victim, Array("do not touch".utf8))
+                let destination = directory + "/f"
+                #expect(symlink(victim, destination + suffix) == 0)
+                await expectHaulError(.fileSystem) { try await download(server, "/f", to: destination) }
+                #expect(try readFile(victim) == Array("do not touch".utf8))
+                #expect(!fileExists(destination))
+            }
+        }
+    }
+
+    @Test func aSymlinkAtTheFinalNameIsReplacedNotFollowed() async throws {
+        try await HaulTestServer.withRunning { server in
+            let resource = TestResource(name: "final-link", size: 100_000)
+            server.add("/f", resource)
+            try await withTemporaryDirectory { directory in
+                let victim = directory + "/victim"
+                try writeFile(victim, Array("do not touch".utf8))
+                let destination = directory + "/f"
+                #expect(symlink(victim, destination) == 0)
+                await expectHaulError(.destinationExists) { try await download(server, "/f", to: destination) }
+                try await download(server, "/f", to: destination, overwrite: true)
+                var info = stat()
+                #expect(lstat(destination, &info) == 0 && (info.st_mode & S_IFMT) == S_IFREG)
+                #expect(try readFile(destination) == resource.content)
+                #expect(try readFile(victim) == Array("do not touch".utf8))
+            }
+        }
+    }
+
+    @Test func aLengthBeyondTheFreeSpaceFailsBeforeWritingAnything() async throws {
+        try await HaulTestServer.withRunning { server in
+            try await withTemporaryDirectory { directory in
+                var info = statvfs()
+                #expect(statvfs(directory, &info) == 0)
+                let free = Int64(info.f_bavail) * Int64(info.f_frsize)
+                server.add("/huge", TestResource(name: "huge", size: free + (1 << 30)))
+                let error = await expectHaulError(.insufficientSpace) {
+                    try await download(server, "/huge", to: directory + "/f")
+                }
+                #expect(error?.message.contains("free") == true)
+                #expect(listDirectory(directory).isEmpty)
+            }
+        }
+    }
+
+    @Test(arguments: ["-5", "ten", "99999999999999999999999", "1, 2"])
+    func aBogusContentLengthIsAClearErrorNotACrash(value: String) async throws {
+        try await HaulTestServer.withRunning { server in
+            server.add("/f", TestResource(name: "bogus-length", size: 1000))
+            server.setStandingFaults("/f", [.setHeader("Content-Length", value)])
+            try await withTemporaryDirectory { directory in
+                do {
+                    try await download(server, "/f", to: directory + "/f")
+                    Issue.record("a Content-Length of \(value) was accepted")
+                } catch let error as HaulError {
+                    #expect([.network, .protocolViolation].contains(error.code), "\(error.message)")
+                }
+                #expect(!fileExists(directory + "/f"))
+            }
+        }
+    }
+
+    @Test func aHeaderFloodIsAClearErrorNotACrash() async throws {
+        try await HaulTestServer.withRunning { server in
+            server.add("/f", TestResource(name: "flood", size: 1000))
+            server.setStandingFaults("/f", [.headerFlood(10_000)])
+            try await withTemporaryDirectory { directory in
+                do {
+                    try await download(server, "/f", to: directory + "/f")
+                    Issue.record("10,000 headers were accepted")
+                } catch let error as HaulError {
+                    #expect(error.code == .network, "\(error.message)")
+                }
+                #expect(listDirectory(directory).isEmpty)
+            }
+        }
+    }
+
+    @Test(arguments: [Int64(0), 1, 40, 200])
+    func aTruncatedManifestStartsOver(keptBytes: Int64) async throws {
+        try await HaulTestServer.withRunning { server in
+            let resource = TestResource(name: "truncated-manifest", size: 300_000)
+            server.add("/f", resource)
+            try await withTemporaryDirectory { directory in
+                let paths = DownloadPaths(destination: directory + "/f")
+                try writeFile(paths.partial, resource.bytes(0..<100_000))
+                var manifest = Manifest(
+                    originalURL: server.url("/f"), finalURL: server.url("/f"),
+                    validator: ResourceValidator(etag: resource.entityTagValue, lastModified: nil, date: nil),
+                    totalLength: resource.size, acceptsRanges: true, contentEncoding: nil, bootID: BootIdentity.current,
+                    now: 0
+                )
+                manifest.segments[0].written = 100_000
+                try ManifestStore.store(manifest, at: paths, durable: false)
+                let full = try readFile(paths.manifest)
+                try writeFile(paths.manifest, Array(full.prefix(Int(keptBytes))))
+                let log = EventLog()
+                try await withDownloader { downloader in
+                    try await downloader.download(
+                        DownloadRequest(url: server.url("/f"), destination: .file(paths.destination)),
+                        observing: log.record
+                    )
+                }
+                #expect(try readFile(paths.destination) == resource.content)
+                #expect(log.restartKinds == ["untrustedPartial"])
+                #expect(server.requests.first?.header("range") == nil)
+            }
+        }
+    }
+
+    @Test func aManifestFromAnotherURLAndSizeNeverSplices() async throws {
+        try await HaulTestServer.withRunning { server in
+            let resource = TestResource(name: "this-one", size: 300_000)
+            server.add("/this", resource)
+            try await withTemporaryDirectory { directory in
+                let paths = DownloadPaths(destination: directory + "/f")
+                let other = TestResource(name: "other", size: 900_000)
+                try writeFile(paths.partial, other.bytes(0..<200_000))
+                var manifest = Manifest(
+                    originalURL: server.url("/other"), finalURL: server.url("/other"),
+                    validator: ResourceValidator(etag: other.entityTagValue, lastModified: nil, date: nil),
+                    totalLength: other.size, acceptsRanges: true, contentEncoding: nil, bootID: BootIdentity.current,
+                    now: 0
+                )
+                manifest.segments[0].written = 200_000
+                try ManifestStore.store(manifest, at: paths, durable: false)
+                let log = EventLog()
+                try await withDownloader { downloader in
+                    try await downloader.download(
+                        DownloadRequest(url: server.url("/this"), destination: .file(paths.destination)),
+                        observing: log.record
+                    )
+                }
+                #expect(try readFile(paths.destination) == resource.content)
+                #expect(server.requests.first?.header("if-range") == other.entityTagValue)
+                #expect(log.restartKinds.count == 1)
+            }
+        }
+    }
+}
