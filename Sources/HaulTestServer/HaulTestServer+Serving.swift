@@ -93,7 +93,9 @@ extension HaulTestServer {
         for case .omitHeader(let name) in faults { reply.headers.remove(name: name) }
         for case .setHeader(let name, let value) in faults { reply.headers.replaceOrAdd(name: name, value: value) }
         for case .headerFlood(let count) in faults {
-            for index in 0..<count { reply.headers.add(name: "X-Flood-\(index)", value: String(repeating: "x", count: 64)) }
+            for index in 0..<count {
+                reply.headers.add(name: "X-Flood-\(index)", value: String(repeating: "x", count: 64))
+            }
         }
         try await send(reply, isHead: head.method == .HEAD, channel: channel)
         return !faults.contains {
