@@ -6,3 +6,27 @@ extension PartialFile {
         }
     }
 }
+
+extension PartialFile {
+    /// The hash of piece `index`, as ``PieceHasher`` records it; `nil` when the file ends inside it.
+    func pieceHash(_ index: Int, pieceSize: Int64) async throws -> String? {
+        let bytes = try await read(count: Int(pieceSize), at: Int64(index) * pieceSize)
+        guard bytes.count == Int(pieceSize) else { return nil }
+        return bytes.withUnsafeBytes { PieceHasher.hash($0) }
+    }
+
+    /// A piece hasher that has seen the file from the start of piece `firstPiece` up to `offset`,
+    /// and the hashes of the pieces completed on the way.
+    func pieceHasher(pieceSize: Int64, firstPiece: Int, upTo offset: Int64) async throws -> (PieceHasher, [String]) {
+        struct Progress: Sendable {
+            var hasher: PieceHasher
+            var completed: [String] = []
+        }
+        let start = Int64(firstPiece) * pieceSize
+        let progress = try await readSequentially(
+            from: start, upTo: offset,
+            into: Progress(hasher: PieceHasher(pieceSize: pieceSize, startingAtPiece: firstPiece))
+        ) { progress, bytes in progress.completed += progress.hasher.update(bytes) }
+        return (progress.hasher, progress.completed)
+    }
+}

@@ -56,13 +56,17 @@ public struct Manifest: Codable, Equatable, Sendable {
     public var segments: [Segment]
     /// The kernel boot the `written` offsets belong to.
     public var bootID: String?
+    /// The size of the pieces hashed in `pieces`.
+    public var pieceSize: Int64
+    /// Hashes of the complete pieces from the start of the file, in order (see `PieceHasher`).
+    public var pieces: [String]
     /// Seconds since the epoch.
     public var createdAt: Int64
     public var updatedAt: Int64
 
     public init(
         originalURL: String, finalURL: String, validator: ResourceValidator, totalLength: Int64?, acceptsRanges: Bool,
-        contentEncoding: String?, bootID: String?, now: Int64
+        contentEncoding: String?, bootID: String?, now: Int64, pieceSize: Int64 = Manifest.defaultPieceSize
     ) {
         self.format = Self.currentFormat
         self.originalURL = originalURL
@@ -73,9 +77,14 @@ public struct Manifest: Codable, Equatable, Sendable {
         self.contentEncoding = contentEncoding
         self.segments = [Segment(start: 0, end: totalLength)]
         self.bootID = bootID
+        self.pieceSize = pieceSize
+        self.pieces = []
         self.createdAt = now
         self.updatedAt = now
     }
+
+    /// 4 MiB: re-checking one piece on resume costs a few milliseconds, and a 4 GiB file needs 1,024 hashes.
+    public static let defaultPieceSize: Int64 = 4 << 20
 
     /// Bytes from the start of the file that can be trusted, given the partial file's current size.
     ///
@@ -93,6 +102,9 @@ public struct Manifest: Codable, Equatable, Sendable {
 
     /// Checks that the values make sense together; a manifest that does not is not trusted.
     func validate() throws {
+        guard pieceSize > 0, Int64(pieces.count) * pieceSize <= (segments.first?.written ?? 0) else {
+            throw HaulError(.manifestCorrupt, "manifest has impossible piece hashes")
+        }
         guard format == Self.currentFormat else {
             throw HaulError(.manifestCorrupt, "manifest format \(format) is not supported by this version of Haul")
         }

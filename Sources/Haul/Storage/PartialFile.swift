@@ -49,14 +49,15 @@ final class PartialFile: Sendable {
 
     func size() throws -> Int64 { try POSIX.size(descriptor, path: path) }
 
-    /// Reads the first `length` bytes in order, in 1 MiB pieces, folding them into `state`.
+    /// Reads the bytes from `start` up to `length` in order, in 1 MiB pieces, folding them into `state`.
     func readSequentially<State: Sendable>(
-        upTo length: Int64, into state: State, _ fold: @escaping @Sendable (inout State, UnsafeRawBufferPointer) -> Void
+        from start: Int64 = 0, upTo length: Int64, into state: State,
+        _ fold: @escaping @Sendable (inout State, UnsafeRawBufferPointer) -> Void
     ) async throws -> State {
         try await io.run { [descriptor, path] in
             var state = state
             var buffer = [UInt8](repeating: 0, count: 1 << 20)
-            var offset: Int64 = 0
+            var offset: Int64 = start
             while offset < length {
                 let wanted = Int(min(Int64(buffer.count), length - offset))
                 let count = try buffer.withUnsafeMutableBytes { pointer in

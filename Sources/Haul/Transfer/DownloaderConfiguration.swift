@@ -47,6 +47,8 @@ public struct DownloaderConfiguration: Sendable {
         public var durableCheckpointInterval: Duration = .seconds(5)
         /// Received bytes are written at least this often, even when a block is not full.
         public var flushInterval: Duration = .seconds(1)
+        /// The size of the pieces whose hashes the manifest keeps, to find damaged data on resume.
+        public var pieceSize: Int64 = Manifest.defaultPieceSize
 
         public init() {}
     }

@@ -32,7 +32,8 @@ extension TransferSession {
             manifest = Manifest(
                 originalURL: url.string, finalURL: finalURL.string, validator: plan.validator,
                 totalLength: plan.totalLength, acceptsRanges: plan.acceptsRanges, contentEncoding: plan.contentEncoding,
-                bootID: BootIdentity.current, now: Int64(Date().timeIntervalSince1970)
+                bootID: BootIdentity.current, now: Int64(Date().timeIntervalSince1970),
+                pieceSize: configuration.storage.pieceSize
             )
             try await checkpoint(durable: replacing)
         } else {
@@ -64,9 +65,10 @@ extension TransferSession {
         )
 
         var hasher = try await hasherForPrefix(plan.writeStart, validator: plan.validator, file: file)
+        let pieces = try await pieceHasher(at: plan.writeStart, file: file)
         let received: Int64
         do {
-            received = try await pump(body, file: file, plan: plan, overlap: overlap, hasher: &hasher)
+            received = try await pump(body, file: file, plan: plan, overlap: overlap, hasher: &hasher, pieces: pieces)
         } catch is OverlapMismatch {
             try await startOver(.remoteChanged("the bytes before the resume point differ from the partial file"))
             return nil
@@ -101,6 +103,9 @@ extension TransferSession {
         let durable: Bool
         /// The file's hash up to `end`, when the download is being verified.
         let hasher: StreamingHasher?
+        /// The piece hasher at `end`, and the pieces this write completed.
+        let pieces: PieceHasher
+        let completedPieces: [String]
     }
 
     /// Streams the body into the file: network buffers are gathered into large blocks, and one block
@@ -110,8 +115,9 @@ extension TransferSession {
     /// Whatever happens, every byte received is written and checkpointed before this returns or throws.
     mutating func pump(
         _ body: HTTPClientResponse.Body, file: PartialFile, plan: StreamPlan, overlap: [UInt8],
-        hasher: inout StreamingHasher?
+        hasher: inout StreamingHasher?, pieces: PieceHasher
     ) async throws -> Int64 {
+        var runningPieces = pieces
         let writeStart = plan.writeStart
         let total = plan.totalLength
         let hasherAtStart = hasher
@@ -162,6 +168,7 @@ extension TransferSession {
 
                     if writeInFlight, let receipt = try await group.next() {
                         runningHasher = receipt.hasher
+                        runningPieces = receipt.pieces
                         try await recordWrite(receipt)
                     }
                     let durable = now - lastDurable >= storage.durableCheckpointInterval
@@ -169,6 +176,7 @@ extension TransferSession {
                     let data = block
                     let offset = blockStart
                     let blockHasher = runningHasher
+                    let blockPieces = runningPieces
                     blockStart += Int64(data.readableBytes)
                     block = allocator.buffer(capacity: storage.blockSize)
                     // Hashing rides along with the write on the thread pool, in file order: blocks are
@@ -178,7 +186,12 @@ extension TransferSession {
                         if durable { try await file.syncData() }
                         var hasher = blockHasher
                         hasher?.update(data)
-                        return WriteReceipt(end: offset + Int64(data.readableBytes), durable: durable, hasher: hasher)
+                        var pieces = blockPieces
+                        let completed = pieces.update(data)
+                        return WriteReceipt(
+                            end: offset + Int64(data.readableBytes), durable: durable, hasher: hasher, pieces: pieces,
+                            completedPieces: completed
+                        )
                     }
                     writeInFlight = true
                     lastWrite = now
@@ -190,13 +203,20 @@ extension TransferSession {
             do {
                 if writeInFlight, let receipt = try await group.next() {
                     runningHasher = receipt.hasher
+                    runningPieces = receipt.pieces
                     try await recordWrite(receipt)
                 }
                 if block.readableBytes > 0 && !(streamError is OverlapMismatch) {
                     try await file.write(block, at: blockStart)
                     runningHasher?.update(block)
+                    let completed = runningPieces.update(block)
                     let end = blockStart + Int64(block.readableBytes)
-                    try await recordWrite(WriteReceipt(end: end, durable: false, hasher: runningHasher))
+                    try await recordWrite(
+                        WriteReceipt(
+                            end: end, durable: false, hasher: runningHasher, pieces: runningPieces,
+                            completedPieces: completed
+                        )
+                    )
                 }
             } catch {
                 writeError = error
@@ -222,6 +242,10 @@ extension TransferSession {
             let durable = min(manifest?.segments[0].durable ?? 0, writeStart)
             manifest?.segments[0].written = writeStart
             manifest?.segments[0].durable = durable
+            if var rolledBack = manifest {
+                rolledBack.pieces = Array(rolledBack.pieces.prefix(Int(writeStart / rolledBack.pieceSize)))
+                manifest = rolledBack
+            }
             try await checkpoint(durable: false)
             prefixHash = hasherAtStart.map { (writeStart, $0) }
             throw RetryableFailure(
@@ -249,6 +273,7 @@ extension TransferSession {
     mutating func recordWrite(_ receipt: WriteReceipt) async throws {
         guard manifest != nil else { return }
         manifest!.segments[0].written = receipt.end
+        manifest!.pieces += receipt.completedPieces
         if receipt.durable {
             // The write task already flushed the data up to `end`.
             manifest!.segments[0].durable = receipt.end

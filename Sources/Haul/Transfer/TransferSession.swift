@@ -108,15 +108,16 @@ struct TransferSession {
             try await startOver(reason)
         }
         var plan = ResumePlan.fresh
-        if let manifest, let file {
-            let trusted = manifest.trustedPrefix(currentBootID: BootIdentity.current, partialSize: try file.size())
-            if let total = manifest.totalLength, trusted == total {
+        if let file, let stored = manifest {
+            var trusted = stored.trustedPrefix(currentBootID: BootIdentity.current, partialSize: try file.size())
+            trusted = try await verifyRecordedPieces(trusted: trusted, file: file)
+            if let total = stored.totalLength, trusted == total {
                 // Every byte is already on disk: the previous session ended just before the rename.
                 resumedFrom = total
                 return try await finish(totalBytes: total)
             }
             switch ResumePlan.resuming(
-                manifest, trusted: trusted, trustUnvalidated: configuration.trustUnvalidatedResume,
+                manifest ?? stored, trusted: trusted, trustUnvalidated: configuration.trustUnvalidatedResume,
                 overlapCheckBytes: configuration.overlapCheckBytes
             ) {
             case .success(let resumePlan): plan = resumePlan

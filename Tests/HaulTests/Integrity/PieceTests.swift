@@ -1,0 +1,114 @@
+import Crypto
+import HaulTestServer
+import Testing
+
+@testable import Haul
+
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Darwin)
+    import Darwin
+#endif
+
+func pieceHash(_ bytes: [UInt8]) -> String {
+    bytes.withUnsafeBytes { PieceHasher.hash($0) }
+}
+
+/// Flips one byte of a file in place, as a torn write or a bad disk would.
+func damage(_ path: String, at offset: Int64) throws {
+    let descriptor = open(path, O_RDWR)
+    guard descriptor >= 0 else { throw TestFailure("cannot open \(path)") }
+    defer { close(descriptor) }
+    var byte: UInt8 = 0
+    guard pread(descriptor, &byte, 1, off_t(offset)) == 1 else { throw TestFailure("cannot read \(path)") }
+    byte ^= 0xFF
+    guard pwrite(descriptor, &byte, 1, off_t(offset)) == 1 else { throw TestFailure("cannot write \(path)") }
+}
+
+@Suite(.timeLimit(.minutes(1)))
+struct PieceTests {
+    static let pieceSize: Int64 = 64 * 1024
+
+    func configuration(retries: Int = 5) -> DownloaderConfiguration {
+        var configuration = testConfiguration(retries: retries)
+        configuration.storage.pieceSize = Self.pieceSize
+        return configuration
+    }
+
+    /// Leaves a partial download of `resource` at `destination` and returns its manifest.
+    func interrupt(_ server: HaulTestServer, _ resource: TestResource, at bytes: Int64, destination: String)
+        async throws
+        -> Manifest
+    {
+        server.script("/f", [[.closeAfter(bytes: bytes)]])
+        await expectHaulError(.network) {
+            try await withDownloader(configuration(retries: 0)) { downloader in
+                try await downloader.download(DownloadRequest(url: server.url("/f"), destination: .file(destination)))
+            }
+        }
+        return try #require(try ManifestStore.load(DownloadPaths(destination: destination)))
+    }
+
+    @Test func everyCompletePieceWrittenIsRecorded() async throws {
+        try await HaulTestServer.withRunning { server in
+            let resource = TestResource(name: "pieces", size: 1_000_000)
+            server.add("/f", resource)
+            try await withTemporaryDirectory { directory in
+                let manifest = try await interrupt(server, resource, at: 500_000, destination: directory + "/f")
+                let written = manifest.segments[0].written
+                #expect(manifest.pieceSize == Self.pieceSize)
+                #expect(manifest.pieces.count == Int(written / Self.pieceSize))
+                for (index, hash) in manifest.pieces.enumerated() {
+                    let start = Int64(index) * Self.pieceSize
+                    #expect(hash == pieceHash(resource.bytes(start..<start + Self.pieceSize)))
+                }
+            }
+        }
+    }
+
+    @Test func aDamagedLastPieceIsFoundOnResumeAndOnlyItIsFetchedAgain() async throws {
+        try await HaulTestServer.withRunning { server in
+            let resource = TestResource(name: "damaged", size: 1_000_000)
+            server.add("/f", resource)
+            try await withTemporaryDirectory { directory in
+                let destination = directory + "/f"
+                let manifest = try await interrupt(server, resource, at: 500_000, destination: destination)
+                let recorded = manifest.pieces.count
+                try #require(recorded >= 3)
+                // The last recorded piece changed on disk after it was written.
+                let lastPieceStart = Int64(recorded - 1) * Self.pieceSize
+                try damage(destination + ".haul.part", at: lastPieceStart + 1234)
+
+                let result = try await withDownloader(configuration()) { downloader in
+                    try await downloader.download(
+                        DownloadRequest(url: server.url("/f"), destination: .file(destination)))
+                }
+                #expect(try readFile(destination) == resource.content)
+                #expect(result.resumedFrom == lastPieceStart)
+                #expect(server.requests.last?.header("range") == "bytes=\(lastPieceStart)-")
+            }
+        }
+    }
+
+    @Test func severalDamagedPiecesAtTheEndAreAllFetchedAgain() async throws {
+        try await HaulTestServer.withRunning { server in
+            let resource = TestResource(name: "damaged-run", size: 1_000_000)
+            server.add("/f", resource)
+            try await withTemporaryDirectory { directory in
+                let destination = directory + "/f"
+                let manifest = try await interrupt(server, resource, at: 600_000, destination: destination)
+                let recorded = manifest.pieces.count
+                try #require(recorded >= 4)
+                for index in (recorded - 3)..<recorded {
+                    try damage(destination + ".haul.part", at: Int64(index) * Self.pieceSize + 7)
+                }
+                try await withDownloader(configuration()) { downloader in
+                    try await downloader.download(
+                        DownloadRequest(url: server.url("/f"), destination: .file(destination)))
+                }
+                #expect(try readFile(destination) == resource.content)
+                #expect(server.requests.last?.header("range") == "bytes=\(Int64(recorded - 3) * Self.pieceSize)-")
+            }
+        }
+    }
+}
