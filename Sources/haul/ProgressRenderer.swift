@@ -213,15 +213,9 @@ final class ProgressRenderer: Sendable {
 
     private func writeError(_ line: String) { writeRaw(line + "\n") }
 
-    private func writeRaw(_ text: String) {
-        var bytes = Array(text.utf8)
-        _ = bytes.withUnsafeMutableBytes { write(STDERR_FILENO, $0.baseAddress, $0.count) }
-    }
+    private func writeRaw(_ text: String) { Output.standardError(text) }
 
-    private func writeOutput(_ text: String) {
-        var bytes = Array(text.utf8)
-        _ = bytes.withUnsafeMutableBytes { write(STDOUT_FILENO, $0.baseAddress, $0.count) }
-    }
+    private func writeOutput(_ text: String) { Output.standardOutput(text) }
 }
 
 /// Just enough JSON for one-line events.

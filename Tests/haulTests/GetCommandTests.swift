@@ -152,6 +152,69 @@ struct GetCommandTests {
         }
     }
 
+    @Test func verifyReportsIntactAndDamagedDownloads() async throws {
+        try await HaulTestServer.withRunning { server in
+            let resource = TestResource(name: "verified", size: 300_000)
+            server.add("/v.bin", resource)
+            let directory = try makeTemporaryDirectory()
+            defer { try? FileManager.default.removeItem(atPath: directory) }
+            let file = directory + "/v.bin"
+            let got = try await HaulProcess.run(["get", server.url("/v.bin"), "-o", file, "-q"])
+            #expect(got.status == 0)
+
+            let right = try await HaulProcess.run([
+                "verify", file, "--checksum", "sha-256=" + sha256Hex(resource.content),
+            ])
+            #expect(right.status == 0)
+            #expect(right.output == "haul: \(file): sha-256 matches\n")
+
+            let wrong = try await HaulProcess.run([
+                "verify", file, "--checksum", "sha-256=" + String(repeating: "1", count: 64),
+            ])
+            #expect(wrong.status == 16)
+            #expect(wrong.errors.contains("checksum mismatch"))
+
+            let nothing = try await HaulProcess.run(["verify", file])
+            #expect(nothing.status == 2)
+            #expect(nothing.errors.contains("give --checksum"))
+
+            let missing = try await HaulProcess.run(["verify", directory + "/none"])
+            #expect(missing.status == 12)
+        }
+    }
+
+    @Test func verifyOfADamagedUnfinishedDownloadExitsWith16AndGetFetchesTheRest() async throws {
+        try await HaulTestServer.withRunning { server in
+            let resource = TestResource(name: "unfinished", size: 20 * 1024 * 1024)
+            server.add("/u.bin", resource)
+            server.script("/u.bin", [[.closeAfter(bytes: 13 * 1024 * 1024)]])
+            let directory = try makeTemporaryDirectory()
+            defer { try? FileManager.default.removeItem(atPath: directory) }
+            let file = directory + "/u.bin"
+            let first = try await HaulProcess.run(["get", server.url("/u.bin"), "-o", file, "-q", "--retries", "0"])
+            #expect(first.status == 5)
+
+            let intact = try await HaulProcess.run(["verify", file])
+            #expect(intact.status == 0, "\(intact.errors)")
+            #expect(intact.output.contains("3 pieces of 4.0 MiB checked, all intact"))
+
+            // Damage the second piece.
+            let handle = try #require(FileHandle(forUpdatingAtPath: file + ".haul.part"))
+            try handle.seek(toOffset: 5 * 1024 * 1024)
+            try handle.write(contentsOf: Data([0, 1, 2, 3]))
+            try handle.close()
+            let damaged = try await HaulProcess.run(["verify", file])
+            #expect(damaged.status == 16)
+            #expect(damaged.output.contains("1 of 3 pieces of 4.0 MiB damaged: piece 1 (4.0 MiB–8.0 MiB)"))
+            #expect(damaged.output.contains("kept the first 4.0 MiB"))
+
+            let last = try await HaulProcess.run(["get", server.url("/u.bin"), "-o", file, "-q"])
+            #expect(last.status == 0)
+            #expect(contents(file) == resource.content)
+            #expect(server.requests.last?.header("range") == "bytes=\(4 * 1024 * 1024)-")
+        }
+    }
+
     @Test func pipedOutputPrintsPlainLines() async throws {
         try await HaulTestServer.withRunning { server in
             let resource = TestResource(name: "lines", size: 300_000)

@@ -19,10 +19,11 @@ final class PartialFile: Sendable {
     private let io: BlockingIO
 
     /// Opens (creating if needed) the partial file; a symbolic link at `path` is refused, never followed.
-    init(path: String, io: BlockingIO = .shared) throws {
+    /// `readOnly` opens an existing file for checking only.
+    init(path: String, io: BlockingIO = .shared, readOnly: Bool = false) throws {
         self.path = path
         self.io = io
-        self.descriptor = try POSIX.open(path, flags: O_RDWR | O_CREAT | O_NOFOLLOW)
+        self.descriptor = try POSIX.open(path, flags: readOnly ? O_RDONLY | O_NOFOLLOW : O_RDWR | O_CREAT | O_NOFOLLOW)
     }
 
     deinit { POSIX.close(descriptor) }

@@ -112,3 +112,50 @@ struct PieceTests {
         }
     }
 }
+
+@Suite(.timeLimit(.minutes(1)))
+struct VerifierTests {
+    @Test func verifyFindsDamagedPiecesDropsThemAndTheNextDownloadFetchesOnlyFromThere() async throws {
+        try await HaulTestServer.withRunning { server in
+            let resource = TestResource(name: "verify", size: 1_000_000)
+            server.add("/f", resource)
+            try await withTemporaryDirectory { directory in
+                let destination = directory + "/f"
+                let pieces = PieceTests()
+                let manifest = try await pieces.interrupt(server, resource, at: 700_000, destination: destination)
+                try #require(manifest.pieces.count >= 6)
+                let before = try #require(fileSize(destination + ".haul.part"))
+
+                let clean = try await DownloadVerifier.verifyPartial(destination: destination)
+                #expect(clean.damagedPieces.isEmpty)
+                #expect(clean.piecesChecked == manifest.pieces.count)
+                #expect(clean.bytesKept == before)
+
+                // Damage two pieces in the middle: only an explicit check finds those.
+                try damage(destination + ".haul.part", at: 2 * PieceTests.pieceSize + 5)
+                try damage(destination + ".haul.part", at: 4 * PieceTests.pieceSize + 5)
+                let report = try await DownloadVerifier.verifyPartial(destination: destination)
+                #expect(report.damagedPieces == [2, 4])
+                #expect(report.bytesKept == 2 * PieceTests.pieceSize)
+                #expect(fileSize(destination + ".haul.part") == 2 * PieceTests.pieceSize)
+                #expect(!fileExists(destination + ".haul.lock"))
+
+                try await withDownloader(pieces.configuration()) { downloader in
+                    try await downloader.download(
+                        DownloadRequest(url: server.url("/f"), destination: .file(destination)))
+                }
+                #expect(try readFile(destination) == resource.content)
+                #expect(server.requests.last?.header("range") == "bytes=\(2 * PieceTests.pieceSize)-")
+            }
+        }
+    }
+
+    @Test func aCompleteFileIsCheckedAgainstAChecksum() async throws {
+        try await withTemporaryDirectory { directory in
+            let bytes = TestResource(name: "complete", size: 300_000).content
+            try writeFile(directory + "/f", bytes)
+            let actual = try await DownloadVerifier.checksum(ofFile: directory + "/f", algorithm: .sha256)
+            #expect(actual == sha256(bytes))
+        }
+    }
+}
