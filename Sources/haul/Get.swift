@@ -73,6 +73,12 @@ struct Get: AsyncParsableCommand {
     func validate() throws {
         if output == "-" { throw ValidationError("writing to standard output is not supported; use -o FILE") }
         if output?.isEmpty == true { throw ValidationError("-o needs a file name") }
+        if let output, output.hasPrefix("/"), directory != nil {
+            throw ValidationError("-d cannot be combined with an absolute -o path; give one or the other")
+        }
+        if quiet && json {
+            throw ValidationError("--quiet and --json cannot be combined; --json prints only JSON events")
+        }
         guard retries >= 0 else { throw ValidationError("--retries must be 0 or more") }
         guard retryDelay >= 0 else { throw ValidationError("--retry-delay must be 0 or more") }
         guard stallTimeout > 0, connectTimeout > 0 else { throw ValidationError("timeouts must be greater than 0") }

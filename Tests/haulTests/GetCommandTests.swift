@@ -116,6 +116,12 @@ struct GetCommandTests {
             let badHeader = try await HaulProcess.run(["get", server.url("/exists"), "-H", "no colon"])
             #expect(badHeader.status == 64)
             #expect(badHeader.errors.contains("Name: value"))
+
+            let both = try await HaulProcess.run(["get", server.url("/exists"), "-d", directory, "-o", "/tmp/x"])
+            #expect(both.status == 64)
+            #expect(both.errors.contains("absolute -o"))
+            let quietJSON = try await HaulProcess.run(["get", server.url("/exists"), "-q", "--json"])
+            #expect(quietJSON.status == 64)
         }
     }
 
