@@ -47,4 +47,19 @@ extension TransferSession {
         self.manifest = manifest
         return hasher
     }
+
+    /// Cuts the partial file back to the bytes that can be trusted. After a reboot the file may hold
+    /// bytes that were never flushed (zeros or stale data); they must go before this boot starts
+    /// trusting the file's size again.
+    mutating func discardUntrustedTail(beyond trusted: Int64, file: PartialFile) async throws {
+        guard try file.size() > trusted, var manifest else { return }
+        try await file.truncate(to: trusted)
+        for index in manifest.segments.indices {
+            manifest.segments[index].written = min(manifest.segments[index].written, trusted)
+            manifest.segments[index].durable = min(manifest.segments[index].durable, trusted)
+        }
+        manifest.pieces = Array(manifest.pieces.prefix(Int(trusted / manifest.pieceSize)))
+        self.manifest = manifest
+        try await storeManifest(durable: false)
+    }
 }

@@ -111,6 +111,7 @@ struct TransferSession {
         if let file, let stored = manifest {
             var trusted = stored.trustedPrefix(currentBootID: BootIdentity.current, partialSize: try file.size())
             trusted = try await verifyRecordedPieces(trusted: trusted, file: file)
+            try await discardUntrustedTail(beyond: trusted, file: file)
             if let total = stored.totalLength, trusted == total {
                 // Every byte is already on disk: the previous session ended just before the rename.
                 resumedFrom = total

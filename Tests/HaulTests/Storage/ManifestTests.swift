@@ -80,6 +80,40 @@ struct ManifestTests {
         }
     }
 
+    @Test func afterARebootTheUnflushedTailIsCutBeforeThisBootTrustsTheFileSize() async throws {
+        try await HaulTestServer.withRunning { server in
+            let resource = TestResource(name: "rebooted-tail", size: 500_000)
+            server.add("/f", resource)
+            server.script("/f", [[.closeAfter(bytes: 10_000)]])
+            try await withTemporaryDirectory { directory in
+                let paths = DownloadPaths(destination: directory + "/f")
+                // Before a power loss: 120,000 bytes flushed; after it, 180,000 more bytes of zeros.
+                try writeFile(paths.partial, resource.bytes(0..<120_000) + [UInt8](repeating: 0, count: 180_000))
+                var stored = manifest(written: 300_000, durable: 120_000, bootID: "an-earlier-boot")
+                stored.totalLength = 500_000
+                stored.segments[0].end = 500_000
+                stored.validator = ResourceValidator(etag: resource.entityTagValue, lastModified: nil, date: nil)
+                try ManifestStore.store(stored, at: paths, durable: true)
+
+                // This boot's first session is interrupted soon after it resumed...
+                await expectHaulError(.network) {
+                    try await withDownloader(testConfiguration(retries: 0)) { downloader in
+                        try await downloader.download(
+                            DownloadRequest(url: server.url("/f"), destination: .file(paths.destination)))
+                    }
+                }
+                let kept = try #require(fileSize(paths.partial))
+                #expect(kept < 300_000)
+                // ...and the next one must not trust the zeros that were there.
+                try await withDownloader { downloader in
+                    try await downloader.download(
+                        DownloadRequest(url: server.url("/f"), destination: .file(paths.destination)))
+                }
+                #expect(try readFile(paths.destination) == resource.content)
+            }
+        }
+    }
+
     @Test func crashAfterTheFinalRenameIsRecognisedAsComplete() async throws {
         try await HaulTestServer.withRunning { server in
             let resource = TestResource(name: "renamed", size: 50_000)
