@@ -40,6 +40,11 @@ struct Get: AsyncParsableCommand {
     )
     var checksum: String?
 
+    @Option(
+        help: ArgumentHelp("The most bytes per second to receive, e.g. 500k or 2M (powers of 1024).", valueName: "rate")
+    )
+    var limitRate: String?
+
     @Option(help: "Failed attempts in a row to retry before giving up.")
     var retries: Int = 10
 
@@ -85,6 +90,16 @@ struct Get: AsyncParsableCommand {
         guard durableCheckpointInterval > 0 else { throw ValidationError("intervals must be greater than 0") }
         _ = try parsedHeaders()
         _ = try parsedChecksum()
+        _ = try parsedRate()
+    }
+
+    func parsedRate() throws -> Int64? {
+        guard let limitRate else { return nil }
+        do {
+            return try ByteRate.parse(limitRate)
+        } catch let error as HaulError {
+            throw ValidationError(error.message)
+        }
     }
 
     func parsedChecksum() throws -> Checksum? {
@@ -130,7 +145,8 @@ struct Get: AsyncParsableCommand {
 
         let expected = try parsedChecksum()
         let request = DownloadRequest(
-            url: url, destination: destination(), headers: try parsedHeaders(), overwrite: force, checksum: expected
+            url: url, destination: destination(), headers: try parsedHeaders(), overwrite: force, checksum: expected,
+            bytesPerSecondLimit: try parsedRate()
         )
         let style: ProgressRenderer.Style =
             json ? .json : quiet ? .quiet : (isatty(STDERR_FILENO) != 0 ? .terminal : .lines)

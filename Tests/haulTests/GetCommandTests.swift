@@ -122,6 +122,9 @@ struct GetCommandTests {
             #expect(both.errors.contains("absolute -o"))
             let quietJSON = try await HaulProcess.run(["get", server.url("/exists"), "-q", "--json"])
             #expect(quietJSON.status == 64)
+            let badRate = try await HaulProcess.run(["get", server.url("/exists"), "--limit-rate", "fast"])
+            #expect(badRate.status == 64)
+            #expect(badRate.errors.contains("is not a rate"))
         }
     }
 

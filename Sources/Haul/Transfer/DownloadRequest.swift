@@ -18,15 +18,18 @@ public struct DownloadRequest: Sendable {
     public var overwrite: Bool
     /// The digest the complete file must have; checked before the file gets its final name.
     public var checksum: Checksum?
+    /// The most bytes per second this download may receive (`nil`: no limit of its own).
+    public var bytesPerSecondLimit: Int64?
 
     public init(
         url: String, destination: Destination, headers: [(name: String, value: String)] = [], overwrite: Bool = false,
-        checksum: Checksum? = nil
+        checksum: Checksum? = nil, bytesPerSecondLimit: Int64? = nil
     ) {
         self.url = url
         self.destination = destination
         self.headers = headers
         self.overwrite = overwrite
         self.checksum = checksum
+        self.bytesPerSecondLimit = bytesPerSecondLimit
     }
 }

@@ -64,6 +64,8 @@ public struct DownloaderConfiguration: Sendable {
     public var trustUnvalidatedResume: Bool = false
     /// Bytes re-fetched before the resume point and compared with the disk when `If-Range` cannot be used.
     public var overlapCheckBytes: Int = 64 * 1024
+    /// A limit shared by every download of this downloader (and of any other given the same limiter).
+    public var sharedRateLimiter: RateLimiter?
     /// The least time between two progress events.
     public var progressInterval: Duration = .milliseconds(200)
 

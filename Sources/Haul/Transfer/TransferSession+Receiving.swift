@@ -160,6 +160,7 @@ extension TransferSession {
                     }
                     received += Int64(chunk.readableBytes)
                     block.writeImmutableBuffer(chunk)
+                    for limiter in rateLimiters { try await limiter.take(chunk.readableBytes) }
                     let now = clock.now
                     if let progress = meter.record(received, at: now) { observe(.progress(progress)) }
                     guard block.readableBytes >= storage.blockSize || now - lastWrite >= storage.flushInterval else {

@@ -43,6 +43,8 @@ struct TransferSession {
     /// The hash of the partial file's first `offset` bytes, kept between attempts of this call so a
     /// retry does not read the prefix again.
     var prefixHash: (offset: Int64, hasher: StreamingHasher)?
+    /// The limits this download's bytes are paced by: its own and the shared one.
+    let rateLimiters: [RateLimiter]
 
     init(
         downloader: Downloader, request: DownloadRequest, url: DownloadURL,
@@ -55,6 +57,12 @@ struct TransferSession {
         self.url = url
         self.observe = observe
         self.lastCheckpoint = clock.now
+        self.rateLimiters =
+            [
+                request.bytesPerSecondLimit.map { RateLimiter(bytesPerSecond: $0) },
+                downloader.configuration.sharedRateLimiter,
+            ]
+            .compactMap { $0 }
         try Self.checkHeaders(request.headers)
         switch request.destination {
         case .file(let path):

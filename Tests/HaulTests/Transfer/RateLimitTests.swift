@@ -1,0 +1,78 @@
+import Haul
+import HaulTestServer
+import Testing
+
+struct ByteRateTests {
+    @Test(arguments: [
+        ("65536", Int64(65536)), ("500k", 512_000), ("2M", 2_097_152), ("2MiB/s", 2_097_152), ("1.5g", 1_610_612_736),
+        ("10KB", 10_240),
+    ])
+    func parses(text: String, expected: Int64) throws {
+        #expect(try ByteRate.parse(text) == expected)
+    }
+
+    @Test(arguments: ["", "fast", "-1M", "0", "2T", "1e3", "M"])
+    func rejects(text: String) {
+        #expect(throws: HaulError.self) { try ByteRate.parse(text) }
+    }
+}
+
+@Suite(.timeLimit(.minutes(1)))
+struct RateLimitTests {
+    @Test func aDownloadHoldsItsLimitWithinFivePercentOverTenSeconds() async throws {
+        try await HaulTestServer.withRunning { server in
+            let rate: Int64 = 2_000_000
+            let resource = TestResource(name: "limited", size: 10 * rate)
+            server.add("/f", resource)
+            try await withTemporaryDirectory { directory in
+                let clock = ContinuousClock()
+                let start = clock.now
+                try await withDownloader { downloader in
+                    try await downloader.download(
+                        DownloadRequest(
+                            url: server.url("/f"), destination: .file(directory + "/f"), bytesPerSecondLimit: rate)
+                    )
+                }
+                let measured = Double(resource.size) / (clock.now - start).secondsValue
+                #expect(abs(measured - Double(rate)) / Double(rate) < 0.05, "measured \(measured) B/s")
+                #expect(try readFile(directory + "/f") == resource.content)
+            }
+        }
+    }
+
+    @Test func aSharedLimiterPacesSeveralDownloadsTogether() async throws {
+        try await HaulTestServer.withRunning { server in
+            let rate: Int64 = 2_000_000
+            server.add("/a", TestResource(name: "shared-a", size: 3 * rate))
+            server.add("/b", TestResource(name: "shared-b", size: 3 * rate))
+            var configuration = testConfiguration()
+            configuration.sharedRateLimiter = RateLimiter(bytesPerSecond: rate)
+            try await withTemporaryDirectory { directory in
+                let clock = ContinuousClock()
+                let start = clock.now
+                try await withDownloader(configuration) { downloader in
+                    try await withThrowingTaskGroup(of: Void.self) { group in
+                        for name in ["a", "b"] {
+                            group.addTask {
+                                try await downloader.download(
+                                    DownloadRequest(
+                                        url: server.url("/\(name)"), destination: .file(directory + "/\(name)"))
+                                )
+                            }
+                        }
+                        try await group.waitForAll()
+                    }
+                }
+                let measured = Double(6 * rate) / (clock.now - start).secondsValue
+                #expect(abs(measured - Double(rate)) / Double(rate) < 0.05, "measured \(measured) B/s")
+            }
+        }
+    }
+}
+
+extension Duration {
+    var secondsValue: Double {
+        let parts = components
+        return Double(parts.seconds) + Double(parts.attoseconds) / 1e18
+    }
+}
