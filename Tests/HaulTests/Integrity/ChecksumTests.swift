@@ -141,23 +141,12 @@ struct IntegrityTests {
         try await HaulTestServer.withRunning { server in
             let resource = TestResource(name: "content-digest", size: 800_000, contentDigest: true)
             server.add("/f", resource)
-            server.script("/f", [[.closeAfter(bytes: 300_000)]])
             try await withTemporaryDirectory { directory in
                 let destination = directory + "/f"
-                await expectHaulError(.network) {
-                    try await withDownloader(testConfiguration(retries: 0)) { downloader in
-                        try await downloader.download(
-                            DownloadRequest(url: server.url("/f"), destination: .file(destination)))
-                    }
-                }
-                let stored = try #require(fileSize(destination + ".haul.part"))
+                let stored = try await interruptedSession(server, destination: destination, bytes: 300_000)
                 server.script("/f", [[.corruptByte(at: 700_000)]])
                 let log = EventLog()
-                try await withDownloader { downloader in
-                    try await downloader.download(
-                        DownloadRequest(url: server.url("/f"), destination: .file(destination)), observing: log.record
-                    )
-                }
+                try await download(server, to: destination, log: log)
                 #expect(try readFile(destination) == resource.content)
                 #expect(log.retries.map(\.code) == [.checksumMismatch])
                 #expect(log.restartReasons.isEmpty)
@@ -175,22 +164,12 @@ struct IntegrityTests {
                 name: "same-tag", size: 500_000, lastModified: false, reprDigest: true, fixedEntityTag: "\"forever\""
             )
             server.add("/f", resource)
-            server.script("/f", [[.closeAfter(bytes: 200_000)]])
             try await withTemporaryDirectory { directory in
                 let destination = directory + "/f"
-                await expectHaulError(.network) {
-                    try await withDownloader(testConfiguration(retries: 0)) { downloader in
-                        try await downloader.download(
-                            DownloadRequest(url: server.url("/f"), destination: .file(destination)))
-                    }
-                }
+                try await interruptedSession(server, destination: destination, bytes: 200_000)
                 server.update("/f") { $0.version = 2 }
                 let log = EventLog()
-                try await withDownloader { downloader in
-                    try await downloader.download(
-                        DownloadRequest(url: server.url("/f"), destination: .file(destination)), observing: log.record
-                    )
-                }
+                try await download(server, to: destination, log: log)
                 #expect(try readFile(destination) == server.resource("/f")?.content)
                 #expect(log.restartKinds == ["remoteChanged"])
                 #expect(server.requests[1].header("if-range") == "\"forever\"")
@@ -203,15 +182,9 @@ struct IntegrityTests {
         try await HaulTestServer.withRunning { server in
             let resource = TestResource(name: "weak-digest", size: 600_000, entityTag: .weak, reprDigest: true)
             server.add("/f", resource)
-            server.script("/f", [[.closeAfter(bytes: 400_000)]])
             try await withTemporaryDirectory { directory in
                 let destination = directory + "/f"
-                await expectHaulError(.network) {
-                    try await withDownloader(testConfiguration(retries: 0)) { downloader in
-                        try await downloader.download(
-                            DownloadRequest(url: server.url("/f"), destination: .file(destination)))
-                    }
-                }
+                try await interruptedSession(server, destination: destination, bytes: 400_000)
                 let result = try await withDownloader { downloader in
                     try await downloader.download(
                         DownloadRequest(url: server.url("/f"), destination: .file(destination)))

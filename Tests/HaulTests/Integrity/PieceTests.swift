@@ -40,12 +40,8 @@ struct PieceTests {
         async throws
         -> Manifest
     {
-        server.script("/f", [[.closeAfter(bytes: bytes)]])
-        await expectHaulError(.network) {
-            try await withDownloader(configuration(retries: 0)) { downloader in
-                try await downloader.download(DownloadRequest(url: server.url("/f"), destination: .file(destination)))
-            }
-        }
+        try await interruptedSession(
+            server, destination: destination, bytes: bytes, configuration: configuration(retries: 0))
         return try #require(try ManifestStore.load(DownloadPaths(destination: destination)))
     }
 

@@ -1,7 +1,8 @@
-import Haul
 import HaulTestServer
 import Synchronization
 import Testing
+
+@testable import Haul
 
 #if canImport(Glibc)
     import Glibc
@@ -176,4 +177,54 @@ func expectHaulError<Value>(
         Issue.record("expected HaulError \(code), got \(error)", sourceLocation: sourceLocation)
         return nil
     }
+}
+
+/// Leaves a partial download: a first session whose connection drops after `bytes` bytes and that may
+/// not retry. Returns the bytes it stored (never more than the server sent).
+@discardableResult
+func interruptedSession(
+    _ server: HaulTestServer, _ path: String = "/f", destination: String, bytes: Int64,
+    configuration: DownloaderConfiguration = testConfiguration(retries: 0)
+) async throws -> Int64 {
+    server.script(path, [[.closeAfter(bytes: bytes)]])
+    try await withDownloader(configuration) { downloader in
+        await expectHaulError(.network) {
+            try await downloader.download(DownloadRequest(url: server.url(path), destination: .file(destination)))
+        }
+    }
+    let stored = try #require(fileSize(destination + ".haul.part"))
+    #expect(stored > 0 && stored <= bytes)
+    #expect(fileExists(destination + ".haul.json"))
+    #expect(!fileExists(destination + ".haul.lock"))
+    return stored
+}
+
+/// Downloads `path` to `destination`, recording the events in `log`.
+@discardableResult
+func download(
+    _ server: HaulTestServer, _ path: String = "/f", to destination: String, log: EventLog = EventLog(),
+    configuration: DownloaderConfiguration = testConfiguration()
+) async throws -> DownloadResult {
+    try await withDownloader(configuration) { downloader in
+        try await downloader.download(
+            DownloadRequest(url: server.url(path), destination: .file(destination)), observing: log.record
+        )
+    }
+}
+
+/// Leaves a partial download on disk by hand: `bytes` in the partial file and a manifest describing
+/// `resource` with the given progress, as an earlier session (on another boot, if `bootID` says so) would.
+func plantPartialDownload(
+    at paths: DownloadPaths, resource: TestResource, bytes: [UInt8], written: Int64, durable: Int64 = 0,
+    bootID: String? = BootIdentity.current, url: String
+) throws {
+    try writeFile(paths.partial, bytes)
+    var manifest = Manifest(
+        originalURL: url, finalURL: url,
+        validator: ResourceValidator(etag: resource.entityTagValue, lastModified: nil, date: nil),
+        totalLength: resource.size, acceptsRanges: true, contentEncoding: nil, bootID: bootID, now: 0
+    )
+    manifest.segments[0].written = written
+    manifest.segments[0].durable = durable
+    try ManifestStore.store(manifest, at: paths, durable: true)
 }

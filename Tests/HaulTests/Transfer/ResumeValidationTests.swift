@@ -6,37 +6,6 @@ import Testing
 /// Every way a resume can go wrong must end with the exact bytes of one version, never a splice.
 @Suite(.timeLimit(.minutes(1)))
 struct ResumeValidationTests {
-    /// Leaves a partial download of `path`: the first session's connection drops after `bytes` bytes.
-    ///
-    /// Returns the bytes stored. It can be a little less than `bytes`: the HTTP client discards what it
-    /// buffered but had not handed over when the connection fails; nothing unreceived is ever claimed.
-    @discardableResult
-    func interruptedSession(_ server: HaulTestServer, _ path: String, destination: String, bytes: Int64) async throws
-        -> Int64
-    {
-        server.script(path, [[.closeAfter(bytes: bytes)]])
-        try await withDownloader(testConfiguration(retries: 0)) { downloader in
-            await expectHaulError(.network) {
-                try await downloader.download(DownloadRequest(url: server.url(path), destination: .file(destination)))
-            }
-        }
-        let stored = try #require(fileSize(destination + ".haul.part"))
-        #expect(stored > 0 && stored <= bytes)
-        #expect(fileExists(destination + ".haul.json"))
-        #expect(!fileExists(destination + ".haul.lock"))
-        return stored
-    }
-
-    func resume(_ server: HaulTestServer, _ path: String, destination: String, log: EventLog = EventLog()) async throws
-        -> DownloadResult
-    {
-        try await withDownloader { downloader in
-            try await downloader.download(
-                DownloadRequest(url: server.url(path), destination: .file(destination)), observing: log.record
-            )
-        }
-    }
-
     @Test func changedFileWithSameLengthGivesTheNewVersion() async throws {
         try await HaulTestServer.withRunning { server in
             server.add("/f", TestResource(name: "changing", size: 500_000))
@@ -46,7 +15,7 @@ struct ResumeValidationTests {
                 let old = try #require(server.resource("/f"))
                 server.update("/f") { $0.version = 2 }
                 let log = EventLog()
-                let result = try await resume(server, "/f", destination: destination, log: log)
+                let result = try await download(server, "/f", to: destination, log: log)
                 let new = try #require(server.resource("/f"))
                 #expect(try readFile(destination) == new.content)
                 #expect(new.content != old.content)
@@ -68,7 +37,7 @@ struct ResumeValidationTests {
                 let stored = try await interruptedSession(server, "/f", destination: destination, bytes: 100_000)
                 server.script("/f", [[.ignoreRange]])
                 let log = EventLog()
-                _ = try await resume(server, "/f", destination: destination, log: log)
+                _ = try await download(server, "/f", to: destination, log: log)
                 #expect(try readFile(destination) == resource.content)
                 #expect(server.requests(for: "/f")[1].header("range") == "bytes=\(stored)-")
                 #expect(log.restartReasons == [.rangeIgnored])
@@ -86,7 +55,7 @@ struct ResumeValidationTests {
                 let stored = try await interruptedSession(server, "/f", destination: destination, bytes: 100_000)
                 server.script("/f", [[.wrongContentRange(shift: shift)]])
                 let log = EventLog()
-                _ = try await resume(server, "/f", destination: destination, log: log)
+                _ = try await download(server, "/f", to: destination, log: log)
                 #expect(try readFile(destination) == resource.content)
                 let requests = server.requests(for: "/f")
                 #expect(requests.count == 3)
@@ -113,7 +82,7 @@ struct ResumeValidationTests {
                 #expect(!fileExists(destination))
                 let stored = try #require(fileSize(destination + ".haul.part"))
                 #expect(stored > 0 && stored <= 199_990)
-                _ = try await resume(server, "/f", destination: destination)
+                _ = try await download(server, "/f", to: destination)
                 #expect(try readFile(destination) == resource.content)
                 #expect(server.requests(for: "/f")[1].header("range") == "bytes=\(stored)-")
             }
@@ -127,7 +96,7 @@ struct ResumeValidationTests {
             server.script("/f", [[.shortBody(missing: 1)]])
             try await withTemporaryDirectory { directory in
                 let log = EventLog()
-                _ = try await resume(server, "/f", destination: directory + "/f", log: log)
+                try await download(server, "/f", to: directory + "/f", log: log)
                 #expect(try readFile(directory + "/f") == resource.content)
                 #expect(log.retries.map(\.code) == [.network])
                 let ranges = server.requests(for: "/f").map { $0.header("range") }
@@ -144,19 +113,14 @@ struct ResumeValidationTests {
                 let destination = directory + "/f"
                 // A first session stored 600,000 bytes of the 1,000,000-byte file.
                 let stored: Int64 = 600_000
-                try writeFile(destination + ".haul.part", original.bytes(0..<stored))
-                var manifest = Manifest(
-                    originalURL: server.url("/f"), finalURL: server.url("/f"),
-                    validator: ResourceValidator(etag: original.entityTagValue, lastModified: nil, date: nil),
-                    totalLength: original.size, acceptsRanges: true, contentEncoding: nil,
-                    bootID: BootIdentity.current, now: 0
+                try plantPartialDownload(
+                    at: DownloadPaths(destination: destination), resource: original, bytes: original.bytes(0..<stored),
+                    written: stored, url: server.url("/f")
                 )
-                manifest.segments[0].written = stored
-                try ManifestStore.store(manifest, at: DownloadPaths(destination: destination), durable: false)
                 // Same validator, but the file is now shorter than what is on disk.
                 server.update("/f") { $0.size = 500_000 }
                 let log = EventLog()
-                let result = try await resume(server, "/f", destination: destination, log: log)
+                let result = try await download(server, "/f", to: destination, log: log)
                 #expect(result.bytes == 500_000)
                 #expect(try readFile(destination) == server.resource("/f")?.content)
                 let requests = server.requests(for: "/f")
@@ -176,7 +140,7 @@ struct ResumeValidationTests {
                 let destination = directory + "/f"
                 let stored = try await interruptedSession(server, "/f", destination: destination, bytes: 100_000)
                 server.script("/f", [[.status(416)]])
-                _ = try await resume(server, "/f", destination: destination)
+                _ = try await download(server, "/f", to: destination)
                 #expect(try readFile(destination) == resource.content)
                 let requests = server.requests(for: "/f")
                 #expect(requests.count == 3)
@@ -194,7 +158,7 @@ struct ResumeValidationTests {
                 let stored = try await interruptedSession(server, "/f", destination: destination, bytes: 500_000)
                 server.update("/f") { $0.version = 2 }
                 let log = EventLog()
-                _ = try await resume(server, "/f", destination: destination, log: log)
+                _ = try await download(server, "/f", to: destination, log: log)
                 #expect(try readFile(destination) == server.resource("/f")?.content)
                 let second = server.requests(for: "/f")[1]
                 #expect(second.header("if-range") == nil)
@@ -212,7 +176,7 @@ struct ResumeValidationTests {
                 let destination = directory + "/f"
                 let stored = try await interruptedSession(server, "/f", destination: destination, bytes: 500_000)
                 let log = EventLog()
-                let result = try await resume(server, "/f", destination: destination, log: log)
+                let result = try await download(server, "/f", to: destination, log: log)
                 #expect(try readFile(destination) == resource.content)
                 #expect(log.restartReasons.isEmpty)
                 #expect(result.resumedFrom == stored)
@@ -230,7 +194,7 @@ struct ResumeValidationTests {
                 let stored = try await interruptedSession(server, "/f", destination: destination, bytes: 100_000)
                 server.script("/f", [[.contentEncoding("gzip")]])
                 let log = EventLog()
-                _ = try await resume(server, "/f", destination: destination, log: log)
+                _ = try await download(server, "/f", to: destination, log: log)
                 #expect(try readFile(destination) == resource.content)
                 let requests = server.requests(for: "/f")
                 #expect(requests[1].header("range") == "bytes=\(stored)-")
@@ -249,7 +213,7 @@ struct ResumeValidationTests {
                 let stored = try await interruptedSession(server, "/f", destination: destination, bytes: 100_000)
                 server.script("/f", [[.multipart]])
                 let log = EventLog()
-                _ = try await resume(server, "/f", destination: destination, log: log)
+                _ = try await download(server, "/f", to: destination, log: log)
                 #expect(try readFile(destination) == resource.content)
                 #expect(log.restartReasons == [.multipartResponse])
                 #expect(server.requests(for: "/f")[1].header("range") == "bytes=\(stored)-")
@@ -265,7 +229,7 @@ struct ResumeValidationTests {
                 let destination = directory + "/f"
                 try await interruptedSession(server, "/f", destination: destination, bytes: 100_000)
                 let log = EventLog()
-                _ = try await resume(server, "/f", destination: destination, log: log)
+                _ = try await download(server, "/f", to: destination, log: log)
                 #expect(try readFile(destination) == resource.content)
                 #expect(server.requests(for: "/f")[1].header("range") == nil)
                 #expect(log.restartReasons == [.unvalidated])
@@ -294,7 +258,7 @@ struct ResumeValidationTests {
                 let stored = try await interruptedSession(server, "/f", destination: destination, bytes: 100_000)
                 let firstModified = server.requests(for: "/f").count
                 #expect(firstModified == 1)
-                _ = try await resume(server, "/f", destination: destination)
+                _ = try await download(server, "/f", to: destination)
                 #expect(try readFile(destination) == resource.content)
                 let second = server.requests(for: "/f")[1]
                 #expect(second.header("range") == "bytes=\(stored)-")
@@ -312,7 +276,7 @@ struct ResumeValidationTests {
                 try await interruptedSession(server, "/f", destination: destination, bytes: 100_000)
                 try writeFile(destination + ".haul.json", Array("{\"format\": 1, \"truncated".utf8))
                 let log = EventLog()
-                _ = try await resume(server, "/f", destination: destination, log: log)
+                _ = try await download(server, "/f", to: destination, log: log)
                 #expect(try readFile(destination) == resource.content)
                 #expect(server.requests(for: "/f")[1].header("range") == nil)
                 #expect(log.restartKinds == ["untrustedPartial"], "\(log.restartReasons)")
