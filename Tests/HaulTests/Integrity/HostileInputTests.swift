@@ -113,24 +113,14 @@ struct HostileInputTests {
             server.add("/f", resource)
             try await withTemporaryDirectory { directory in
                 let paths = DownloadPaths(destination: directory + "/f")
-                try writeFile(paths.partial, resource.bytes(0..<100_000))
-                var manifest = Manifest(
-                    originalURL: server.url("/f"), finalURL: server.url("/f"),
-                    validator: ResourceValidator(etag: resource.entityTagValue, lastModified: nil, date: nil),
-                    totalLength: resource.size, acceptsRanges: true, contentEncoding: nil, bootID: BootIdentity.current,
-                    now: 0
+                try plantPartialDownload(
+                    at: paths, resource: resource, bytes: resource.bytes(0..<100_000), written: 100_000,
+                    url: server.url("/f")
                 )
-                manifest.segments[0].written = 100_000
-                try ManifestStore.store(manifest, at: paths, durable: false)
                 let full = try readFile(paths.manifest)
                 try writeFile(paths.manifest, Array(full.prefix(Int(keptBytes))))
                 let log = EventLog()
-                try await withDownloader { downloader in
-                    try await downloader.download(
-                        DownloadRequest(url: server.url("/f"), destination: .file(paths.destination)),
-                        observing: log.record
-                    )
-                }
+                try await HaulTests.download(server, to: paths.destination, log: log)
                 #expect(try readFile(paths.destination) == resource.content)
                 #expect(log.restartKinds == ["untrustedPartial"])
                 #expect(server.requests.first?.header("range") == nil)
@@ -145,22 +135,12 @@ struct HostileInputTests {
             try await withTemporaryDirectory { directory in
                 let paths = DownloadPaths(destination: directory + "/f")
                 let other = TestResource(name: "other", size: 900_000)
-                try writeFile(paths.partial, other.bytes(0..<200_000))
-                var manifest = Manifest(
-                    originalURL: server.url("/other"), finalURL: server.url("/other"),
-                    validator: ResourceValidator(etag: other.entityTagValue, lastModified: nil, date: nil),
-                    totalLength: other.size, acceptsRanges: true, contentEncoding: nil, bootID: BootIdentity.current,
-                    now: 0
+                try plantPartialDownload(
+                    at: paths, resource: other, bytes: other.bytes(0..<200_000), written: 200_000,
+                    url: server.url("/other")
                 )
-                manifest.segments[0].written = 200_000
-                try ManifestStore.store(manifest, at: paths, durable: false)
                 let log = EventLog()
-                try await withDownloader { downloader in
-                    try await downloader.download(
-                        DownloadRequest(url: server.url("/this"), destination: .file(paths.destination)),
-                        observing: log.record
-                    )
-                }
+                try await HaulTests.download(server, "/this", to: paths.destination, log: log)
                 #expect(try readFile(paths.destination) == resource.content)
                 #expect(server.requests.first?.header("if-range") == other.entityTagValue)
                 #expect(log.restartKinds.count == 1)
