@@ -71,7 +71,11 @@ final class ProgressRenderer: Sendable {
         switch event {
         case .started(let start):
             let name = String(start.destination.split(separator: "/").last ?? Substring(start.destination))
-            state.withLock { $0.name = name }
+            // The first plain progress line comes one interval after the start, with a real speed.
+            state.withLock { state in
+                state.name = name
+                state.lastLine = .now
+            }
             clearBar()
             var line = "haul: \(start.destination)"
             if let total = start.totalBytes { line += " (\(ByteCount.format(total)))" }

@@ -234,6 +234,9 @@ struct GetCommandTests {
             #expect(result.status == 0)
             #expect(!result.errors.contains("\u{1B}["))
             #expect(result.errors.contains("haul: saved ./plain.txt (293.0 KiB)"))
+            // A short download prints its start and its end, and no progress line without a speed.
+            #expect(!result.errors.contains("0 B/s"))
+            #expect(result.errors.split(separator: "\n").count == 2)
             #expect(contents(directory + "/plain.txt") == resource.content)
         }
     }
