@@ -41,11 +41,7 @@ public enum DownloadVerifier {
         if let first = damaged.first {
             kept = Int64(first) * pieceSize
             try await file.truncate(to: kept)
-            manifest.pieces = Array(manifest.pieces.prefix(first))
-            for index in manifest.segments.indices {
-                manifest.segments[index].written = min(manifest.segments[index].written, kept)
-                manifest.segments[index].durable = min(manifest.segments[index].durable, kept)
-            }
+            manifest.truncate(to: kept)
             try await file.syncData()
             let updated = manifest
             try await BlockingIO.shared.run { try ManifestStore.store(updated, at: paths, durable: true) }

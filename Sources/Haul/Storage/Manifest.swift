@@ -100,6 +100,16 @@ public struct Manifest: Codable, Equatable, Sendable {
         return sameBoot ? limit : min(first.durable, limit)
     }
 
+    /// Forgets everything at or past `offset`: progress and piece hashes. The partial file must be cut
+    /// to the same length.
+    mutating func truncate(to offset: Int64) {
+        for index in segments.indices {
+            segments[index].written = min(segments[index].written, offset)
+            segments[index].durable = min(segments[index].durable, offset)
+        }
+        pieces = Array(pieces.prefix(Int(offset / pieceSize)))
+    }
+
     /// Checks that the values make sense together; a manifest that does not is not trusted.
     func validate() throws {
         guard pieceSize > 0, Int64(pieces.count) * pieceSize <= (segments.first?.written ?? 0) else {

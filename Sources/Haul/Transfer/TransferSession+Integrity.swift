@@ -44,21 +44,36 @@ extension TransferSession {
         if computed?.count != totalBytes || computed?.algorithms != algorithms {
             computed = try await file.hash(upTo: totalBytes, algorithms: algorithms)
         }
-        let digests = computed?.finalize() ?? []
-        for checksum in expected {
-            guard let actual = digests.first(where: { $0.algorithm == checksum.algorithm }), actual != checksum else {
-                continue
-            }
-            let detail = "\(checksum.algorithm.rawValue) is \(actual.hex), expected \(checksum.hex)"
-            if checksum == request.checksum {
-                throw HaulError(
-                    .checksumMismatch, "checksum mismatch: \(detail); the data is kept in \(paths.partial)"
-                )
-            }
-            prefixHash = nil
-            try await startOver(.digestMismatch(detail))
-            return false
+        guard let mismatch = Self.mismatch(expected: expected, computed: computed?.finalize() ?? []) else {
+            return true
         }
-        return true
+        if mismatch.expected == request.checksum {
+            throw HaulError(
+                .checksumMismatch, "checksum mismatch: \(mismatch.description); the data is kept in \(paths.partial)"
+            )
+        }
+        prefixHash = nil
+        try await startOver(.digestMismatch(mismatch.description))
+        return false
+    }
+
+    /// The first expected checksum that a computed digest of the same algorithm contradicts.
+    static func mismatch(expected: [Checksum], computed: [Checksum]) -> ChecksumMismatch? {
+        for checksum in expected {
+            if let actual = computed.first(where: { $0.algorithm == checksum.algorithm }), actual != checksum {
+                return ChecksumMismatch(expected: checksum, actual: actual)
+            }
+        }
+        return nil
+    }
+}
+
+/// An expected checksum and the digest the bytes really have.
+struct ChecksumMismatch {
+    let expected: Checksum
+    let actual: Checksum
+
+    var description: String {
+        "\(expected.algorithm.rawValue) is \(actual.hex), expected \(expected.hex)"
     }
 }

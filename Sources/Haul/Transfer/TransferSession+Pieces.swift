@@ -7,7 +7,7 @@ extension TransferSession {
     /// found, and the download continues from there: the damaged bytes are fetched again, the good ones
     /// are kept. Returns the number of bytes that can be trusted.
     mutating func verifyRecordedPieces(trusted: Int64, file: PartialFile) async throws -> Int64 {
-        guard var manifest else { return trusted }
+        guard let manifest else { return trusted }
         let pieceSize = manifest.pieceSize
         var recorded = min(manifest.pieces.count, Int(trusted / pieceSize))
         var damaged = false
@@ -17,20 +17,10 @@ extension TransferSession {
             damaged = true
             recorded -= 1
         }
-        manifest.pieces = Array(manifest.pieces.prefix(recorded))
-        guard damaged else {
-            self.manifest = manifest
-            return trusted
-        }
+        self.manifest?.pieces = Array(manifest.pieces.prefix(recorded))
+        guard damaged else { return trusted }
         let kept = Int64(recorded) * pieceSize
-        try await file.truncate(to: kept)
-        for index in manifest.segments.indices {
-            manifest.segments[index].written = min(manifest.segments[index].written, kept)
-            manifest.segments[index].durable = min(manifest.segments[index].durable, kept)
-        }
-        self.manifest = manifest
-        try await storeManifest(durable: true)
-        prefixHash = nil
+        try await cutPartial(to: kept, file: file, durable: true)
         return kept
     }
 
@@ -52,14 +42,15 @@ extension TransferSession {
     /// bytes that were never flushed (zeros or stale data); they must go before this boot starts
     /// trusting the file's size again.
     mutating func discardUntrustedTail(beyond trusted: Int64, file: PartialFile) async throws {
-        guard try file.size() > trusted, var manifest else { return }
-        try await file.truncate(to: trusted)
-        for index in manifest.segments.indices {
-            manifest.segments[index].written = min(manifest.segments[index].written, trusted)
-            manifest.segments[index].durable = min(manifest.segments[index].durable, trusted)
-        }
-        manifest.pieces = Array(manifest.pieces.prefix(Int(trusted / manifest.pieceSize)))
-        self.manifest = manifest
-        try await storeManifest(durable: false)
+        guard try file.size() > trusted else { return }
+        try await cutPartial(to: trusted, file: file, durable: false)
+    }
+
+    /// Cuts the partial file and its manifest back to `offset`, so neither claims a byte past it.
+    mutating func cutPartial(to offset: Int64, file: PartialFile, durable: Bool) async throws {
+        try await file.truncate(to: offset)
+        manifest?.truncate(to: offset)
+        prefixHash = prefixHash.flatMap { $0.offset <= offset ? $0 : nil }
+        try await storeManifest(durable: durable)
     }
 }

@@ -183,15 +183,8 @@ extension TransferSession {
                     // Hashing rides along with the write on the thread pool, in file order: blocks are
                     // written one after the other.
                     group.addTask {
-                        try await file.write(data, at: offset)
-                        if durable { try await file.syncData() }
-                        var hasher = blockHasher
-                        hasher?.update(data)
-                        var pieces = blockPieces
-                        let completed = pieces.update(data)
-                        return WriteReceipt(
-                            end: offset + Int64(data.readableBytes), durable: durable, hasher: hasher, pieces: pieces,
-                            completedPieces: completed
+                        try await Self.writeBlock(
+                            data, at: offset, to: file, durable: durable, hasher: blockHasher, pieces: blockPieces
                         )
                     }
                     writeInFlight = true
@@ -208,16 +201,12 @@ extension TransferSession {
                     try await recordWrite(receipt)
                 }
                 if block.readableBytes > 0 && !(streamError is OverlapMismatch) {
-                    try await file.write(block, at: blockStart)
-                    runningHasher?.update(block)
-                    let completed = runningPieces.update(block)
-                    let end = blockStart + Int64(block.readableBytes)
-                    try await recordWrite(
-                        WriteReceipt(
-                            end: end, durable: false, hasher: runningHasher, pieces: runningPieces,
-                            completedPieces: completed
-                        )
+                    let receipt = try await Self.writeBlock(
+                        block, at: blockStart, to: file, durable: false, hasher: runningHasher, pieces: runningPieces
                     )
+                    runningHasher = receipt.hasher
+                    runningPieces = receipt.pieces
+                    try await recordWrite(receipt)
                 }
             } catch {
                 writeError = error
@@ -237,20 +226,13 @@ extension TransferSession {
             try await checkpoint(durable: isCancelled)
             throw failure
         }
-        if let mismatch = Self.firstMismatch(expected: contentDigests, actual: bodyHasher) {
+        if let mismatch = Self.mismatch(expected: contentDigests, computed: bodyHasher.finalize()) {
             // The body is not what the server says it sent: drop what it added and fetch it again.
-            try await file.truncate(to: writeStart)
-            let durable = min(manifest?.segments[0].durable ?? 0, writeStart)
-            manifest?.segments[0].written = writeStart
-            manifest?.segments[0].durable = durable
-            if var rolledBack = manifest {
-                rolledBack.pieces = Array(rolledBack.pieces.prefix(Int(writeStart / rolledBack.pieceSize)))
-                manifest = rolledBack
-            }
-            try await checkpoint(durable: false)
+            try await cutPartial(to: writeStart, file: file, durable: false)
             prefixHash = hasherAtStart.map { (writeStart, $0) }
             throw RetryableFailure(
-                error: HaulError(.checksumMismatch, "the response body failed its Content-Digest (\(mismatch))"))
+                error: HaulError(
+                    .checksumMismatch, "the response body failed its Content-Digest (\(mismatch.description))"))
         }
         if let progress = meter.record(received, at: clock.now, force: true) { observe(.progress(progress)) }
         try await checkpoint(durable: false)
@@ -258,16 +240,22 @@ extension TransferSession {
         return received
     }
 
-    /// Describes the first expected digest the hasher contradicts, if any.
-    static func firstMismatch(expected: [Checksum], actual hasher: StreamingHasher) -> String? {
-        guard !expected.isEmpty else { return nil }
-        let digests = hasher.finalize()
-        for checksum in expected {
-            if let actual = digests.first(where: { $0.algorithm == checksum.algorithm }), actual != checksum {
-                return "\(checksum.algorithm.rawValue) is \(actual.hex), expected \(checksum.hex)"
-            }
-        }
-        return nil
+    /// Writes one block at `offset` (flushing it when `durable`) and advances the hashers past it.
+    /// Blocks are written one after the other, so the hashers see the file in order.
+    static func writeBlock(
+        _ data: ByteBuffer, at offset: Int64, to file: PartialFile, durable: Bool, hasher: StreamingHasher?,
+        pieces: PieceHasher
+    ) async throws -> WriteReceipt {
+        try await file.write(data, at: offset)
+        if durable { try await file.syncData() }
+        var hasher = hasher
+        hasher?.update(data)
+        var pieces = pieces
+        let completed = pieces.update(data)
+        return WriteReceipt(
+            end: offset + Int64(data.readableBytes), durable: durable, hasher: hasher, pieces: pieces,
+            completedPieces: completed
+        )
     }
 
     /// Notes a finished write in the manifest, and stores the manifest when a checkpoint is due.
