@@ -8,7 +8,8 @@ public struct HaulError: Error, Sendable, CustomStringConvertible {
         /// The code's stable name, e.g. `"remoteChanged"`.
         public let name: String
 
-        private init(_ name: String) { self.name = name }
+        /// Codes are made here, and read back by name from the download manager's database.
+        init(_ name: String) { self.name = name }
 
         public var description: String { name }
 
@@ -48,6 +49,12 @@ public struct HaulError: Error, Sendable, CustomStringConvertible {
         public static let cancelled = Code("cancelled")
         /// An option given by the caller is not valid.
         public static let invalidArgument = Code("invalidArgument")
+        /// No download with this ID is known to the download manager.
+        public static let unknownDownload = Code("unknownDownload")
+        /// The download is not in a state that allows the operation (resuming a completed one…).
+        public static let invalidState = Code("invalidState")
+        /// The state database could not be opened, read or written.
+        public static let database = Code("database")
     }
 
     public let code: Code

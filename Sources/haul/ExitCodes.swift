@@ -24,6 +24,9 @@ enum ExitCodes {
         case .destinationExists: 14
         case .manifestCorrupt: 15
         case .checksumMismatch: 16
+        case .unknownDownload: 17
+        case .invalidState: 18
+        case .database: 19
         case .cancelled: interrupted
         default: unexpected
         }

@@ -164,6 +164,27 @@ enum POSIX {
 
     static var processID: Int32 { getpid() }
 
+    /// `path` made absolute against the working directory, with `.`, `..` and repeated slashes
+    /// resolved by name (symbolic links are left alone).
+    static func absolutePath(_ path: String) -> String {
+        var base = ""
+        if !path.hasPrefix("/") {
+            var buffer = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)
+            if getcwd(&buffer, buffer.count) != nil {
+                base = buffer.withUnsafeBufferPointer { String(cString: $0.baseAddress!) }
+            }
+        }
+        var components: [Substring] = []
+        for component in (base + "/" + path).split(separator: "/") {
+            switch component {
+            case ".": continue
+            case "..": if !components.isEmpty { components.removeLast() }
+            default: components.append(component)
+            }
+        }
+        return "/" + components.joined(separator: "/")
+    }
+
     /// Creates `path` and any missing parent directories.
     static func makeDirectories(_ path: String) throws {
         var current = path.hasPrefix("/") ? "" : "."

@@ -49,6 +49,10 @@ public struct DownloaderConfiguration: Sendable {
         public var flushInterval: Duration = .seconds(1)
         /// The size of the pieces whose hashes the manifest keeps, to find damaged data on resume.
         public var pieceSize: Int64 = Manifest.defaultPieceSize
+        /// Room that must stay free on the destination's volume beyond the bytes a download still
+        /// needs; when there is less, the download fails with ``HaulError/Code/insufficientSpace``
+        /// before writing anything.
+        public var freeSpaceMargin: Int64 = 0
 
         public init() {}
     }

@@ -91,10 +91,13 @@ extension TransferSession {
         guard let total = plan.totalLength, var free = POSIX.freeSpace(paths.directory) else { return }
         if plan.startsOver { free += (try? file.size()) ?? 0 }
         let needed = total - plan.writeStart
-        guard needed > free else { return }
+        let margin = configuration.storage.freeSpaceMargin
+        guard needed + margin > free else { return }
+        let keeping = margin > 0 ? " and \(ByteCount.format(margin)) must stay free" : ""
         throw HaulError(
             .insufficientSpace,
             "\(paths.directory) has \(ByteCount.format(free)) free, the download needs \(ByteCount.format(needed)) more"
+                + keeping
         )
     }
 

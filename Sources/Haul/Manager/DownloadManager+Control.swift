@@ -1,0 +1,355 @@
+import GRDB
+
+extension DownloadManager {
+    /// Adds a download to the queue and returns its ID.
+    ///
+    /// A request for a destination the manager already knows (the same file, or the same URL into the
+    /// same directory) returns the existing download and never makes a second writer: a paused, failed
+    /// or cancelled one is queued again with this request's URL and headers (a refreshed link keeps the
+    /// partial data when the file is unchanged); a completed one whose file is still there stays
+    /// completed unless the request asks to overwrite.
+    ///
+    /// - Throws: ``HaulError/Code/invalidURL`` or ``HaulError/Code/unsupportedScheme`` for a bad URL,
+    ///   ``HaulError/Code/destinationExists`` when a file the manager did not download is in the way,
+    ///   ``HaulError/Code/locked`` when another process runs this download.
+    @discardableResult
+    public func enqueue(_ request: DownloadRequest, priority: DownloadPriority = .normal) throws -> DownloadID {
+        try enqueue([request], priority: priority)[0]
+    }
+
+    /// Adds several downloads in one database transaction (much faster than one by one for long lists).
+    /// Nothing is added when one of them is refused.
+    public func enqueue(_ requests: [DownloadRequest], priority: DownloadPriority = .normal) throws -> [DownloadID] {
+        for request in requests { _ = try DownloadURL(request.url) }
+        var batch = Batch()
+        // The memory changes only once the transaction has committed.
+        try store.write { db in
+            for request in requests { batch.ids.append(try add(request, priority: priority, batch: &batch, db: db)) }
+        }
+        for (identity, entry) in batch.added {
+            entries[entry.id] = entry
+            index.add(identity, entry.id)
+            waiting.insert(WaitingDownload(priority: entry.record.priority, id: entry.id))
+            publish(.added, entry)
+        }
+        for entry in batch.changed {
+            entries[entry.id] = entry
+            if entry.state == .queued {
+                waiting.insert(WaitingDownload(priority: entry.record.priority, id: entry.id))
+                publish(.stateChanged, entry)
+            }
+        }
+        schedule()
+        return batch.ids
+    }
+
+    /// What one `enqueue` call adds and changes.
+    private struct Batch {
+        var ids: [DownloadID] = []
+        var added: [(Identity, Entry)] = []
+        var changed: [Entry] = []
+        var index = DestinationIndex()
+    }
+
+    private func add(_ request: DownloadRequest, priority: DownloadPriority, batch: inout Batch, db: Database) throws
+        -> DownloadID
+    {
+        let identity = Identity(request)
+        if let id = batch.index.find(identity) { return id }
+        if let id = index.find(identity) {
+            if let entry = try requeued(id, with: request, priority: priority, db: db) { batch.changed.append(entry) }
+            return id
+        }
+        if let destination = identity.destination, !request.overwrite, POSIX.exists(destination),
+            Self.storedProgress(DownloadPaths(destination: destination)) == nil
+        {
+            throw HaulError(.destinationExists, "\(destination) already exists (overwrite it with --force)")
+        }
+        let now = Self.now
+        var record = StoredDownload(
+            key: identity.key, url: request.url, directory: identity.directory, destination: identity.destination,
+            overwrite: request.overwrite, checksum: request.checksum?.description,
+            rateLimit: request.bytesPerSecondLimit, priority: priority.rawValue, state: DownloadState.queued.rawValue,
+            bytes: 0, owner: claim.name, createdAt: now, updatedAt: now
+        )
+        Self.refreshFromDisk(&record)
+        try record.insert(db)
+        try storeHeaders(request.headers, of: record.downloadID, db: db)
+        batch.added.append((identity, Entry(record: record, headers: request.headers)))
+        batch.index.add(identity, record.downloadID)
+        return record.downloadID
+    }
+
+    /// The existing download queued again for a new request of the same destination, or `nil` when it
+    /// stays as it is (running, already queued here, or completed with its file in place).
+    private func requeued(
+        _ id: DownloadID, with request: DownloadRequest, priority: DownloadPriority, db: Database
+    ) throws -> Entry? {
+        guard var entry = entries[id] else { return nil }
+        if let owner = entry.record.owner, owner != claim.name, claim.isAlive(owner) {
+            throw HaulError(
+                .locked,
+                "\(entry.info.name) (download \(id)) is being downloaded by another haul process "
+                    + "(pid \(ProcessClaim.processID(of: owner)))"
+            )
+        }
+        entry.headers = request.headers
+        switch entry.state {
+        case .running:
+            return entry
+        case .queued where entry.record.owner == claim.name:
+            return entry
+        case .completed where !request.overwrite && entry.record.destination.map(POSIX.exists) == true:
+            return nil
+        default:
+            break
+        }
+        if entry.state == .completed || entry.state == .cancelled { entry.record.bytes = 0 }
+        entry.record.url = request.url
+        entry.record.overwrite = request.overwrite
+        entry.record.checksum = request.checksum?.description
+        entry.record.rateLimit = request.bytesPerSecondLimit
+        entry.record.priority = priority.rawValue
+        try storeHeaders(request.headers, of: id, db: db)
+        markQueued(&entry)
+        try entry.record.update(db)
+        return entry
+    }
+
+    /// Stops a download, keeping its partial data; ``resume(_:url:headers:)`` continues it. Returns
+    /// once a running download has written its checkpoint.
+    public func pause(_ id: DownloadID) async throws {
+        var entry = try controllable(id)
+        switch entry.state {
+        case .running:
+            await stop(id, .pause)
+        case .queued:
+            entry.record.state = DownloadState.paused.rawValue
+            entry.record.owner = nil
+            try save(&entry)
+        case .paused:
+            return
+        case .completed, .failed, .cancelled:
+            throw HaulError(
+                .invalidState, "download \(id) is \(entry.state); only a queued or running download can be paused")
+        }
+    }
+
+    /// Queues a paused download again (or one left queued by a manager that is gone). A new `url`
+    /// replaces the old one, for links that expire; the partial data is kept when the server's file
+    /// is unchanged. `headers` replace the request headers (credentials are never stored, so a
+    /// download resumed in a new process needs them again).
+    public func resume(_ id: DownloadID, url: String? = nil, headers: [(name: String, value: String)]? = nil) throws {
+        var entry = try controllable(id)
+        switch entry.state {
+        case .paused, .queued:
+            break
+        case .running:
+            return
+        case .completed, .failed, .cancelled:
+            throw HaulError(
+                .invalidState,
+                "download \(id) is \(entry.state); only a paused or queued download can be resumed"
+                    + (entry.state == .completed ? "" : " (use retry)"))
+        }
+        if let url {
+            _ = try DownloadURL(url)
+            entry.record.url = url
+        }
+        if let headers { entry.headers = headers }
+        markQueued(&entry)
+        let record = entry.record
+        try store.write { db in
+            if let headers { try storeHeaders(headers, of: id, db: db) }
+            try record.update(db)
+        }
+        enter(entry)
+    }
+
+    /// Starts a failed or cancelled download again (a cancelled one from zero).
+    public func retry(_ id: DownloadID) throws {
+        var entry = try controllable(id)
+        guard entry.state == .failed || entry.state == .cancelled else {
+            throw HaulError(
+                .invalidState, "download \(id) is \(entry.state); only a failed or cancelled download can be retried")
+        }
+        markQueued(&entry)
+        let record = entry.record
+        try store.write { db in try record.update(db) }
+        enter(entry)
+    }
+
+    /// Stops a download for good and deletes its partial data; the record stays, as cancelled.
+    public func cancel(_ id: DownloadID) async throws {
+        var entry = try controllable(id)
+        switch entry.state {
+        case .running:
+            await stop(id, .cancel)
+        case .queued, .paused, .failed:
+            try deleteFiles(of: entry.record, finished: false)
+            entry.record.state = DownloadState.cancelled.rawValue
+            entry.record.owner = nil
+            entry.record.bytes = 0
+            entry.record.finishedAt = Self.now
+            try save(&entry)
+        case .completed, .cancelled:
+            throw HaulError(.invalidState, "download \(id) is \(entry.state); there is nothing to cancel")
+        }
+    }
+
+    /// Deletes a download's partial data and manifest, its finished file when `deletingFiles` is set,
+    /// and its record. A running download is stopped first.
+    public func remove(_ id: DownloadID, deletingFiles: Bool = false) async throws {
+        let entry = try controllable(id)
+        if entry.state == .running {
+            await stop(id, .remove(deletingFiles: deletingFiles))
+            return
+        }
+        try deleteFiles(of: entry.record, finished: deletingFiles)
+        try deleteRecord(entry)
+    }
+
+    /// Pauses every queued and running download of this manager.
+    public func pauseAll() async {
+        let ids = entries.values.filter { $0.state == .queued || $0.state == .running }
+            .filter { $0.record.owner == nil || $0.record.owner == claim.name }.map(\.id)
+        for id in ids { try? await pause(id) }
+    }
+
+    /// Resumes every paused download, and every one left queued by a manager that is gone.
+    public func resumeAll() {
+        let ids = entries.values.filter { $0.state == .paused || ($0.state == .queued && $0.record.owner == nil) }
+            .map(\.id).sorted()
+        for id in ids { try? resume(id) }
+    }
+
+    // MARK: - Helpers
+
+    /// The entry, when this manager may act on it (it is not another live process's).
+    func controllable(_ id: DownloadID) throws -> Entry {
+        guard let entry = entries[id] else { throw HaulError(.unknownDownload, "there is no download \(id)") }
+        if let owner = entry.record.owner, owner != claim.name, claim.isAlive(owner) {
+            throw HaulError(
+                .locked,
+                "download \(id) is run by another haul process (pid \(ProcessClaim.processID(of: owner))); "
+                    + "pause it there, or stop that process")
+        }
+        return entry
+    }
+
+    /// Marks the entry queued and owned by this manager.
+    func markQueued(_ entry: inout Entry) {
+        entry.record.state = DownloadState.queued.rawValue
+        entry.record.owner = claim.name
+        entry.record.storedError = nil
+        entry.record.finishedAt = nil
+        entry.record.bytesPerSecond = nil
+        entry.record.updatedAt = Self.now
+    }
+
+    /// Keeps a queued entry whose record is stored, puts it in line and starts what can start.
+    func enter(_ entry: Entry) {
+        entries[entry.id] = entry
+        waiting.insert(WaitingDownload(priority: entry.record.priority, id: entry.id))
+        publish(.stateChanged, entry)
+        schedule()
+    }
+
+    /// Writes the entry's record, keeps it and tells the listeners its state changed.
+    func save(_ entry: inout Entry) throws {
+        entry.record.updatedAt = Self.now
+        let record = entry.record
+        try store.write { db in try record.update(db) }
+        entries[entry.id] = entry
+        publish(.stateChanged, entry)
+    }
+
+    func deleteRecord(_ entry: Entry) throws {
+        try store.write { db in _ = try StoredDownload.deleteOne(db, key: entry.id.rawValue) }
+        entries[entry.id] = nil
+        index.remove(entry.record)
+        publish(.removed, entry)
+    }
+
+    func storeHeaders(_ headers: [(name: String, value: String)], of id: DownloadID, db: Database) throws {
+        try StoredHeader.filter(Column("downloadId") == id.rawValue).deleteAll(db)
+        for (position, header) in headers.enumerated() where !StoredHeader.isSecret(header.name) {
+            try StoredHeader(downloadID: id.rawValue, position: position, name: header.name, value: header.value)
+                .insert(db)
+        }
+    }
+
+    /// Deletes the partial file and manifest (and the finished file when asked), under the
+    /// destination's lock so a process writing them is never pulled from under.
+    func deleteFiles(of record: StoredDownload, finished: Bool) throws {
+        guard let destination = record.destination else { return }
+        let paths = DownloadPaths(destination: destination)
+        guard POSIX.exists(paths.partial) || POSIX.exists(paths.manifest) || (finished && POSIX.exists(destination))
+        else { return }
+        let lock = try DestinationLock.acquire(paths)
+        defer { lock.removeFile() }
+        try POSIX.unlink(paths.partial)
+        try ManifestStore.remove(paths)
+        if finished { try POSIX.unlink(destination) }
+    }
+}
+
+/// What makes two requests the same download.
+struct Identity {
+    let key: String
+    let directory: String?
+    let destination: String?
+
+    init(_ request: DownloadRequest) {
+        switch request.destination {
+        case .file(let path):
+            let destination = POSIX.absolutePath(path)
+            self.init(key: Self.key(destination: destination), directory: nil, destination: destination)
+        case .directory(let path):
+            let directory = POSIX.absolutePath(path)
+            self.init(key: "url:" + directory + "\n" + request.url, directory: directory, destination: nil)
+        }
+    }
+
+    private init(key: String, directory: String?, destination: String?) {
+        self.key = key
+        self.directory = directory
+        self.destination = destination
+    }
+
+    static func key(destination: String) -> String { "file:" + destination }
+}
+
+/// Finds downloads by key and by destination.
+struct DestinationIndex {
+    private var byKey: [String: DownloadID] = [:]
+    private var byDestination: [String: DownloadID] = [:]
+
+    init() {}
+
+    init(_ entries: some Sequence<DownloadManager.Entry>) {
+        for entry in entries {
+            byKey[entry.record.key] = entry.id
+            if let destination = entry.record.destination { byDestination[destination] = entry.id }
+        }
+    }
+
+    func find(_ identity: Identity) -> DownloadID? {
+        byKey[identity.key] ?? identity.destination.flatMap { byDestination[$0] }
+    }
+
+    mutating func add(_ identity: Identity, _ id: DownloadID) {
+        byKey[identity.key] = id
+        if let destination = identity.destination { byDestination[destination] = id }
+    }
+
+    /// Records the file a download into a directory turned out to have.
+    mutating func resolve(_ destination: String, to id: DownloadID) { byDestination[destination] = id }
+
+    mutating func remove(_ record: StoredDownload) {
+        if byKey[record.key] == record.downloadID { byKey[record.key] = nil }
+        if let destination = record.destination, byDestination[destination] == record.downloadID {
+            byDestination[destination] = nil
+        }
+    }
+}

@@ -1,0 +1,107 @@
+import HeapModule
+
+extension DownloadManager {
+    /// Loads every record and makes it agree with the files on disk and the processes alive:
+    /// a download whose manager died is queued again (then claimed, paused or left as configured);
+    /// bytes come from the partial file's manifest; a missing partial means starting from zero; a
+    /// finished file that vanished makes the download failed; a download whose file was completed
+    /// just before its process died is completed.
+    static func reconcile(
+        store: DownloadStore, claim: ProcessClaim, restoring: Configuration.RestoredDownloads
+    ) throws -> ([DownloadID: Entry], Heap<WaitingDownload>) {
+        var entries: [DownloadID: Entry] = [:]
+        var waiting = Heap<WaitingDownload>()
+        var changed: [StoredDownload] = []
+        for original in try store.allDownloads() {
+            var record = original
+            var orphan = false
+            if let owner = record.owner {
+                if owner != claim.name && claim.isAlive(owner) {
+                    entries[record.downloadID] = Entry(record: record)
+                    continue
+                }
+                record.owner = nil
+                orphan = true
+            } else if record.downloadState == .queued || record.downloadState == .running {
+                orphan = true
+            }
+            if record.downloadState == .running { record.state = DownloadState.queued.rawValue }
+            record.bytesPerSecond = nil
+            refreshFromDisk(&record)
+            if orphan && record.downloadState != .completed {
+                switch restoring {
+                case .resume:
+                    if record.downloadState == .queued || record.storedError?.code == .diskFull {
+                        record.owner = claim.name
+                    }
+                    if record.downloadState == .queued {
+                        waiting.insert(WaitingDownload(priority: record.priority, id: record.downloadID))
+                    }
+                case .pause:
+                    if record.downloadState == .queued { record.state = DownloadState.paused.rawValue }
+                case .leave:
+                    break
+                }
+            }
+            if record != original {
+                record.updatedAt = now
+                changed.append(record)
+            }
+            entries[record.downloadID] = Entry(record: record)
+        }
+        if !changed.isEmpty {
+            try store.write { db in
+                for record in changed { try record.update(db) }
+            }
+        }
+        return (entries, waiting)
+    }
+
+    /// Sets a record's bytes (and state, where the files tell) from what is on disk now.
+    static func refreshFromDisk(_ record: inout StoredDownload) {
+        guard let destination = record.destination else {
+            record.bytes = 0
+            return
+        }
+        let paths = DownloadPaths(destination: destination)
+        switch record.downloadState {
+        case .completed:
+            if let status = POSIX.fileStatus(destination) {
+                record.bytes = Int64(status.st_size)
+            } else {
+                record.state = DownloadState.failed.rawValue
+                record.storedError = HaulError(.fileSystem, "the finished file \(destination) is no longer on disk")
+            }
+        case .cancelled:
+            record.bytes = 0
+        case .queued, .paused, .failed, .running:
+            if let progress = storedProgress(paths) {
+                record.bytes = progress.bytes
+                record.totalBytes = progress.total ?? record.totalBytes
+            } else if record.startedAt != nil, record.downloadState == .queued,
+                let status = POSIX.fileStatus(destination),
+                record.totalBytes == nil || record.totalBytes == Int64(status.st_size)
+            {
+                // The file got its final name, but the process died before the record said so.
+                record.state = DownloadState.completed.rawValue
+                record.bytes = Int64(status.st_size)
+                record.totalBytes = record.bytes
+                record.finishedAt = record.finishedAt ?? now
+                record.storedError = nil
+            } else {
+                record.bytes = 0
+            }
+        }
+    }
+
+    /// The bytes a resume would keep and the total, from the manifest beside `paths`; `nil` when
+    /// neither the partial file nor the manifest exists.
+    static func storedProgress(_ paths: DownloadPaths) -> (bytes: Int64, total: Int64?)? {
+        let partialSize = POSIX.fileStatus(paths.partial).map { Int64($0.st_size) }
+        guard let manifest = try? ManifestStore.load(paths) else {
+            return partialSize == nil && !POSIX.exists(paths.manifest) ? nil : (0, nil)
+        }
+        let bytes = manifest.trustedPrefix(currentBootID: BootIdentity.current, partialSize: partialSize ?? 0)
+        return (bytes, manifest.totalLength)
+    }
+}

@@ -1,0 +1,293 @@
+#if canImport(FoundationEssentials)
+    import FoundationEssentials
+#else
+    import Foundation
+#endif
+
+extension DownloadManager {
+    /// Starts queued downloads, at most ``Configuration/maxConcurrentDownloads`` at once, until the
+    /// calling task is cancelled. Cancellation stops every running download with a durable checkpoint;
+    /// they are queued again, so the next manager on this state continues them. Returns once they have stopped.
+    public func run() async {
+        await run(stoppingWhenIdle: false)
+    }
+
+    /// Like ``run()``, but returns as soon as no download of this manager is running, queued or
+    /// waiting for disk space.
+    public func runUntilIdle() async {
+        await run(stoppingWhenIdle: true)
+    }
+
+    private func run(stoppingWhenIdle: Bool) async {
+        guard starter == nil else { return }
+        let (starts, starter) = AsyncStream<DownloadID>.makeStream()
+        self.starter = starter
+        self.stopsWhenIdle = stoppingWhenIdle
+        defer { self.starter = nil }
+        schedule()
+        await withTaskGroup(of: Void.self) { group in
+            group.addTask { await self.tick() }
+            for await id in starts {
+                group.addTask { await self.execute(id) }
+            }
+            // Idle, or cancelled: the ticker ends, and on cancellation so do the downloads.
+            group.cancelAll()
+        }
+        persistProgress()
+    }
+
+    /// Starts waiting downloads while there are free slots; ends an idle `runUntilIdle`.
+    func schedule() {
+        guard let starter else { return }
+        while jobs.count < configuration.maxConcurrentDownloads, let next = waiting.popMax() {
+            guard var entry = entries[next.id], entry.state == .queued, entry.record.owner == claim.name,
+                entry.record.priority == next.priority, jobs[next.id] == nil
+            else { continue }
+            let (stopSignal, stop) = AsyncStream<Void>.makeStream()
+            jobs[next.id] = Job(stop: stop)
+            pendingStops[next.id] = stopSignal
+            entry.record.state = DownloadState.running.rawValue
+            entry.record.startedAt = Self.now
+            entry.record.storedError = nil
+            do {
+                try save(&entry)
+            } catch {
+                // The database refused: leave the download queued rather than run it unrecorded.
+                jobs[next.id] = nil
+                pendingStops[next.id] = nil
+                continue
+            }
+            starter.yield(next.id)
+        }
+        if stopsWhenIdle && isIdle { starter.finish() }
+    }
+
+    /// Whether nothing of this manager runs, waits, or waits for disk space.
+    var isIdle: Bool {
+        jobs.isEmpty
+            && !entries.values.contains { entry in
+                entry.record.owner == claim.name && (entry.state == .queued || entry.state == .paused)
+            }
+    }
+
+    /// Runs one download to its end, forwarding its events and honouring stop requests.
+    private func execute(_ id: DownloadID) async {
+        guard let entry = entries[id], let stopSignal = pendingStops.removeValue(forKey: id) else { return }
+        let request = request(for: entry)
+        let downloader = self.downloader
+        let (events, sink) = AsyncStream<DownloadEvent>.makeStream()
+        let outcome = await withTaskGroup(of: JobPart.self) { group -> Result<DownloadResult, HaulError> in
+            group.addTask {
+                defer { sink.finish() }
+                do {
+                    return .finished(.success(try await downloader.download(request) { sink.yield($0) }))
+                } catch {
+                    let wrapped = error as? HaulError ?? HaulError(.fileSystem, "\(error)", underlying: error)
+                    return .finished(.failure(wrapped))
+                }
+            }
+            group.addTask {
+                for await _ in stopSignal { return .stopRequested }
+                return .done
+            }
+            group.addTask {
+                for await event in events { await self.handle(event, of: id) }
+                return .done
+            }
+            var outcome: Result<DownloadResult, HaulError> = .failure(HaulError(.cancelled, "stopped"))
+            for await part in group {
+                switch part {
+                case .finished(let result):
+                    outcome = result
+                    self.finishStopSignal(of: id)
+                case .stopRequested:
+                    group.cancelAll()
+                case .done:
+                    break
+                }
+            }
+            return outcome
+        }
+        ended(id, outcome)
+    }
+
+    private enum JobPart: Sendable {
+        case finished(Result<DownloadResult, HaulError>)
+        case stopRequested
+        case done
+    }
+
+    private func finishStopSignal(of id: DownloadID) {
+        jobs[id]?.stop.finish()
+    }
+
+    /// The request for the next attempt: the latest URL, the file once its name is known, and the
+    /// headers given in this process (else the stored ones, which hold no credentials).
+    private func request(for entry: Entry) -> DownloadRequest {
+        let headers =
+            entry.headers
+            ?? ((try? store.headers(of: entry.id)) ?? []).map { (name: $0.name, value: $0.value) }
+        return DownloadRequest(
+            url: entry.record.url,
+            destination: entry.record.destination.map { .file($0) } ?? .directory(entry.record.directory ?? "."),
+            headers: headers, overwrite: entry.record.overwrite,
+            checksum: entry.record.checksum.flatMap { try? Checksum(parsing: $0) },
+            bytesPerSecondLimit: entry.record.rateLimit
+        )
+    }
+
+    /// Updates what is known of a running download from one of its events.
+    private func handle(_ event: DownloadEvent, of id: DownloadID) {
+        guard var entry = entries[id] else { return }
+        switch event {
+        case .started(let start):
+            if entry.record.destination != start.destination {
+                entry.record.destination = start.destination
+                index.resolve(start.destination, to: id)
+                let record = entry.record
+                try? store.write { db in try record.update(db) }
+            }
+            entry.record.totalBytes = start.totalBytes
+            entry.record.bytes = start.resumedFrom
+        case .progress(let progress):
+            entry.record.bytes = progress.bytes
+            entry.record.totalBytes = progress.totalBytes ?? entry.record.totalBytes
+            entry.bytesPerSecond = progress.bytesPerSecond
+            entry.secondsRemaining = progress.secondsRemaining
+        case .restarted:
+            entry.record.bytes = 0
+        case .retrying, .completed, .failed:
+            break
+        }
+        entries[id] = entry
+        publish(.transfer(event), entry)
+    }
+
+    /// Records how a download ended and starts the next one.
+    private func ended(_ id: DownloadID, _ outcome: Result<DownloadResult, HaulError>) {
+        let job = jobs.removeValue(forKey: id)
+        defer {
+            for waiter in job?.waiters ?? [] { waiter.resume() }
+            schedule()
+        }
+        guard var entry = entries[id] else { return }
+        entry.bytesPerSecond = nil
+        entry.secondsRemaining = nil
+        entry.record.bytesPerSecond = nil
+        if case .remove(let deletingFiles) = job?.reason {
+            do {
+                try deleteFiles(of: entry.record, finished: deletingFiles)
+                try deleteRecord(entry)
+            } catch {
+                entry.record.state = DownloadState.paused.rawValue
+                entry.record.owner = nil
+                entry.record.storedError = error as? HaulError
+                try? save(&entry)
+            }
+            return
+        }
+        switch outcome {
+        case .success(let result):
+            entry.record.state = DownloadState.completed.rawValue
+            entry.record.destination = result.destination
+            entry.record.bytes = result.bytes
+            entry.record.totalBytes = result.bytes
+            entry.record.finishedAt = Self.now
+            entry.record.storedError = nil
+            entry.record.owner = nil
+        case .failure(let error) where error.code == .cancelled || job?.reason != nil:
+            switch job?.reason {
+            case .pause:
+                entry.record.state = DownloadState.paused.rawValue
+                entry.record.owner = nil
+            case .cancel:
+                try? deleteFiles(of: entry.record, finished: false)
+                entry.record.state = DownloadState.cancelled.rawValue
+                entry.record.finishedAt = Self.now
+                entry.record.owner = nil
+            case .remove, nil:
+                // The manager is stopping: the download waits for the next one.
+                entry.record.state = DownloadState.queued.rawValue
+                entry.record.owner = nil
+            }
+        case .failure(let error) where error.code == .diskFull:
+            // Kept by this manager, which resumes it once there is room again.
+            entry.record.state = DownloadState.paused.rawValue
+            entry.record.storedError = error
+        case .failure(let error):
+            entry.record.state = DownloadState.failed.rawValue
+            entry.record.storedError = error
+            entry.record.finishedAt = Self.now
+            entry.record.owner = nil
+        }
+        if entry.state != .completed { Self.refreshFromDisk(&entry.record) }
+        do {
+            try save(&entry)
+        } catch {
+            entries[id] = entry
+        }
+    }
+
+    /// Asks a running download to stop and waits until it has.
+    func stop(_ id: DownloadID, _ reason: StopReason) async {
+        guard jobs[id] != nil else { return }
+        if jobs[id]?.reason == nil { jobs[id]?.reason = reason }
+        jobs[id]?.stop.yield()
+        await withCheckedContinuation { continuation in
+            if jobs[id] == nil {
+                continuation.resume()
+            } else {
+                jobs[id]?.waiters.append(continuation)
+            }
+        }
+    }
+
+    /// Every `stateUpdateInterval`: stores the progress of running downloads; every
+    /// `spaceCheckInterval`: resumes downloads paused by a full disk when there is room again.
+    private func tick() async {
+        while !Task.isCancelled {
+            do {
+                try await Task.sleep(for: configuration.stateUpdateInterval)
+            } catch {
+                return
+            }
+            persistProgress()
+            if ContinuousClock.now - lastSpaceCheck >= configuration.spaceCheckInterval {
+                lastSpaceCheck = .now
+                resumeWhereSpaceAllows()
+            }
+        }
+    }
+
+    /// Writes the bytes and speed of every running download in one transaction, for queries from
+    /// other processes and for a process that dies.
+    func persistProgress() {
+        let records = jobs.keys.compactMap { id -> StoredDownload? in
+            guard var record = entries[id]?.record else { return nil }
+            record.bytesPerSecond = entries[id]?.bytesPerSecond
+            record.updatedAt = Self.now
+            return record
+        }
+        guard !records.isEmpty else { return }
+        try? store.write { db in
+            for record in records { try record.update(db) }
+        }
+    }
+
+    private func resumeWhereSpaceAllows() {
+        let waitingForSpace = entries.values.filter {
+            $0.state == .paused && $0.record.owner == claim.name && $0.record.storedError?.code == .diskFull
+        }
+        for entry in waitingForSpace {
+            let directory = entry.record.destination.map { DownloadPaths(destination: $0).directory }
+            guard let free = POSIX.freeSpace(directory ?? entry.record.directory ?? "/") else { continue }
+            let remaining = entry.record.totalBytes.map { max(0, $0 - entry.record.bytes) } ?? 0
+            guard free >= remaining + configuration.freeSpaceMargin else { continue }
+            var queued = entry
+            markQueued(&queued)
+            let record = queued.record
+            guard (try? store.write({ db in try record.update(db) })) != nil else { continue }
+            enter(queued)
+        }
+    }
+}

@@ -1,0 +1,177 @@
+import HeapModule
+import Logging
+
+#if canImport(FoundationEssentials)
+    import FoundationEssentials
+#else
+    import Foundation
+#endif
+
+/// A persistent download queue: a limit on concurrent downloads, priorities, pause, resume, cancel and
+/// remove, and progress for every download whether or not it runs, in this process or a later one.
+///
+/// ```swift
+/// let manager = try DownloadManager(stateDirectory: DownloadManager.defaultStateDirectory)
+/// let id = try await manager.enqueue(DownloadRequest(url: "https://example.com/a.iso", destination: .directory(".")))
+/// try await withThrowingDiscardingTaskGroup { group in
+///     group.addTask { await manager.run() }        // starts downloads until cancelled
+///     for await event in manager.events(for: id) { print(event.download.state, event.download.bytes) }
+///     group.cancelAll()                           // running downloads checkpoint and come back queued
+/// }
+/// await manager.close()
+/// ```
+///
+/// Downloads start only while ``run()`` (or ``runUntilIdle()``) runs; their tasks are children of
+/// that call, so cancelling it pauses every transfer with a durable checkpoint. The state lives in
+/// SQLite (`downloads.sqlite` in the state directory, WAL mode), shared safely by several processes;
+/// each download is run by at most one manager at a time.
+public actor DownloadManager {
+    public struct Configuration: Sendable {
+        /// What a newly opened manager does with the downloads left queued (or running) by a manager
+        /// that is gone.
+        public enum RestoredDownloads: Sendable {
+            /// Claim them and run them.
+            case resume
+            /// Mark them paused; ``DownloadManager/resume(_:url:headers:)`` continues them.
+            case pause
+            /// Leave them queued for another manager (or a later ``DownloadManager/resume(_:url:headers:)``).
+            case leave
+        }
+
+        /// At most this many downloads transfer at once; the rest wait.
+        public var maxConcurrentDownloads: Int = 3
+        public var restoredDownloads: RestoredDownloads = .resume
+        /// Room that must stay free on a destination's volume beyond what its download still needs.
+        public var freeSpaceMargin: Int64 = 64 << 20
+        /// One limit shared by every download of this manager, in bytes per second.
+        public var bytesPerSecondLimit: Int64?
+        /// How often the progress of running downloads is written to the database.
+        public var stateUpdateInterval: Duration = .seconds(1)
+        /// How often a download paused by a full disk checks whether there is room again.
+        public var spaceCheckInterval: Duration = .seconds(5)
+        /// The least time between two progress events of one download.
+        public var progressInterval: Duration = .milliseconds(500)
+
+        public init() {}
+    }
+
+    /// `$XDG_STATE_HOME/haul`, else `~/.local/state/haul`.
+    public static var defaultStateDirectory: String {
+        let environment = ProcessInfo.processInfo.environment
+        if let state = environment["XDG_STATE_HOME"], state.hasPrefix("/") { return state + "/haul" }
+        let home = environment["HOME"].flatMap { $0.isEmpty ? nil : $0 } ?? "/tmp"
+        return home + "/.local/state/haul"
+    }
+
+    /// The database file's name inside the state directory.
+    public static let databaseName = "downloads.sqlite"
+
+    public nonisolated let stateDirectory: String
+    public private(set) var configuration: Configuration
+    let store: DownloadStore
+    let downloader: Downloader
+    let claim: ProcessClaim
+    let subscribers = Subscribers()
+
+    /// Every download known to this manager, by ID.
+    var entries: [DownloadID: Entry] = [:]
+    /// Queued downloads this manager will start, best first (stale entries are skipped when popped).
+    var waiting = Heap<WaitingDownload>()
+    var jobs: [DownloadID: Job] = [:]
+    /// The stop signal of a job between its scheduling and the start of its task.
+    var pendingStops: [DownloadID: AsyncStream<Void>] = [:]
+    /// Finds downloads by key and destination, so the same file is never enqueued twice.
+    var index = DestinationIndex()
+    /// Receives the downloads to start while ``run()`` runs.
+    var starter: AsyncStream<DownloadID>.Continuation?
+    var stopsWhenIdle = false
+    var lastSpaceCheck = ContinuousClock.now
+
+    /// Opens (creating when needed) the state in `stateDirectory` and reconciles it with the files on disk.
+    public init(
+        stateDirectory: String, configuration: Configuration = .init(),
+        downloaderConfiguration: DownloaderConfiguration = .init(), logger: Logger? = nil
+    ) throws {
+        let directory = POSIX.absolutePath(stateDirectory)
+        try POSIX.makeDirectories(directory)
+        self.stateDirectory = directory
+        self.configuration = configuration
+        self.store = try DownloadStore(path: directory + "/" + Self.databaseName)
+        self.claim = try ProcessClaim(stateDirectory: directory)
+        var transfer = downloaderConfiguration
+        transfer.storage.freeSpaceMargin = configuration.freeSpaceMargin
+        transfer.progressInterval = configuration.progressInterval
+        if let limit = configuration.bytesPerSecondLimit {
+            transfer.sharedRateLimiter = RateLimiter(bytesPerSecond: limit)
+        }
+        self.downloader = Downloader(configuration: transfer, logger: logger)
+        let (entries, waiting) = try Self.reconcile(
+            store: store, claim: claim, restoring: configuration.restoredDownloads)
+        self.entries = entries
+        self.waiting = waiting
+        self.index = DestinationIndex(entries.values)
+    }
+
+    /// Closes the connections and ends every event stream. Call it after ``run()`` has returned.
+    public func close() async {
+        subscribers.finishAll()
+        try? await downloader.shutdown()
+    }
+
+    /// Changes the limit at run time. Lowering it lets running downloads finish; none is stopped.
+    public func setMaxConcurrentDownloads(_ limit: Int) {
+        configuration.maxConcurrentDownloads = max(1, limit)
+        schedule()
+    }
+}
+
+extension DownloadManager {
+    /// A download's record and what is known about it only while it runs.
+    struct Entry: Sendable {
+        var record: StoredDownload
+        /// The request headers given in this process, secrets included; `nil` when only the stored ones are known.
+        var headers: [(name: String, value: String)]?
+        var bytesPerSecond: Double?
+        var secondsRemaining: Double?
+
+        var id: DownloadID { record.downloadID }
+        var state: DownloadState { record.downloadState }
+
+        var info: DownloadInfo {
+            DownloadInfo(
+                id: id, url: record.url, destination: record.destination, directory: record.directory, state: state,
+                priority: DownloadPriority(record.priority), bytes: record.bytes, totalBytes: record.totalBytes,
+                bytesPerSecond: state == .running ? bytesPerSecond ?? record.bytesPerSecond : nil,
+                secondsRemaining: state == .running ? secondsRemaining : nil, error: record.storedError,
+                createdAt: Date(timeIntervalSince1970: record.createdAt),
+                finishedAt: record.finishedAt.map { Date(timeIntervalSince1970: $0) }
+            )
+        }
+    }
+
+    /// A place in the queue: higher priority first, then earlier enqueued.
+    struct WaitingDownload: Comparable, Sendable {
+        let priority: Int
+        let id: DownloadID
+
+        static func < (left: WaitingDownload, right: WaitingDownload) -> Bool {
+            left.priority != right.priority ? left.priority < right.priority : left.id > right.id
+        }
+    }
+
+    /// Why a running download is being stopped.
+    enum StopReason: Sendable {
+        case pause
+        case cancel
+        case remove(deletingFiles: Bool)
+    }
+
+    /// A download that is transferring now.
+    struct Job {
+        let stop: AsyncStream<Void>.Continuation
+        var reason: StopReason?
+        var waiters: [CheckedContinuation<Void, Never>] = []
+    }
+
+    static var now: Double { Date().timeIntervalSince1970 }
+}

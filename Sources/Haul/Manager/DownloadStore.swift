@@ -1,0 +1,176 @@
+import GRDB
+
+#if canImport(FoundationEssentials)
+    import FoundationEssentials
+#else
+    import Foundation
+#endif
+
+/// One row of the `download` table: what a download manager must remember across processes.
+/// Secrets never reach it: request headers are stored without `Authorization`, `Proxy-Authorization`
+/// and `Cookie`.
+struct StoredDownload: Codable, Sendable, Equatable, FetchableRecord, MutablePersistableRecord {
+    static let databaseTableName = "download"
+
+    var id: Int64?
+    /// What identifies the download: its destination file, or its URL and directory until the server names the file.
+    var key: String
+    var url: String
+    var directory: String?
+    var destination: String?
+    var overwrite: Bool
+    var checksum: String?
+    var rateLimit: Int64?
+    var priority: Int
+    var state: String
+    var errorCode: String?
+    var errorMessage: String?
+    var errorStatus: Int?
+    var bytes: Int64
+    var totalBytes: Int64?
+    var bytesPerSecond: Double?
+    /// The process running or about to run the download (`pid@boot`); NULL when no process has claimed it.
+    var owner: String?
+    var createdAt: Double
+    var startedAt: Double?
+    var finishedAt: Double?
+    var updatedAt: Double
+
+    mutating func didInsert(_ inserted: InsertionSuccess) { id = inserted.rowID }
+
+    var downloadID: DownloadID { DownloadID(id ?? 0) }
+    var downloadState: DownloadState { DownloadState(rawValue: state) ?? .queued }
+
+    var storedError: HaulError? {
+        get {
+            guard let errorCode else { return nil }
+            return HaulError(HaulError.Code(errorCode), errorMessage ?? errorCode, status: errorStatus)
+        }
+        set {
+            errorCode = newValue?.code.name
+            errorMessage = newValue?.message
+            errorStatus = newValue?.status
+        }
+    }
+}
+
+/// A request header kept for a download (never a secret one).
+struct StoredHeader: Codable, Sendable, FetchableRecord, PersistableRecord {
+    static let databaseTableName = "header"
+
+    var downloadID: Int64
+    var position: Int
+    var name: String
+    var value: String
+
+    enum CodingKeys: String, CodingKey {
+        case downloadID = "downloadId"
+        case position, name, value
+    }
+
+    /// Headers that carry credentials; they live only in the memory of the process that was given them.
+    static func isSecret(_ name: String) -> Bool {
+        ["authorization", "proxy-authorization", "cookie"].contains(name.lowercased())
+    }
+}
+
+/// The state database: SQLite in WAL mode, shared safely by several `haul` processes.
+final class DownloadStore: Sendable {
+    let path: String
+    let database: DatabasePool
+
+    init(path: String) throws {
+        self.path = path
+        var configuration = Configuration()
+        configuration.foreignKeysEnabled = true
+        configuration.busyMode = .timeout(10)
+        configuration.prepareDatabase { db in
+            // In WAL mode NORMAL loses at most the last transactions on a power loss, never consistency;
+            // the manager reconciles records with the files on disk when it opens.
+            try db.execute(sql: "PRAGMA synchronous = NORMAL")
+        }
+        do {
+            database = try DatabasePool(path: path, configuration: configuration)
+            try Self.migrator.migrate(database)
+        } catch {
+            throw HaulError(
+                .database, "cannot open the state database \(path): \(Self.describe(error))", underlying: error)
+        }
+    }
+
+    static var migrator: DatabaseMigrator {
+        var migrator = DatabaseMigrator()
+        migrator.registerMigration("1: downloads and their headers") { db in
+            try db.create(table: "download") { table in
+                table.autoIncrementedPrimaryKey("id")
+                table.column("key", .text).notNull().unique()
+                table.column("url", .text).notNull()
+                table.column("directory", .text)
+                table.column("destination", .text).indexed()
+                table.column("overwrite", .boolean).notNull().defaults(to: false)
+                table.column("checksum", .text)
+                table.column("rateLimit", .integer).check { $0 > 0 }
+                table.column("priority", .integer).notNull().defaults(to: 0)
+                table.column("state", .text).notNull().indexed()
+                    .check { DownloadState.allCases.map(\.rawValue).contains($0) }
+                table.column("errorCode", .text)
+                table.column("errorMessage", .text)
+                table.column("errorStatus", .integer)
+                table.column("bytes", .integer).notNull().defaults(to: 0).check { $0 >= 0 }
+                table.column("totalBytes", .integer).check { $0 >= 0 }
+                table.column("bytesPerSecond", .double)
+                table.column("owner", .text)
+                table.column("createdAt", .double).notNull()
+                table.column("startedAt", .double)
+                table.column("finishedAt", .double)
+                table.column("updatedAt", .double).notNull()
+                table.check(sql: "directory IS NOT NULL OR destination IS NOT NULL")
+            }
+            try db.create(table: "header") { table in
+                table.column("downloadId", .integer).notNull()
+                    .references("download", onDelete: .cascade)
+                table.column("position", .integer).notNull()
+                table.column("name", .text).notNull()
+                table.column("value", .text).notNull()
+                table.primaryKey(["downloadId", "position"])
+            }
+        }
+        return migrator
+    }
+
+    /// Runs `body` in one write transaction, turning SQLite's errors into ``HaulError/Code/database``.
+    func write<T>(_ body: (Database) throws -> T) throws -> T {
+        do {
+            return try database.write(body)
+        } catch let error as HaulError {
+            throw error
+        } catch {
+            throw HaulError(.database, "the state database \(path) could not be updated: \(Self.describe(error))")
+        }
+    }
+
+    func read<T>(_ body: (Database) throws -> T) throws -> T {
+        do {
+            return try database.read(body)
+        } catch let error as HaulError {
+            throw error
+        } catch {
+            throw HaulError(.database, "the state database \(path) could not be read: \(Self.describe(error))")
+        }
+    }
+
+    func allDownloads() throws -> [StoredDownload] {
+        try read { db in try StoredDownload.order(Column("id")).fetchAll(db) }
+    }
+
+    func headers(of id: DownloadID) throws -> [StoredHeader] {
+        try read { db in
+            try StoredHeader.filter(Column("downloadId") == id.rawValue).order(Column("position")).fetchAll(db)
+        }
+    }
+
+    static func describe(_ error: any Error) -> String {
+        if let error = error as? DatabaseError { return error.message ?? "\(error.resultCode)" }
+        return "\(error)"
+    }
+}

@@ -1,0 +1,61 @@
+import Synchronization
+
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Musl)
+    import Musl
+#elseif canImport(Darwin)
+    import Darwin
+#endif
+
+/// Tells whether the manager that claimed a download is still alive, in this process or another.
+///
+/// Each open manager holds an exclusive `flock` on `owners/NAME.lock` in the state directory, where
+/// NAME (`pid.n`) is what it writes into the `owner` column of the downloads it runs. The operating
+/// system drops the lock when the process dies, however it dies, so a claim whose file can be locked
+/// by someone else is stale; process IDs being reused later does not matter.
+final class ProcessClaim: Sendable {
+    let name: String
+    private let path: String
+    private let descriptor: Int32
+    private static let counter = Mutex(0)
+
+    init(stateDirectory: String) throws {
+        let directory = stateDirectory + "/owners"
+        try POSIX.makeDirectories(directory)
+        let serial = Self.counter.withLock { value -> Int in
+            value += 1
+            return value
+        }
+        name = "\(POSIX.processID).\(serial)"
+        path = directory + "/" + name + ".lock"
+        descriptor = try POSIX.open(path, flags: O_RDWR | O_CREAT | O_NOFOLLOW)
+        guard flock(descriptor, LOCK_EX | LOCK_NB) == 0 else {
+            let code = errno
+            POSIX.close(descriptor)
+            throw POSIX.error("lock", path: path, errno: code)
+        }
+    }
+
+    deinit {
+        try? POSIX.unlink(path)
+        POSIX.close(descriptor)
+    }
+
+    /// The process ID in a claim's name, for messages.
+    static func processID(of owner: String) -> String { String(owner.prefix { $0 != "." }) }
+
+    /// Whether the manager named `owner` still runs. A stale claim's file is removed on the way.
+    func isAlive(_ owner: String) -> Bool {
+        if owner == name { return true }
+        guard !owner.contains("/"), !owner.hasPrefix(".") else { return false }
+        let other = path.dropLast(name.count + 5) + owner + ".lock"
+        guard let descriptor = try? POSIX.open(String(other), flags: O_RDWR | O_NOFOLLOW) else { return false }
+        defer { POSIX.close(descriptor) }
+        if flock(descriptor, LOCK_EX | LOCK_NB) == 0 {
+            try? POSIX.unlink(String(other))
+            return false
+        }
+        return errno == EWOULDBLOCK || errno == EAGAIN
+    }
+}
