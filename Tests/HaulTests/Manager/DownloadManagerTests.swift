@@ -1,0 +1,434 @@
+import HaulTestServer
+import Synchronization
+import Testing
+
+@testable import Haul
+
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Darwin)
+    import Darwin
+#endif
+
+@Suite("Download manager") struct DownloadManagerTests {
+    @Test("never runs more than the limit; the next waiting download starts when one ends")
+    func concurrencyLimit() async throws {
+        try await HaulTestServer.withRunning { server in
+            try await withTemporaryDirectory { directory in
+                for index in 0..<6 {
+                    server.add("/f\(index)", TestResource(name: "f\(index)", size: 192 * 1024))
+                    server.setStandingFaults("/f\(index)", [.throttle(bytesPerSecond: 512 * 1024)])
+                }
+                try await withManager(directory + "/state", managerConfiguration(limit: 2)) { manager in
+                    let transitions = Mutex<[(DownloadID, DownloadState)]>([])
+                    let events = manager.events()
+                    let watcher = Task {
+                        for await event in events {
+                            if case .stateChanged = event.kind {
+                                transitions.withLock { $0.append((event.download.id, event.download.state)) }
+                            }
+                        }
+                    }
+                    var ids: [DownloadID] = []
+                    for index in 0..<6 {
+                        ids.append(
+                            try await manager.enqueue(
+                                DownloadRequest(
+                                    url: server.url("/f\(index)"), destination: .file(directory + "/f\(index)"))
+                            ))
+                    }
+                    await manager.runUntilIdle()
+                    for (index, id) in ids.enumerated() {
+                        let info = try #require(await manager.download(id))
+                        #expect(info.state == .completed)
+                        #expect(try readFile(directory + "/f\(index)") == server.resource("/f\(index)")!.content)
+                    }
+                    #expect(server.maximumOpenConnections == 2)
+                    await manager.close()
+                    await watcher.value
+                    // Replaying the state changes: never more than two running, and every start after the
+                    // first two follows the end of another download directly.
+                    var running = 0
+                    var peak = 0
+                    var previous: DownloadState?
+                    var startsAfterAnEnd = 0
+                    for (_, state) in transitions.withLock({ $0 }) {
+                        if state == .running {
+                            running += 1
+                            if previous == .completed { startsAfterAnEnd += 1 }
+                        }
+                        if state == .completed { running -= 1 }
+                        peak = max(peak, running)
+                        previous = state
+                    }
+                    #expect(peak == 2)
+                    #expect(startsAfterAnEnd == 4)
+                }
+            }
+        }
+    }
+
+    @Test("higher priorities start first, FIFO within a priority")
+    func priorities() async throws {
+        try await HaulTestServer.withRunning { server in
+            try await withTemporaryDirectory { directory in
+                let plan: [(String, DownloadPriority)] = [
+                    ("a", .low), ("b", .normal), ("c", .high), ("d", .normal), ("e", .high),
+                    ("f", DownloadPriority(20)),
+                ]
+                for (name, _) in plan { server.add("/\(name)", TestResource(name: name, size: 4096)) }
+                try await withManager(directory + "/state", managerConfiguration(limit: 1)) { manager in
+                    for (name, priority) in plan {
+                        try await manager.enqueue(
+                            DownloadRequest(url: server.url("/\(name)"), destination: .file(directory + "/\(name)")),
+                            priority: priority)
+                    }
+                    await manager.runUntilIdle()
+                }
+                #expect(server.requests.map(\.path) == ["/f", "/c", "/e", "/b", "/d", "/a"])
+            }
+        }
+    }
+
+    @Test("pause keeps the partial data and resume continues from it with Range and If-Range")
+    func pauseAndResume() async throws {
+        try await HaulTestServer.withRunning { server in
+            try await withTemporaryDirectory { directory in
+                let resource = TestResource(name: "big", size: 3 << 20)
+                server.add("/big", resource)
+                server.setStandingFaults("/big", [.throttle(bytesPerSecond: 2 << 20)])
+                let destination = directory + "/big"
+                try await withManager(directory + "/state") { manager in
+                    let id = try await manager.enqueue(
+                        DownloadRequest(url: server.url("/big"), destination: .file(destination)))
+                    let paused = try await whileRunning(manager) {
+                        try await waitFor(manager, id) { $0.bytes >= 512 * 1024 }
+                        try await manager.pause(id)
+                        return try #require(await manager.download(id))
+                    }
+                    #expect(paused.state == .paused)
+                    #expect(paused.totalBytes == resource.size)
+                    let partial = try readFile(destination + ".haul.part")
+                    #expect(Int64(partial.count) == paused.bytes)
+                    #expect(partial == resource.bytes(0..<paused.bytes))
+                    let manifest = try #require(try ManifestStore.load(DownloadPaths(destination: destination)))
+                    #expect(manifest.segments[0].durable == paused.bytes)
+
+                    server.setStandingFaults("/big", [])
+                    try await manager.resume(id)
+                    await manager.runUntilIdle()
+                    #expect(await manager.download(id)?.state == .completed)
+                    #expect(try readFile(destination) == resource.content)
+                    let last = try #require(server.requests(for: "/big").last)
+                    #expect(last.header("Range") == "bytes=\(paused.bytes)-")
+                    #expect(last.header("If-Range") == resource.entityTagValue)
+                }
+            }
+        }
+    }
+
+    @Test("remove deletes the partial data, the manifest, the finished file when asked, and the record")
+    func remove() async throws {
+        try await HaulTestServer.withRunning { server in
+            try await withTemporaryDirectory { directory in
+                server.add("/slow", TestResource(name: "slow", size: 2 << 20))
+                server.setStandingFaults("/slow", [.throttle(bytesPerSecond: 1 << 20)])
+                server.add("/done", TestResource(name: "done", size: 10_000))
+                server.add("/kept", TestResource(name: "kept", size: 10_000))
+                let state = directory + "/state"
+                try await withManager(state) { manager in
+                    let slow = try await manager.enqueue(
+                        DownloadRequest(url: server.url("/slow"), destination: .file(directory + "/slow")))
+                    let done = try await manager.enqueue(
+                        DownloadRequest(url: server.url("/done"), destination: .file(directory + "/done")))
+                    try await whileRunning(manager) {
+                        try await waitFor(manager, done) { $0.state == .completed }
+                        try await waitFor(manager, slow) { $0.bytes > 0 }
+                        // Removing a running download stops it first.
+                        try await manager.remove(slow)
+                    }
+                    #expect(await manager.download(slow) == nil)
+                    #expect(listDirectory(directory) == ["done", "state"])
+
+                    let kept = try await manager.enqueue(
+                        DownloadRequest(url: server.url("/kept"), destination: .file(directory + "/kept")))
+                    await manager.runUntilIdle()
+                    try await manager.remove(done, deletingFiles: true)
+                    try await manager.remove(kept)
+                    #expect(listDirectory(directory) == ["kept", "state"])
+                    #expect(await manager.downloads().isEmpty)
+                    await expectHaulError(.unknownDownload) { try await manager.remove(done) }
+                }
+                // The records are gone from the database too.
+                try await withManager(state) { manager in #expect(await manager.downloads().isEmpty) }
+            }
+        }
+    }
+
+    @Test("the same destination, or the same URL into the same directory, is one download")
+    func sameDestinationTwice() async throws {
+        try await HaulTestServer.withRunning { server in
+            try await withTemporaryDirectory { directory in
+                let resource = TestResource(name: "one", size: 100_000)
+                server.add("/one", resource)
+                try await withManager(directory + "/state") { manager in
+                    let first = try await manager.enqueue(
+                        DownloadRequest(url: server.url("/one"), destination: .file(directory + "/one")))
+                    let second = try await manager.enqueue(
+                        DownloadRequest(url: server.url("/one?again"), destination: .file(directory + "/./one")))
+                    #expect(first == second)
+                    let third = try await manager.enqueue(
+                        DownloadRequest(url: server.url("/one"), destination: .directory(directory + "/sub")))
+                    let fourth = try await manager.enqueue(
+                        DownloadRequest(url: server.url("/one"), destination: .directory(directory + "/sub/")))
+                    #expect(third == fourth)
+                    #expect(third != first)
+                    try POSIX.makeDirectories(directory + "/sub")
+                    await manager.runUntilIdle()
+                    #expect(server.requests(for: "/one").count == 2)
+                    #expect(try readFile(directory + "/one") == resource.content)
+                    #expect(try readFile(directory + "/sub/one") == resource.content)
+                    // A completed download whose file is in place is reported complete, not fetched again.
+                    let again = try await manager.enqueue(
+                        DownloadRequest(url: server.url("/one"), destination: .file(directory + "/one")))
+                    #expect(again == first)
+                    #expect(await manager.download(again)?.state == .completed)
+                    let resolved = try await manager.enqueue(
+                        DownloadRequest(url: server.url("/one"), destination: .file(directory + "/sub/one")))
+                    #expect(resolved == third)
+                    await manager.runUntilIdle()
+                    #expect(server.requests(for: "/one").count == 2)
+                    // A file Haul did not download is never taken over.
+                    try writeFile(directory + "/other", [1, 2, 3])
+                    await expectHaulError(.destinationExists) {
+                        try await manager.enqueue(
+                            DownloadRequest(url: server.url("/one"), destination: .file(directory + "/other")))
+                    }
+                    #expect(try readFile(directory + "/other") == [1, 2, 3])
+                }
+            }
+        }
+    }
+
+    @Test("resume with a refreshed URL keeps the partial data when the validator matches")
+    func resumeWithNewURL() async throws {
+        try await HaulTestServer.withRunning { server in
+            try await withTemporaryDirectory { directory in
+                let resource = TestResource(name: "signed", size: 2 << 20)
+                server.add("/old/signed", resource)
+                server.add("/new/signed", resource)
+                server.setStandingFaults("/old/signed", [.throttle(bytesPerSecond: 1 << 20)])
+                let destination = directory + "/signed.bin"
+                try await withManager(directory + "/state") { manager in
+                    let id = try await manager.enqueue(
+                        DownloadRequest(url: server.url("/old/signed"), destination: .file(destination)))
+                    let paused = try await whileRunning(manager) {
+                        try await waitFor(manager, id) { $0.bytes >= 256 * 1024 }
+                        try await manager.pause(id)
+                        return try #require(await manager.download(id))
+                    }
+                    // The old link has expired.
+                    server.setStandingFaults("/old/signed", [.status(403)])
+                    try await manager.resume(id, url: server.url("/new/signed"))
+                    await manager.runUntilIdle()
+                    let info = try #require(await manager.download(id))
+                    #expect(info.state == .completed)
+                    #expect(info.url == server.url("/new/signed"))
+                    #expect(try readFile(destination) == resource.content)
+                    let last = try #require(server.requests.last)
+                    #expect(last.path == "/new/signed")
+                    #expect(last.header("Range") == "bytes=\(paused.bytes)-")
+                    #expect(last.header("If-Range") == resource.entityTagValue)
+                }
+            }
+        }
+    }
+
+    @Test("stopping the manager checkpoints running downloads; a new manager continues them")
+    func gracefulShutdownAndRestore() async throws {
+        try await HaulTestServer.withRunning { server in
+            try await withTemporaryDirectory { directory in
+                let resource = TestResource(name: "long", size: 2 << 20)
+                server.add("/long", resource)
+                server.setStandingFaults("/long", [.throttle(bytesPerSecond: 1 << 20)])
+                let state = directory + "/state"
+                let destination = directory + "/long"
+                let stopped = try await withManager(state) { manager in
+                    let id = try await manager.enqueue(
+                        DownloadRequest(
+                            url: server.url("/long"), destination: .file(destination),
+                            headers: [("Authorization", "Bearer s3cret-token"), ("X-Trace", "kept")]))
+                    return try await whileRunning(manager) {
+                        try await waitFor(manager, id) { $0.bytes >= 256 * 1024 }
+                        return id
+                    }
+                }
+                let storedBytes = try #require(fileSize(destination + ".haul.part"))
+                // No secret reaches the database.
+                for file in listDirectory(state) where file.hasPrefix(DownloadManager.databaseName) {
+                    let bytes = try readFile(state + "/" + file)
+                    #expect(!String(decoding: bytes, as: UTF8.self).contains("s3cret-token"))
+                }
+                server.setStandingFaults("/long", [])
+                try await withManager(state) { manager in
+                    let info = try #require(await manager.download(stopped))
+                    #expect(info.state == .queued)
+                    #expect(info.bytes == storedBytes)
+                    #expect(info.totalBytes == resource.size)
+                    await manager.runUntilIdle()
+                    #expect(await manager.download(stopped)?.state == .completed)
+                }
+                #expect(try readFile(destination) == resource.content)
+                let last = try #require(server.requests(for: "/long").last)
+                #expect(last.header("Range") == "bytes=\(storedBytes)-")
+                #expect(last.header("X-Trace") == "kept")
+                #expect(last.header("Authorization") == nil)
+            }
+        }
+    }
+
+    @Test("a full disk pauses the download with a clear error; it completes once space is freed")
+    func diskFullPausesAndResumes() async throws {
+        try await HaulTestServer.withRunning { server in
+            try await withTemporaryDirectory { directory in
+                let small = directory + "/small"
+                try await withSmallFileSystem(at: small, size: 8 << 20) {
+                    let resource = TestResource(name: "fills", size: 3 << 20)
+                    server.add("/fills", resource)
+                    server.setStandingFaults("/fills", [.throttle(bytesPerSecond: 2 << 20)])
+                    try await withManager(directory + "/state") { manager in
+                        let id = try await manager.enqueue(
+                            DownloadRequest(url: server.url("/fills"), destination: .file(small + "/fills")))
+                        try await whileRunning(manager) {
+                            try await waitFor(manager, id) { $0.bytes >= 256 * 1024 }
+                            let filler = try fillFileSystem(small)
+                            let paused = try await waitFor(manager, id) { $0.state == .paused }
+                            #expect(paused.error?.code == .diskFull)
+                            #expect(paused.error?.message.contains("No space left") == true)
+                            #expect(paused.bytes > 0)
+                            #expect(try readFile(small + "/fills.haul.part") == resource.bytes(0..<paused.bytes))
+                            server.setStandingFaults("/fills", [])
+                            #expect(unlink(filler) == 0)
+                            let done = try await waitFor(manager, id) { $0.state == .completed }
+                            #expect(done.error == nil)
+                        }
+                        #expect(try readFile(small + "/fills") == resource.content)
+                        let last = try #require(server.requests(for: "/fills").last)
+                        #expect(last.header("Range")?.hasPrefix("bytes=") == true)
+                    }
+                }
+            }
+        }
+    }
+
+    @Test("a download that does not fit fails before writing; the others go on")
+    func insufficientSpacePreflight() async throws {
+        try await HaulTestServer.withRunning { server in
+            try await withTemporaryDirectory { directory in
+                let small = directory + "/small"
+                try await withSmallFileSystem(at: small, size: 4 << 20) {
+                    server.add("/huge", TestResource(name: "huge", size: 6 << 20))
+                    server.add("/fits", TestResource(name: "fits", size: 1 << 20))
+                    var configuration = managerConfiguration(limit: 2)
+                    configuration.freeSpaceMargin = 1 << 20
+                    try await withManager(directory + "/state", configuration) { manager in
+                        let huge = try await manager.enqueue(
+                            DownloadRequest(url: server.url("/huge"), destination: .file(small + "/huge")))
+                        let fits = try await manager.enqueue(
+                            DownloadRequest(url: server.url("/fits"), destination: .file(small + "/fits")))
+                        await manager.runUntilIdle()
+                        let failed = try #require(await manager.download(huge))
+                        #expect(failed.state == .failed)
+                        #expect(failed.error?.code == .insufficientSpace)
+                        #expect(failed.error?.message.contains("must stay free") == true)
+                        #expect(fileSize(small + "/huge.haul.part") ?? 0 == 0)
+                        #expect(await manager.download(fits)?.state == .completed)
+                        #expect(try readFile(small + "/fits") == server.resource("/fits")!.content)
+                    }
+                }
+            }
+        }
+    }
+
+    @Test("events of one download end when it completes; aggregate progress is weighted by bytes")
+    func eventsAndAggregate() async throws {
+        try await HaulTestServer.withRunning { server in
+            try await withTemporaryDirectory { directory in
+                server.add("/small", TestResource(name: "small", size: 100_000))
+                server.add("/large", TestResource(name: "large", size: 900_000))
+                try await withManager(directory + "/state") { manager in
+                    let small = try await manager.enqueue(
+                        DownloadRequest(url: server.url("/small"), destination: .file(directory + "/small")))
+                    let large = try await manager.enqueue(
+                        DownloadRequest(url: server.url("/large"), destination: .file(directory + "/large")))
+                    try await manager.pause(large)
+                    let events = await manager.events(for: small)
+                    let states = try await whileRunning(manager) {
+                        var states: [DownloadState] = []
+                        var sawProgress = false
+                        for await event in events {
+                            switch event.kind {
+                            case .stateChanged: states.append(event.download.state)
+                            case .transfer(.progress): sawProgress = true
+                            default: break
+                            }
+                        }
+                        #expect(sawProgress)
+                        return states
+                    }
+                    #expect(states == [.queued, .running, .completed])
+                    let total = await manager.aggregateProgress()
+                    #expect(total.bytes == 100_000)
+                    #expect(total.completed == 1)
+                    #expect(total.downloadsWithUnknownTotal == 1)
+                    try await manager.resume(large)
+                    await manager.runUntilIdle()
+                    let done = await manager.aggregateProgress(of: [small, large])
+                    #expect(done.bytes == 1_000_000 && done.totalBytes == 1_000_000 && done.fraction == 1)
+                }
+            }
+        }
+    }
+
+    @Test("a finished file that vanished is reported; a missing partial starts again from zero")
+    func reconcilesWithDisk() async throws {
+        try await HaulTestServer.withRunning { server in
+            try await withTemporaryDirectory { directory in
+                let resource = TestResource(name: "r", size: 1 << 20)
+                server.add("/r", resource)
+                server.add("/p", TestResource(name: "p", size: 1 << 20))
+                server.setStandingFaults("/p", [.throttle(bytesPerSecond: 1 << 20)])
+                let state = directory + "/state"
+                let (done, partial) = try await withManager(state) { manager in
+                    let done = try await manager.enqueue(
+                        DownloadRequest(url: server.url("/r"), destination: .file(directory + "/r")))
+                    let partial = try await manager.enqueue(
+                        DownloadRequest(url: server.url("/p"), destination: .file(directory + "/p")))
+                    try await whileRunning(manager) {
+                        try await waitFor(manager, done) { $0.state == .completed }
+                        try await waitFor(manager, partial) { $0.bytes > 0 }
+                        try await manager.pause(partial)
+                    }
+                    return (done, partial)
+                }
+                #expect(unlink(directory + "/r") == 0)
+                #expect(unlink(directory + "/p.haul.part") == 0)
+                #expect(unlink(directory + "/p.haul.json") == 0)
+                server.setStandingFaults("/p", [])
+                try await withManager(state) { manager in
+                    let vanished = try #require(await manager.download(done))
+                    #expect(vanished.state == .failed)
+                    #expect(vanished.error?.message.contains("no longer on disk") == true)
+                    #expect(await manager.download(partial)?.bytes == 0)
+                    try await manager.retry(done)
+                    try await manager.resume(partial)
+                    await manager.runUntilIdle()
+                    #expect(await manager.download(done)?.state == .completed)
+                    #expect(await manager.download(partial)?.state == .completed)
+                }
+                #expect(try readFile(directory + "/r") == resource.content)
+                #expect(server.requests(for: "/p").last?.header("Range") == nil)
+            }
+        }
+    }
+}

@@ -1,0 +1,102 @@
+import HaulTestServer
+import Testing
+
+@testable import Haul
+
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Darwin)
+    import Darwin
+#endif
+
+/// A manager configuration with short intervals and no free-space margin.
+func managerConfiguration(limit: Int = 2) -> DownloadManager.Configuration {
+    var configuration = DownloadManager.Configuration()
+    configuration.maxConcurrentDownloads = limit
+    configuration.freeSpaceMargin = 0
+    configuration.stateUpdateInterval = .milliseconds(100)
+    configuration.spaceCheckInterval = .milliseconds(100)
+    configuration.progressInterval = .zero
+    return configuration
+}
+
+/// Opens a manager on `stateDirectory`, runs `body` with it and closes it.
+@discardableResult
+func withManager<Result>(
+    _ stateDirectory: String, _ configuration: DownloadManager.Configuration = managerConfiguration(),
+    downloader: DownloaderConfiguration = testConfiguration(), _ body: (DownloadManager) async throws -> Result
+) async throws -> Result {
+    let manager = try DownloadManager(
+        stateDirectory: stateDirectory, configuration: configuration, downloaderConfiguration: downloader)
+    do {
+        let result = try await body(manager)
+        await manager.close()
+        return result
+    } catch {
+        await manager.close()
+        throw error
+    }
+}
+
+/// Runs the manager's queue while `body` runs, then stops it (running downloads checkpoint).
+@discardableResult
+func whileRunning<Result: Sendable>(
+    _ manager: DownloadManager, _ body: @Sendable () async throws -> Result
+) async throws -> Result {
+    try await withThrowingTaskGroup(of: Result?.self) { group in
+        group.addTask {
+            await manager.run()
+            return nil
+        }
+        defer { group.cancelAll() }
+        let result = try await body()
+        group.cancelAll()
+        while try await group.next() != nil {}
+        return result
+    }
+}
+
+/// Waits until the download satisfies `condition`, failing after `timeout`.
+@discardableResult
+func waitFor(
+    _ manager: DownloadManager, _ id: DownloadID, timeout: Duration = .seconds(20),
+    sourceLocation: SourceLocation = #_sourceLocation, _ condition: (DownloadInfo) -> Bool
+) async throws -> DownloadInfo {
+    let deadline = ContinuousClock.now + timeout
+    while ContinuousClock.now < deadline {
+        if let info = await manager.download(id), condition(info) { return info }
+        try await Task.sleep(for: .milliseconds(20))
+    }
+    let last = await manager.download(id)
+    let state = last.map { "\($0.state), \($0.bytes) bytes, error: \($0.error?.message ?? "none")" } ?? "unknown"
+    Issue.record("download \(id) did not reach the expected condition; last: \(state)", sourceLocation: sourceLocation)
+    throw TestFailure("timed out")
+}
+
+/// Mounts a tmpfs of `size` bytes at `path` for `body`: a real small file system that fills up.
+func withSmallFileSystem<Result>(at path: String, size: Int, _ body: () async throws -> Result) async throws -> Result {
+    guard mkdir(path, 0o755) == 0 else { throw TestFailure("mkdir \(path) failed") }
+    guard mount("tmpfs", path, "tmpfs", 0, "size=\(size)") == 0 else {
+        throw TestFailure("mounting a tmpfs at \(path) failed (errno \(errno)); these tests need root")
+    }
+    defer { umount2(path, Int32(MNT_DETACH)) }
+    return try await body()
+}
+
+/// Fills the file system holding `directory` with a file until no byte is free; returns the file's path.
+func fillFileSystem(_ directory: String) throws -> String {
+    let path = directory + "/filler"
+    let descriptor = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
+    guard descriptor >= 0 else { throw TestFailure("cannot create \(path)") }
+    defer { close(descriptor) }
+    let chunk = [UInt8](repeating: 0xAB, count: 64 * 1024)
+    var size = chunk.count
+    while size > 0 {
+        let written = chunk.withUnsafeBytes { write(descriptor, $0.baseAddress, size) }
+        if written < 0 {
+            guard errno == ENOSPC else { throw TestFailure("filling failed with errno \(errno)") }
+            size /= 2
+        }
+    }
+    return path
+}
