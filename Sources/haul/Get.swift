@@ -12,21 +12,29 @@ import Haul
 
 struct Get: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "Download a URL to a file, resuming any earlier partial download of it.",
+        abstract: "Download URLs to files, resuming any earlier partial download of them.",
         discussion: """
-            Without -o, the file is named after the server's Content-Disposition, else the URL's last path \
+            Without -o, each file is named after the server's Content-Disposition, else the URL's last path \
             segment, else index.html, always inside the target directory. An existing file is never replaced \
-            unless --force is given.
+            unless --force is given. Every download is recorded in the state directory: `haul ls` lists them \
+            and `haul resume` continues those a killed or interrupted run left unfinished.
             """
     )
 
-    @Argument(help: "The http or https URL to download.")
-    var url: String
+    @Argument(help: "The http or https URLs to download.")
+    var urls: [String] = []
 
-    @Option(name: [.customShort("o"), .long], help: "Write to this file.")
+    @Option(
+        name: [.customShort("i"), .customLong("input-file")],
+        help: ArgumentHelp(
+            "Download the URLs listed in this file ('-' for standard input): one per line, with optional "
+                + "indented out=, dir=, checksum=, header=, limit-rate= lines after each.", valueName: "file"))
+    var inputFile: String?
+
+    @Option(name: [.customShort("o"), .long], help: "Write to this file (one URL only).")
     var output: String?
 
-    @Option(name: [.customShort("d"), .long], help: "Directory for the file (default: the current directory).")
+    @Option(name: [.customShort("d"), .long], help: "Directory for the files (default: the current directory).")
     var directory: String?
 
     @Option(name: [.customShort("H"), .customLong("header")], help: "Extra request header 'Name: value'; repeatable.")
@@ -40,65 +48,44 @@ struct Get: AsyncParsableCommand {
     )
     var checksum: String?
 
-    @Option(
-        help: ArgumentHelp("The most bytes per second to receive, e.g. 500k or 2M (powers of 1024).", valueName: "rate")
-    )
-    var limitRate: String?
-
-    @Option(help: "Failed attempts in a row to retry before giving up.")
-    var retries: Int = 10
-
-    @Option(help: "Seconds before the first retry; each further failure doubles it (up to 60 s).")
-    var retryDelay: Double = 1
-
-    @Option(help: "Seconds without a byte before a connection counts as stalled and is retried.")
-    var stallTimeout: Double = 30
-
-    @Option(help: "Seconds allowed to connect.")
-    var connectTimeout: Double = 15
-
-    @Option(help: .hidden)
-    var durableCheckpointInterval: Double = 5
+    @Option(help: ArgumentHelp("Queue priority: low, normal, high or a number.", valueName: "priority"))
+    var priority: String = "normal"
 
     @Flag(help: "Replace an existing file at the destination once the new download is complete.")
     var force = false
 
-    @Flag(help: "Resume even when the server gives no ETag or Last-Modified to check the partial file against.")
-    var trustUnvalidated = false
-
-    @Flag(help: "Follow redirects from https to http.")
-    var allowInsecureRedirects = false
-
-    @Flag(name: [.customShort("q"), .long], help: "Print nothing but errors.")
-    var quiet = false
-
-    @Flag(help: "Print one JSON event per line on standard output.")
-    var json = false
+    @OptionGroup var transfer: TransferOptions
+    @OptionGroup var state: StateOptions
+    @OptionGroup var display: OutputOptions
 
     func validate() throws {
+        if urls.isEmpty && inputFile == nil { throw ValidationError("give at least one URL, or -i FILE") }
         if output == "-" { throw ValidationError("writing to standard output is not supported; use -o FILE") }
         if output?.isEmpty == true { throw ValidationError("-o needs a file name") }
+        if output != nil && (urls.count != 1 || inputFile != nil) {
+            throw ValidationError("-o names one file; with several URLs use -d DIR (or out= lines in an input file)")
+        }
+        if checksum != nil && (urls.count != 1 || inputFile != nil) {
+            throw ValidationError("--checksum applies to one URL; in an input file use a checksum= line per URL")
+        }
         if let output, output.hasPrefix("/"), directory != nil {
             throw ValidationError("-d cannot be combined with an absolute -o path; give one or the other")
         }
-        if quiet && json {
-            throw ValidationError("--quiet and --json cannot be combined; --json prints only JSON events")
-        }
-        guard retries >= 0 else { throw ValidationError("--retries must be 0 or more") }
-        guard retryDelay >= 0 else { throw ValidationError("--retry-delay must be 0 or more") }
-        guard stallTimeout > 0, connectTimeout > 0 else { throw ValidationError("timeouts must be greater than 0") }
-        guard durableCheckpointInterval > 0 else { throw ValidationError("intervals must be greater than 0") }
-        _ = try parsedHeaders()
+        _ = try parseHeaders(headers)
         _ = try parsedChecksum()
-        _ = try parsedRate()
+        _ = try parsedPriority()
     }
 
-    func parsedRate() throws -> Int64? {
-        guard let limitRate else { return nil }
-        do {
-            return try ByteRate.parse(limitRate)
-        } catch let error as HaulError {
-            throw ValidationError(error.message)
+    func parsedPriority() throws -> DownloadPriority {
+        switch priority {
+        case "low": return .low
+        case "normal": return .normal
+        case "high": return .high
+        default:
+            guard let value = Int(priority) else {
+                throw ValidationError("--priority must be low, normal, high or a number, not '\(priority)'")
+            }
+            return DownloadPriority(value)
         }
     }
 
@@ -111,19 +98,7 @@ struct Get: AsyncParsableCommand {
         }
     }
 
-    func parsedHeaders() throws -> [(name: String, value: String)] {
-        try headers.map { header in
-            guard let colon = header.firstIndex(of: ":") else {
-                throw ValidationError("header '\(header)' must look like 'Name: value'")
-            }
-            let name = header[..<colon].trimmingCharacters(in: " \t")
-            let value = header[header.index(after: colon)...].trimmingCharacters(in: " \t")
-            guard !name.isEmpty else { throw ValidationError("header '\(header)' has no name") }
-            return (name, value)
-        }
-    }
-
-    func destination() -> DownloadRequest.Destination {
+    static func destination(output: String?, directory: String?) -> DownloadRequest.Destination {
         switch (output, directory) {
         case (let output?, let directory?) where !output.hasPrefix("/"): .file(directory + "/" + output)
         case (let output?, _): .file(output)
@@ -132,73 +107,49 @@ struct Get: AsyncParsableCommand {
         }
     }
 
+    /// The requests from the command line, then those of the input file.
+    func requests() throws -> [DownloadRequest] {
+        let common = try parseHeaders(headers)
+        let rate = transfer.perDownloadRate
+        var requests = urls.map { url in
+            DownloadRequest(
+                url: url, destination: Self.destination(output: output, directory: directory), headers: common,
+                overwrite: force, checksum: try? parsedChecksum(), bytesPerSecondLimit: rate)
+        }
+        if let inputFile {
+            let text = try InputFile.read(inputFile)
+            for entry in try InputFile(text: text, name: inputFile == "-" ? "standard input" : inputFile).entries {
+                let folder = entry.directory.map { dir in directory.map { $0 + "/" + dir } ?? dir } ?? directory
+                requests.append(
+                    DownloadRequest(
+                        url: entry.url, destination: Self.destination(output: entry.output, directory: folder),
+                        headers: common + entry.headers, overwrite: force, checksum: entry.checksum,
+                        bytesPerSecondLimit: entry.limitRate ?? rate))
+            }
+        }
+        return requests
+    }
+
     func run() async throws {
-        var configuration = DownloaderConfiguration()
-        configuration.retry.maximumRetries = retries
-        configuration.retry.initialDelay = .milliseconds(Int64(retryDelay * 1000))
-        configuration.timeouts.stall = .milliseconds(Int64(stallTimeout * 1000))
-        configuration.timeouts.connect = .milliseconds(Int64(connectTimeout * 1000))
-        configuration.trustUnvalidatedResume = trustUnvalidated
-        configuration.redirects.allowHTTPSToHTTP = allowInsecureRedirects
-        configuration.progressInterval = .milliseconds(100)
-        configuration.storage.durableCheckpointInterval = .milliseconds(Int64(durableCheckpointInterval * 1000))
-
-        let expected = try parsedChecksum()
-        let request = DownloadRequest(
-            url: url, destination: destination(), headers: try parsedHeaders(), overwrite: force, checksum: expected,
-            bytesPerSecondLimit: try parsedRate()
-        )
-        let style: ProgressRenderer.Style =
-            json ? .json : quiet ? .quiet : (isatty(STDERR_FILENO) != 0 ? .terminal : .lines)
-        let renderer = ProgressRenderer(style: style, url: url)
-        if let expected, expected.algorithm.isWeak, style != .quiet, style != .json {
-            renderer.note("\(expected.algorithm.rawValue) is weak: it catches corruption, not a deliberate forgery")
-        }
-        let downloader = Downloader(configuration: configuration)
-        let signals = SignalWatcher(signals: [SIGINT, SIGTERM])
-
-        let outcome: Result<DownloadResult, any Error> = await withTaskGroup(
-            of: Result<DownloadResult, any Error>?.self
-        ) {
-            group in
-            group.addTask {
-                do {
-                    return .success(try await downloader.download(request, observing: renderer.handle))
-                } catch {
-                    return .failure(error)
-                }
+        let (manager, ids) = try await reportingErrors { () -> (DownloadManager, [DownloadID]) in
+            let requests = try requests()
+            guard !requests.isEmpty else {
+                throw HaulError(.invalidArgument, "\(inputFile ?? "the input") lists no URL")
             }
-            group.addTask {
-                // Ends with nil when the download finishes first and this task is cancelled.
-                await signals.next()
-                return nil
+            if let expected = try parsedChecksum(), expected.algorithm.isWeak, !display.quiet, !display.json {
+                Output.standardError(
+                    "haul: note: \(expected.algorithm.rawValue) is weak: it catches corruption, not a deliberate forgery\n"
+                )
             }
-            var result: Result<DownloadResult, any Error>?
-            while let next = await group.next() {
-                if let next {
-                    result = next
-                    group.cancelAll()
-                } else if result == nil {
-                    // A signal: cancelling pauses the download, which checkpoints before it returns.
-                    group.cancelAll()
-                }
+            let manager = try QueueRun.openManager(state, transfer, restoring: .leave)
+            do {
+                return (manager, try await manager.enqueue(requests, priority: try parsedPriority()))
+            } catch {
+                await manager.close()
+                throw error
             }
-            return result ?? .failure(CancellationError())
         }
-        signals.stop()
-        try? await downloader.shutdown()
-
-        switch outcome {
-        case .success(let result):
-            renderer.finish(result)
-        case .failure(let error as HaulError):
-            renderer.fail(error)
-            if error.code == .cancelled, signals.received == SIGTERM { throw ExitCode(ExitCodes.terminated) }
-            throw ExitCode(ExitCodes.code(for: error.code))
-        case .failure(let error):
-            renderer.fail(HaulError(.fileSystem, "\(error)"))
-            throw ExitCode(ExitCodes.unexpected)
-        }
+        try await QueueRun.run(manager, ids, output: display)
     }
 }
 

@@ -234,7 +234,7 @@ struct GetCommandTests {
             let result = try await HaulProcess.run(["get", server.url("/plain.txt")], directory: directory)
             #expect(result.status == 0)
             #expect(!result.errors.contains("\u{1B}["))
-            #expect(result.errors.contains("haul: saved ./plain.txt (293.0 KiB)"))
+            #expect(result.errors.contains("haul: saved \(directory)/plain.txt (293.0 KiB)"))
             // A short download prints its start and its end, and no progress line without a speed.
             #expect(!result.errors.contains("0 B/s"))
             #expect(result.errors.split(separator: "\n").count == 2)

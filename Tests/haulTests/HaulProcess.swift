@@ -17,13 +17,25 @@ final class HaulProcess: @unchecked Sendable {
     private let output = Pipe()
     private let errors = Pipe()
 
-    init(_ arguments: [String], directory: String? = nil) throws {
+    /// The state home every test's `haul` shares unless it asks for its own: the database is
+    /// built for several processes at once.
+    static let sharedStateHome: String = {
+        let path = FileManager.default.temporaryDirectory.appendingPathComponent("haul-cli-state-\(getpid())").path
+        try? FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
+        return path
+    }()
+
+    /// - Parameter stateDirectory: `XDG_STATE_HOME` for the child (the database goes in its `haul` folder).
+    init(_ arguments: [String], directory: String? = nil, stateDirectory: String? = nil) throws {
         process.executableURL = URL(fileURLWithPath: Self.executable)
         process.arguments = arguments
         if let directory { process.currentDirectoryURL = URL(fileURLWithPath: directory) }
         process.standardOutput = output
         process.standardError = errors
         process.standardInput = FileHandle.nullDevice
+        var environment = ProcessInfo.processInfo.environment
+        environment["XDG_STATE_HOME"] = stateDirectory ?? Self.sharedStateHome
+        process.environment = environment
         try process.run()
     }
 
@@ -47,10 +59,10 @@ final class HaulProcess: @unchecked Sendable {
     }
 
     /// Runs `haul` to completion.
-    static func run(_ arguments: [String], directory: String? = nil) async throws -> (
+    static func run(_ arguments: [String], directory: String? = nil, stateDirectory: String? = nil) async throws -> (
         status: Int32, output: String, errors: String
     ) {
-        try await HaulProcess(arguments, directory: directory).finish()
+        try await HaulProcess(arguments, directory: directory, stateDirectory: stateDirectory).finish()
     }
 }
 

@@ -1,8 +1,23 @@
+import Synchronization
+
 #if canImport(FoundationEssentials)
     import FoundationEssentials
 #else
     import Foundation
 #endif
+
+/// A download's events on their way to the manager, in order.
+private final class EventMailbox: Sendable {
+    private let events = Mutex<[DownloadEvent]>([])
+
+    func post(_ event: DownloadEvent) { events.withLock { $0.append(event) } }
+
+    func take() -> [DownloadEvent] {
+        events.withLock { events in
+            defer { events = [] }; return events
+        }
+    }
+}
 
 extension DownloadManager {
     /// Starts queued downloads, at most ``Configuration/maxConcurrentDownloads`` at once, until the
@@ -75,12 +90,19 @@ extension DownloadManager {
         guard let entry = entries[id], let stopSignal = pendingStops.removeValue(forKey: id) else { return }
         let request = request(for: entry)
         let downloader = self.downloader
-        let (events, sink) = AsyncStream<DownloadEvent>.makeStream()
+        // Events wait in a mailbox that is drained once more after the transfer ends, so none is lost
+        // when cancellation ends the forwarding task early.
+        let mailbox = EventMailbox()
+        let (doorbell, sink) = AsyncStream<Void>.makeStream(bufferingPolicy: .bufferingNewest(1))
         let outcome = await withTaskGroup(of: JobPart.self) { group -> Result<DownloadResult, HaulError> in
             group.addTask {
                 defer { sink.finish() }
                 do {
-                    return .finished(.success(try await downloader.download(request) { sink.yield($0) }))
+                    let result = try await downloader.download(request) { event in
+                        mailbox.post(event)
+                        sink.yield()
+                    }
+                    return .finished(.success(result))
                 } catch {
                     let wrapped = error as? HaulError ?? HaulError(.fileSystem, "\(error)", underlying: error)
                     return .finished(.failure(wrapped))
@@ -91,7 +113,9 @@ extension DownloadManager {
                 return .done
             }
             group.addTask {
-                for await event in events { await self.handle(event, of: id) }
+                for await _ in doorbell {
+                    for event in mailbox.take() { await self.handle(event, of: id) }
+                }
                 return .done
             }
             var outcome: Result<DownloadResult, HaulError> = .failure(HaulError(.cancelled, "stopped"))
@@ -108,6 +132,7 @@ extension DownloadManager {
             }
             return outcome
         }
+        for event in mailbox.take() { handle(event, of: id) }
         ended(id, outcome)
     }
 

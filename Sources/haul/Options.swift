@@ -1,0 +1,133 @@
+import ArgumentParser
+import Haul
+
+/// Where the download queue's state lives.
+struct StateOptions: ParsableArguments {
+    @Option(
+        help: ArgumentHelp(
+            "Directory of the download database (default: $XDG_STATE_HOME/haul or ~/.local/state/haul).",
+            valueName: "dir"))
+    var stateDir: String?
+
+    var directory: String { stateDir ?? DownloadManager.defaultStateDirectory }
+
+    func validate() throws {
+        if stateDir?.isEmpty == true { throw ValidationError("--state-dir needs a directory") }
+    }
+}
+
+/// How transfers behave: retries, timeouts, limits.
+struct TransferOptions: ParsableArguments {
+    @Option(name: [.customShort("j"), .long], help: "Download at most this many files at once.")
+    var jobs: Int = 3
+
+    @Option(
+        help: ArgumentHelp(
+            "The most bytes per second each download may receive, e.g. 500k or 2M (powers of 1024).",
+            valueName: "rate"))
+    var limitRate: String?
+
+    @Option(
+        help: ArgumentHelp("The most bytes per second all downloads together may receive.", valueName: "rate"))
+    var totalLimitRate: String?
+
+    @Option(help: "Failed attempts in a row to retry before giving up.")
+    var retries: Int = 10
+
+    @Option(help: "Seconds before the first retry; each further failure doubles it (up to 60 s).")
+    var retryDelay: Double = 1
+
+    @Option(help: "Seconds without a byte before a connection counts as stalled and is retried.")
+    var stallTimeout: Double = 30
+
+    @Option(help: "Seconds allowed to connect.")
+    var connectTimeout: Double = 15
+
+    @Option(help: ArgumentHelp("Free space to leave on the destination's disk, e.g. 64M.", valueName: "size"))
+    var keepFree: String = "64M"
+
+    @Option(help: .hidden)
+    var durableCheckpointInterval: Double = 5
+
+    @Flag(help: "Resume even when the server gives no ETag or Last-Modified to check the partial file against.")
+    var trustUnvalidated = false
+
+    @Flag(help: "Follow redirects from https to http.")
+    var allowInsecureRedirects = false
+
+    func validate() throws {
+        guard jobs >= 1 else { throw ValidationError("--jobs must be 1 or more") }
+        guard retries >= 0 else { throw ValidationError("--retries must be 0 or more") }
+        guard retryDelay >= 0 else { throw ValidationError("--retry-delay must be 0 or more") }
+        guard stallTimeout > 0, connectTimeout > 0 else { throw ValidationError("timeouts must be greater than 0") }
+        guard durableCheckpointInterval > 0 else { throw ValidationError("intervals must be greater than 0") }
+        _ = try Self.rate(limitRate, option: "--limit-rate")
+        _ = try Self.rate(totalLimitRate, option: "--total-limit-rate")
+        _ = try Self.rate(keepFree, option: "--keep-free")
+    }
+
+    var perDownloadRate: Int64? { try? Self.rate(limitRate, option: "--limit-rate") }
+
+    static func rate(_ text: String?, option: String) throws -> Int64? {
+        guard let text else { return nil }
+        do {
+            return try ByteRate.parse(text)
+        } catch let error as HaulError {
+            throw ValidationError("\(option): \(error.message)")
+        }
+    }
+
+    /// The manager's settings.
+    func managerConfiguration(restoring: DownloadManager.Configuration.RestoredDownloads)
+        -> DownloadManager.Configuration
+    {
+        var configuration = DownloadManager.Configuration()
+        configuration.maxConcurrentDownloads = jobs
+        configuration.restoredDownloads = restoring
+        configuration.bytesPerSecondLimit = try? Self.rate(totalLimitRate, option: "")
+        configuration.freeSpaceMargin = (try? Self.rate(keepFree, option: "")) ?? 0
+        configuration.progressInterval = .milliseconds(100)
+        return configuration
+    }
+
+    /// The transfers' settings.
+    var downloaderConfiguration: DownloaderConfiguration {
+        var configuration = DownloaderConfiguration()
+        configuration.retry.maximumRetries = retries
+        configuration.retry.initialDelay = .milliseconds(Int64(retryDelay * 1000))
+        configuration.timeouts.stall = .milliseconds(Int64(stallTimeout * 1000))
+        configuration.timeouts.connect = .milliseconds(Int64(connectTimeout * 1000))
+        configuration.trustUnvalidatedResume = trustUnvalidated
+        configuration.redirects.allowHTTPSToHTTP = allowInsecureRedirects
+        configuration.storage.durableCheckpointInterval = .milliseconds(Int64(durableCheckpointInterval * 1000))
+        return configuration
+    }
+}
+
+/// How progress is shown.
+struct OutputOptions: ParsableArguments {
+    @Flag(name: [.customShort("q"), .long], help: "Print nothing but errors.")
+    var quiet = false
+
+    @Flag(help: "Print one JSON event per line on standard output.")
+    var json = false
+
+    func validate() throws {
+        if quiet && json {
+            throw ValidationError("--quiet and --json cannot be combined; --json prints only JSON events")
+        }
+    }
+}
+
+/// Parses `Name: value` request headers.
+func parseHeaders(_ headers: [String]) throws -> [(name: String, value: String)] {
+    try headers.map { header in
+        guard let colon = header.firstIndex(of: ":") else {
+            throw ValidationError("header '\(header)' must look like 'Name: value'")
+        }
+        let name = header[..<colon].trimmingCharacters(in: " \t")
+        let value = header[header.index(after: colon)...].trimmingCharacters(in: " \t")
+        guard !name.isEmpty else { throw ValidationError("header '\(header)' has no name") }
+        return (name, value)
+    }
+}

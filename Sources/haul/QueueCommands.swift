@@ -1,0 +1,250 @@
+import ArgumentParser
+import Haul
+
+/// Parses download IDs given on the command line.
+private func parseIDs(_ values: [String]) throws -> [DownloadID] {
+    try values.map { value in
+        guard let number = Int64(value), number > 0 else {
+            throw ValidationError("'\(value)' is not a download ID (see `haul ls`)")
+        }
+        return DownloadID(number)
+    }
+}
+
+/// Runs `body`, turning a ``HaulError`` into its one-line message and exit code.
+func reportingErrors<Result>(_ body: () async throws -> Result) async throws -> Result {
+    do {
+        return try await body()
+    } catch let error as HaulError {
+        Output.standardError("haul: error: \(error.message)\n")
+        throw ExitCode(ExitCodes.code(for: error.code))
+    }
+}
+
+/// Runs `body` with a manager that leaves other processes' downloads alone, and closes it; with
+/// `keepingOpen`, the manager stays open after `body` succeeds (the caller runs and closes it).
+private func withQueue<Result>(
+    _ state: StateOptions, _ transfer: TransferOptions = TransferOptions.defaults,
+    _ body: (DownloadManager) async throws -> Result
+) async throws -> Result {
+    try await reportingErrors {
+        let manager = try QueueRun.openManager(state, transfer, restoring: .leave)
+        do {
+            let result = try await body(manager)
+            await manager.close()
+            return result
+        } catch {
+            await manager.close()
+            throw error
+        }
+    }
+}
+
+/// Opens a manager, lets `prepare` choose and queue downloads, then runs them to their end.
+private func runQueue(
+    _ state: StateOptions, _ transfer: TransferOptions, _ display: OutputOptions,
+    _ prepare: (DownloadManager) async throws -> [DownloadID]
+) async throws {
+    let (manager, ids) = try await reportingErrors { () -> (DownloadManager, [DownloadID]) in
+        let manager = try QueueRun.openManager(state, transfer, restoring: .leave)
+        do {
+            return (manager, try await prepare(manager))
+        } catch {
+            await manager.close()
+            throw error
+        }
+    }
+    guard !ids.isEmpty else {
+        await manager.close()
+        return
+    }
+    try await QueueRun.run(manager, ids, output: display)
+}
+
+extension TransferOptions {
+    static var defaults: TransferOptions {
+        do {
+            return try TransferOptions.parse([])
+        } catch {
+            fatalError("the default transfer options do not parse: \(error)")
+        }
+    }
+}
+
+struct List: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "ls",
+        abstract: "List the recorded downloads: state, progress, sizes, speed and name.")
+
+    @Option(help: ArgumentHelp("Only downloads in this state; repeatable.", valueName: "state"))
+    var state: [String] = []
+
+    @Flag(help: "Print a JSON array of downloads on standard output.")
+    var json = false
+
+    @OptionGroup var stateOptions: StateOptions
+
+    func validate() throws {
+        for name in state where DownloadState(rawValue: name) == nil {
+            throw ValidationError(
+                "unknown state '\(name)'; one of: \(DownloadState.allCases.map(\.rawValue).joined(separator: ", "))")
+        }
+    }
+
+    func run() async throws {
+        let filter = state.isEmpty ? nil : Set(state.compactMap(DownloadState.init(rawValue:)))
+        let downloads = try await withQueue(stateOptions) { manager in await manager.downloads(in: filter) }
+        if json {
+            let objects = downloads.map {
+                JSONValue.object([("id", .integer($0.id.rawValue))] + QueueRenderer.jsonFields($0))
+            }
+            Output.standardOutput("[" + objects.joined(separator: ",\n") + "]\n")
+            return
+        }
+        guard !downloads.isEmpty else {
+            Output.standardOutput("no downloads recorded in \(stateOptions.directory)\n")
+            return
+        }
+        var rows = [["ID", "STATE", "PROGRESS", "SIZE", "SPEED", "NAME"]]
+        for info in downloads {
+            var name = info.name
+            if let error = info.error { name += "  (\(error.message))" }
+            rows.append([
+                String(info.id.rawValue), info.state.rawValue,
+                info.fraction.map { "\(Int($0 * 100))%" } ?? "-", QueueRenderer.sizes(info),
+                info.bytesPerSecond.map(ByteCount.formatRate) ?? "-", name,
+            ])
+        }
+        let widths = (0..<5).map { column in rows.map { $0[column].count }.max() ?? 0 }
+        var text = ""
+        for row in rows {
+            var line = ""
+            for column in 0..<5 {
+                let cell = row[column]
+                let padding = String(repeating: " ", count: widths[column] - cell.count)
+                // Numbers line up on the right, words on the left.
+                line += (column == 0 || column == 2 ? padding + cell : cell + padding) + "  "
+            }
+            text += line + row[5] + "\n"
+        }
+        Output.standardOutput(text)
+    }
+}
+
+struct Resume: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Continue unfinished downloads: the given IDs, or every paused or interrupted one.",
+        discussion: """
+            Credentials (Authorization, Cookie) are never stored; give them again with -H when the server needs them.
+            """)
+
+    @Argument(help: "IDs from `haul ls`; none means every paused or interrupted download.")
+    var ids: [String] = []
+
+    @Option(
+        help:
+            "A new URL for the download (one ID only), for links that expire; the partial data is kept when the file is unchanged."
+    )
+    var url: String?
+
+    @Option(
+        name: [.customShort("H"), .customLong("header")], help: "Request header 'Name: value' to send; repeatable.")
+    var headers: [String] = []
+
+    @OptionGroup var transfer: TransferOptions
+    @OptionGroup var state: StateOptions
+    @OptionGroup var display: OutputOptions
+
+    func validate() throws {
+        if url != nil && ids.count != 1 { throw ValidationError("--url applies to exactly one download ID") }
+        _ = try parseIDs(ids)
+        _ = try parseHeaders(headers)
+    }
+
+    func run() async throws {
+        let headers = try parseHeaders(headers)
+        try await runQueue(state, transfer, display) { manager in
+            var selected = try parseIDs(ids)
+            if selected.isEmpty {
+                for info in await manager.downloads(in: [.paused, .queued])
+                where await manager.runningProcess(of: info.id) == nil {
+                    selected.append(info.id)
+                }
+                if selected.isEmpty { Output.standardError("haul: nothing to resume\n") }
+            }
+            for id in selected {
+                try await manager.resume(id, url: url, headers: headers.isEmpty ? nil : headers)
+            }
+            return selected
+        }
+    }
+}
+
+struct Retry: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Start failed or cancelled downloads again.")
+
+    @Argument(help: "IDs from `haul ls`.")
+    var ids: [String]
+
+    @OptionGroup var transfer: TransferOptions
+    @OptionGroup var state: StateOptions
+    @OptionGroup var display: OutputOptions
+
+    func validate() throws { _ = try parseIDs(ids) }
+
+    func run() async throws {
+        let selected = try parseIDs(ids)
+        try await runQueue(state, transfer, display) { manager in
+            for id in selected { try await manager.retry(id) }
+            return selected
+        }
+    }
+}
+
+struct Pause: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Pause queued downloads, keeping their partial data (`haul resume` continues them).")
+
+    @Argument(help: "IDs from `haul ls`.")
+    var ids: [String]
+
+    @OptionGroup var state: StateOptions
+
+    func validate() throws { _ = try parseIDs(ids) }
+
+    func run() async throws {
+        let selected = try parseIDs(ids)
+        try await withQueue(state) { manager in
+            for id in selected {
+                try await manager.pause(id)
+                Output.standardOutput("paused \(id)\n")
+            }
+        }
+    }
+}
+
+struct Remove: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "rm",
+        abstract: "Forget downloads: delete their partial data and records (and, if asked, the finished files).")
+
+    @Argument(help: "IDs from `haul ls`.")
+    var ids: [String]
+
+    @Flag(help: "Also delete the finished files.")
+    var deleteFiles = false
+
+    @OptionGroup var state: StateOptions
+
+    func validate() throws { _ = try parseIDs(ids) }
+
+    func run() async throws {
+        let selected = try parseIDs(ids)
+        try await withQueue(state) { manager in
+            for id in selected {
+                try await manager.remove(id, deletingFiles: deleteFiles)
+                Output.standardOutput("removed \(id)\n")
+            }
+        }
+    }
+}

@@ -1,0 +1,214 @@
+import Haul
+import Synchronization
+
+/// Shows several downloads at once: on a terminal one line per running download plus a total line,
+/// redrawn in place; when piped, a line per start and end and a total line every few seconds; JSON
+/// lines for scripts; or nothing but errors.
+final class QueueRenderer: Sendable {
+    private struct State {
+        var downloads: [DownloadID: DownloadInfo] = [:]
+        var drawnLines = 0
+        var lastDraw: ContinuousClock.Instant?
+        var lastTotalLine: ContinuousClock.Instant = .now
+    }
+
+    let style: ProgressRenderer.Style
+    private let ids: [DownloadID]
+    private let state: Mutex<State>
+    private let started = ContinuousClock.now
+
+    init(style: ProgressRenderer.Style, downloads: [DownloadInfo]) {
+        self.style = style
+        self.ids = downloads.map(\.id)
+        self.state = Mutex(State(downloads: Dictionary(downloads.map { ($0.id, $0) }, uniquingKeysWith: { $1 })))
+    }
+
+    func handle(_ event: DownloadManagerEvent) {
+        let info = event.download
+        let known = state.withLock { state -> Bool in
+            guard state.downloads[info.id] != nil else { return false }
+            state.downloads[info.id] = info
+            return true
+        }
+        guard known else { return }
+        switch style {
+        case .quiet:
+            if case .stateChanged = event.kind, info.state == .failed, let error = info.error {
+                Output.standardError("haul: error: \(info.name): \(error.message)\n")
+            }
+        case .json:
+            printJSON(event)
+        case .terminal, .lines:
+            render(event)
+        }
+    }
+
+    /// The last line: how many downloads were saved and how many did not finish.
+    func finish(interrupted: Bool) {
+        guard style == .terminal || style == .lines else { return }
+        let downloads = state.withLock { state in ids.compactMap { state.downloads[$0] } }
+        let saved = downloads.filter { $0.state == .completed }.count
+        let failed = downloads.filter { $0.state == .failed }.count
+        let bytes = downloads.filter { $0.state == .completed }.reduce(Int64(0)) { $0 + $1.bytes }
+        let elapsed = (ContinuousClock.now - started).seconds
+        var line =
+            "haul: \(saved) of \(downloads.count) saved (\(ByteCount.format(bytes)) in \(ProgressRenderer.duration(elapsed)))"
+        if failed > 0 { line += ", \(failed) failed" }
+        if interrupted {
+            line += "; interrupted: `haul resume` continues the rest"
+        }
+        permanent(line)
+    }
+
+    // MARK: Human output
+
+    private func render(_ event: DownloadManagerEvent) {
+        let info = event.download
+        switch event.kind {
+        case .stateChanged:
+            switch info.state {
+            case .running:
+                if style == .lines { permanent("haul: [\(info.id)] \(info.url)") }
+            case .completed:
+                permanent("haul: [\(info.id)] saved \(info.destination ?? info.name) (\(ByteCount.format(info.bytes)))")
+            case .failed:
+                permanent("haul: [\(info.id)] error: \(info.error?.message ?? "failed")")
+            case .paused where info.error?.code == .diskFull:
+                permanent(
+                    "haul: [\(info.id)] paused: \(info.error?.message ?? "disk full"); continues once there is room")
+            default:
+                break
+            }
+            redraw(force: true)
+        case .transfer(.restarted(let reason)):
+            permanent("haul: [\(info.id)] starting over: \(reason)")
+        case .transfer(.retrying(let attempt, let delay, let error)):
+            permanent(
+                "haul: [\(info.id)] \(error.message); retry \(attempt) in \(ProgressRenderer.duration(delay.seconds))")
+        case .transfer(.progress):
+            redraw(force: false)
+        default:
+            break
+        }
+    }
+
+    /// Prints a line that stays, above the progress block.
+    private func permanent(_ line: String) {
+        state.withLock { state in
+            Output.standardError(erase(&state) + line + "\n")
+        }
+    }
+
+    private func erase(_ state: inout State) -> String {
+        guard style == .terminal, state.drawnLines > 0 else { return "" }
+        defer { state.drawnLines = 0 }
+        return "\u{1B}[\(state.drawnLines)A\r\u{1B}[J"
+    }
+
+    private func redraw(force: Bool) {
+        state.withLock { state in
+            let now = ContinuousClock.now
+            switch style {
+            case .terminal:
+                if !force, let last = state.lastDraw, now - last < .milliseconds(200) { return }
+                state.lastDraw = now
+                let columns = ProgressRenderer.terminalColumns() - 1
+                var lines = ids.compactMap { state.downloads[$0] }.filter { $0.state == .running }.map { info in
+                    String(("\(ProgressRenderer.fit(info.name, 24)) " + Self.summary(info)).prefix(columns))
+                }
+                lines.append(String(totalLine(state).prefix(columns)))
+                Output.standardError(erase(&state) + lines.joined(separator: "\n") + "\n")
+                state.drawnLines = lines.count
+            case .lines:
+                guard now - state.lastTotalLine >= .seconds(5) else { return }
+                state.lastTotalLine = now
+                Output.standardError("haul: " + totalLine(state) + "\n")
+            case .json, .quiet:
+                return
+            }
+        }
+    }
+
+    private func totalLine(_ state: State) -> String {
+        let downloads = ids.compactMap { state.downloads[$0] }
+        let done = downloads.filter { $0.state == .completed }.count
+        let bytes = downloads.reduce(Int64(0)) { $0 + $1.bytes }
+        let known = downloads.compactMap(\.totalBytes).reduce(Int64(0), +)
+        let rate = downloads.compactMap(\.bytesPerSecond).reduce(0, +)
+        var parts = ["total \(done)/\(downloads.count) done"]
+        if known > 0, !downloads.contains(where: { $0.totalBytes == nil }) {
+            parts.append("\(Int(Double(bytes) / Double(known) * 100))%")
+            parts.append("\(ByteCount.format(bytes)) / \(ByteCount.format(known))")
+        } else {
+            parts.append(ByteCount.format(bytes))
+        }
+        parts.append(ByteCount.formatRate(rate))
+        return parts.joined(separator: "  ")
+    }
+
+    /// `45%  12.0 MiB / 100.0 MiB  5.2 MiB/s  ETA 17s`, or the parts of it that are known.
+    static func summary(_ info: DownloadInfo) -> String {
+        var parts: [String] = []
+        if let fraction = info.fraction { parts.append("\(Int(fraction * 100))%") }
+        parts.append(sizes(info))
+        if let rate = info.bytesPerSecond { parts.append(ByteCount.formatRate(rate)) }
+        if let remaining = info.secondsRemaining { parts.append("ETA \(ProgressRenderer.duration(remaining))") }
+        return parts.joined(separator: "  ")
+    }
+
+    /// `12.0 MiB / 100.0 MiB`, or only the bytes when the total is unknown.
+    static func sizes(_ info: DownloadInfo) -> String {
+        guard let total = info.totalBytes else { return ByteCount.format(info.bytes) }
+        return "\(ByteCount.format(info.bytes)) / \(ByteCount.format(total))"
+    }
+
+    // MARK: JSON output
+
+    private func printJSON(_ event: DownloadManagerEvent) {
+        let info = event.download
+        var fields: [(String, JSONValue)] = [("id", .integer(info.id.rawValue))]
+        switch event.kind {
+        case .stateChanged, .added, .removed:
+            fields.insert(("event", "state"), at: 0)
+            fields += Self.jsonFields(info)
+        case .transfer(.progress(let progress)):
+            fields.insert(("event", "progress"), at: 0)
+            fields += [
+                ("bytes", .integer(progress.bytes)),
+                ("totalBytes", progress.totalBytes.map(JSONValue.integer) ?? .null),
+                ("bytesPerSecond", .integer(Int64(progress.bytesPerSecond))),
+            ]
+        case .transfer(.restarted(let reason)):
+            fields.insert(("event", "restarted"), at: 0)
+            fields.append(("reason", .string(reason.description)))
+        case .transfer(.retrying(let attempt, _, let error)):
+            fields.insert(("event", "retrying"), at: 0)
+            fields += [("attempt", .integer(Int64(attempt))), ("message", .string(error.message))]
+        case .transfer:
+            return
+        }
+        Output.standardOutput(JSONValue.object(fields) + "\n")
+    }
+
+    /// A download as JSON fields, shared with `haul ls --json`.
+    static func jsonFields(_ info: DownloadInfo) -> [(String, JSONValue)] {
+        [
+            ("state", .string(info.state.rawValue)), ("url", .string(info.url)),
+            ("destination", info.destination.map(JSONValue.string) ?? .null), ("name", .string(info.name)),
+            ("bytes", .integer(info.bytes)), ("totalBytes", info.totalBytes.map(JSONValue.integer) ?? .null),
+            ("bytesPerSecond", info.bytesPerSecond.map { .integer(Int64($0)) } ?? .null),
+            ("priority", .integer(Int64(info.priority.rawValue))),
+            ("errorCode", info.error.map { .string($0.code.name) } ?? .null),
+            ("error", info.error.map { .string($0.message) } ?? .null),
+            ("createdAt", .integer(Int64(info.createdAt.timeIntervalSince1970))),
+            ("finishedAt", info.finishedAt.map { .integer(Int64($0.timeIntervalSince1970)) } ?? .null),
+        ]
+    }
+}
+
+extension JSONValue {
+    /// `{"name":value,…}` on one line.
+    static func object(_ fields: [(String, JSONValue)]) -> String {
+        "{" + fields.map { "\(JSONValue.string($0.0).encoded):\($0.1.encoded)" }.joined(separator: ",") + "}"
+    }
+}
