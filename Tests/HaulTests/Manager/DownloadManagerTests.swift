@@ -96,7 +96,7 @@ import Testing
             try await withTemporaryDirectory { directory in
                 let resource = TestResource(name: "big", size: 3 << 20)
                 server.add("/big", resource)
-                server.setStandingFaults("/big", [.throttle(bytesPerSecond: 2 << 20)])
+                server.setStandingFaults("/big", [.throttle(bytesPerSecond: 1 << 20)])
                 let destination = directory + "/big"
                 try await withManager(directory + "/state") { manager in
                     let id = try await manager.enqueue(
@@ -131,7 +131,7 @@ import Testing
     func remove() async throws {
         try await HaulTestServer.withRunning { server in
             try await withTemporaryDirectory { directory in
-                server.add("/slow", TestResource(name: "slow", size: 2 << 20))
+                server.add("/slow", TestResource(name: "slow", size: 4 << 20))
                 server.setStandingFaults("/slow", [.throttle(bytesPerSecond: 1 << 20)])
                 server.add("/done", TestResource(name: "done", size: 10_000))
                 server.add("/kept", TestResource(name: "kept", size: 10_000))
@@ -214,7 +214,7 @@ import Testing
     func resumeWithNewURL() async throws {
         try await HaulTestServer.withRunning { server in
             try await withTemporaryDirectory { directory in
-                let resource = TestResource(name: "signed", size: 2 << 20)
+                let resource = TestResource(name: "signed", size: 4 << 20)
                 server.add("/old/signed", resource)
                 server.add("/new/signed", resource)
                 server.setStandingFaults("/old/signed", [.throttle(bytesPerSecond: 1 << 20)])
@@ -248,7 +248,7 @@ import Testing
     func gracefulShutdownAndRestore() async throws {
         try await HaulTestServer.withRunning { server in
             try await withTemporaryDirectory { directory in
-                let resource = TestResource(name: "long", size: 2 << 20)
+                let resource = TestResource(name: "long", size: 4 << 20)
                 server.add("/long", resource)
                 server.setStandingFaults("/long", [.throttle(bytesPerSecond: 1 << 20)])
                 let state = directory + "/state"
@@ -295,7 +295,7 @@ import Testing
                 try await withSmallFileSystem(at: small, size: 8 << 20) {
                     let resource = TestResource(name: "fills", size: 3 << 20)
                     server.add("/fills", resource)
-                    server.setStandingFaults("/fills", [.throttle(bytesPerSecond: 2 << 20)])
+                    server.setStandingFaults("/fills", [.throttle(bytesPerSecond: 1 << 20)])
                     try await withManager(directory + "/state") { manager in
                         let id = try await manager.enqueue(
                             DownloadRequest(url: server.url("/fills"), destination: .file(small + "/fills")))
@@ -396,7 +396,7 @@ import Testing
             try await withTemporaryDirectory { directory in
                 let resource = TestResource(name: "r", size: 1 << 20)
                 server.add("/r", resource)
-                server.add("/p", TestResource(name: "p", size: 1 << 20))
+                server.add("/p", TestResource(name: "p", size: 4 << 20))
                 server.setStandingFaults("/p", [.throttle(bytesPerSecond: 1 << 20)])
                 let state = directory + "/state"
                 let (done, partial) = try await withManager(state) { manager in

@@ -1,0 +1,191 @@
+import Foundation
+import HaulTestServer
+import Testing
+
+/// `haul ls --json` parsed.
+private func listDownloads(_ state: String) async throws -> [[String: Any]] {
+    let (status, output, errors) = try await HaulProcess.run(["ls", "--json", "--state-dir", state])
+    #expect(status == 0, "\(errors)")
+    let parsed = try JSONSerialization.jsonObject(with: Data(output.utf8))
+    return try #require(parsed as? [[String: Any]])
+}
+
+@Suite(.timeLimit(.minutes(3)))
+struct QueueCommandTests {
+    @Test func manyDownloadsKilledThenListedAndResumedAreByteIdentical() async throws {
+        try await HaulTestServer.withRunning { server in try await killManyThenResume(server) }
+    }
+
+    private func killManyThenResume(_ server: HaulTestServer) async throws {
+        let names = (1...8).map { "file\($0).bin" }
+        for (index, name) in names.enumerated() {
+            server.add("/\(name)", TestResource(name: name, size: 1_048_576 + Int64(index) * 1000))
+            server.setStandingFaults("/\(name)", [.throttle(bytesPerSecond: 400 * 1024)])
+        }
+        let directory = try makeTemporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let state = directory + "/state"
+        let haul = try HaulProcess(
+            ["get", "-j", "3", "-d", directory, "--state-dir", state, "-q"] + names.map { server.url("/\($0)") })
+
+        // While it runs, another process sees three downloads running and five queued.
+        var partials: [String] = []
+        let deadline = ContinuousClock.now + .seconds(20)
+        while partials.count < 3 && ContinuousClock.now < deadline {
+            partials = names.filter { (size(directory + "/\($0).haul.part") ?? 0) > 100_000 }
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        try await Task.sleep(for: .milliseconds(1200))
+        let live = try await listDownloads(state)
+        #expect(live.count == 8)
+        #expect(live.filter { $0["state"] as? String == "running" }.count == 3)
+        #expect(live.filter { $0["state"] as? String == "queued" }.count == 5)
+        #expect(live.filter { ($0["bytesPerSecond"] as? Int ?? 0) > 0 }.count == 3)
+
+        haul.signal(SIGKILL)
+        let (status, _, _) = try await haul.finish()
+        #expect(haul.process.terminationReason == .uncaughtSignal && status == SIGKILL)
+        var stored: [String: Int64] = [:]
+        for name in names { stored[name] = size(directory + "/\(name).haul.part") }
+        #expect(stored.count == 3)
+
+        // After the kill: nothing is running any more; progress comes from the records and the disk.
+        let listed = try await listDownloads(state)
+        #expect(listed.count == 8)
+        #expect(listed.allSatisfy { $0["state"] as? String == "queued" })
+        for entry in listed {
+            let name = try #require(entry["name"] as? String)
+            #expect(entry["bytes"] as? Int64 ?? Int64(entry["bytes"] as? Int ?? -1) == stored[name] ?? 0)
+        }
+        let table = try await HaulProcess.run(["ls", "--state-dir", state])
+        let lines = table.output.split(separator: "\n")
+        #expect(lines.count == 9)
+        #expect(lines.first?.hasPrefix("ID  STATE") == true)
+        for (name, bytes) in stored {
+            let line = try #require(lines.first { $0.hasSuffix(name) })
+            #expect(line.contains("queued"))
+            #expect(
+                line.contains(
+                    "\(Int(Double(bytes) / Double(1_048_576 + 1000 * Int64(names.firstIndex(of: name)!)) * 100))%"))
+            #expect(line.contains(" / 1.0 MiB"))
+        }
+
+        for name in names { server.setStandingFaults("/\(name)", []) }
+        let resumed = try await HaulProcess.run(["resume", "--state-dir", state])
+        #expect(resumed.status == 0, "\(resumed.errors)")
+        for name in names {
+            #expect(contents(directory + "/\(name)") == server.resource("/\(name)")!.content, "\(name)")
+            let requests = server.requests(for: "/\(name)")
+            if let bytes = stored[name] {
+                // Continued from the stored offset, with the validator.
+                #expect(requests.last?.header("range") == "bytes=\(bytes)-")
+                #expect(requests.last?.header("if-range") == server.resource("/\(name)")!.entityTagValue)
+            }
+        }
+        let done = try await listDownloads(state)
+        #expect(done.allSatisfy { $0["state"] as? String == "completed" })
+        let again = try await HaulProcess.run(["resume", "--state-dir", state])
+        #expect(again.status == 0)
+        #expect(again.errors.contains("nothing to resume"))
+    }
+
+    @Test func inputFileWithPerLineOptions() async throws {
+        try await HaulTestServer.withRunning { server in
+            let directory = try makeTemporaryDirectory()
+            defer { try? FileManager.default.removeItem(atPath: directory) }
+            let state = directory + "/state"
+            server.add("/a.bin", TestResource(name: "a", size: 50_000))
+            server.add("/b.bin", TestResource(name: "b", size: 60_000))
+            server.add("/c.bin", TestResource(name: "c", size: 70_000))
+            let a = server.resource("/a.bin")!
+            let list = """
+                # three files
+                \(server.url("/a.bin"))
+                  out=renamed.bin
+                  checksum=sha-256=\(sha256Hex(a.content))
+
+                \(server.url("/b.bin"))
+                  dir=sub
+                  header=X-Trace: from-list
+                \(server.url("/c.bin"))
+                """
+            try list.write(toFile: directory + "/list.txt", atomically: true, encoding: .utf8)
+            let result = try await HaulProcess.run(
+                ["get", "-i", directory + "/list.txt", "-d", directory, "-j", "2", "--state-dir", state])
+            #expect(result.status == 0, "\(result.errors)")
+            #expect(contents(directory + "/renamed.bin") == a.content)
+            #expect(contents(directory + "/sub/b.bin") == server.resource("/b.bin")!.content)
+            #expect(contents(directory + "/c.bin") == server.resource("/c.bin")!.content)
+            #expect(server.requests(for: "/b.bin").last?.header("x-trace") == "from-list")
+            #expect(result.errors.contains("3 of 3 saved"))
+
+            // A wrong checksum on a line fails that download only, with the checksum exit code.
+            let bad =
+                "\(server.url("/a.bin"))\n  out=bad.bin\n  checksum=sha-256=\(String(repeating: "0", count: 64))\n"
+                + "\(server.url("/c.bin"))\n  out=c2.bin\n"
+            try bad.write(toFile: directory + "/bad.txt", atomically: true, encoding: .utf8)
+            let failed = try await HaulProcess.run(
+                ["get", "-i", directory + "/bad.txt", "-d", directory, "--state-dir", state])
+            #expect(failed.status == 16)
+            #expect(!FileManager.default.fileExists(atPath: directory + "/bad.bin"))
+            #expect(contents(directory + "/c2.bin") == server.resource("/c.bin")!.content)
+
+            // Errors in the file name the line, and nothing is downloaded.
+            for (text, message) in [
+                ("\(server.url("/a.bin"))\n  colour=blue\n", "list2.txt:2: unknown option 'colour'"),
+                ("  out=x\n", "list2.txt:1: an option line must follow a URL line"),
+                ("\(server.url("/a.bin")) out=x\n", "list2.txt:1: one URL per line"),
+                ("\(server.url("/a.bin"))\n  checksum=sha-256=12\n", "list2.txt:2:"),
+                ("ftp://example.com/x\n", "unsupported scheme ftp"),
+            ] {
+                try text.write(toFile: directory + "/list2.txt", atomically: true, encoding: .utf8)
+                let refused = try await HaulProcess.run(
+                    ["get", "-i", directory + "/list2.txt", "-d", directory + "/none", "--state-dir", state])
+                #expect(refused.status != 0)
+                #expect(refused.errors.contains(message), "\(refused.errors)")
+                #expect(refused.errors.split(separator: "\n").count == 1, "\(refused.errors)")
+                #expect(!FileManager.default.fileExists(atPath: directory + "/none"))
+            }
+        }
+    }
+
+    @Test func pauseRetryAndRemoveByID() async throws {
+        try await HaulTestServer.withRunning { server in
+            let directory = try makeTemporaryDirectory()
+            defer { try? FileManager.default.removeItem(atPath: directory) }
+            let state = directory + "/state"
+            server.add("/ok.bin", TestResource(name: "ok", size: 40_000))
+            server.add("/missing.bin", TestResource(name: "missing", size: 40_000))
+            server.setStandingFaults("/missing.bin", [.status(404)])
+            let first = try await HaulProcess.run(
+                ["get", server.url("/ok.bin"), server.url("/missing.bin"), "-d", directory, "--state-dir", state])
+            #expect(first.status == 4)
+            #expect(first.errors.contains("1 of 2 saved"))
+            let listed = try await listDownloads(state)
+            let failed = try #require(listed.first { $0["state"] as? String == "failed" })
+            let failedID = try #require(failed["id"] as? Int)
+            #expect(failed["errorCode"] as? String == "httpStatus")
+
+            // Retry once the server has it.
+            server.setStandingFaults("/missing.bin", [])
+            let retried = try await HaulProcess.run(["retry", String(failedID), "--state-dir", state])
+            #expect(retried.status == 0, "\(retried.errors)")
+            #expect(contents(directory + "/missing.bin") == server.resource("/missing.bin")!.content)
+
+            // Wrong IDs and wrong states are one-line errors with their own exit codes.
+            let unknown = try await HaulProcess.run(["pause", "999", "--state-dir", state])
+            #expect(unknown.status == 17)
+            #expect(unknown.errors == "haul: error: there is no download 999\n")
+            let notPausable = try await HaulProcess.run(["pause", String(failedID), "--state-dir", state])
+            #expect(notPausable.status == 18)
+            let notAnID = try await HaulProcess.run(["rm", "abc", "--state-dir", state])
+            #expect(notAnID.status == 64)
+
+            let removed = try await HaulProcess.run(["rm", String(failedID), "--delete-files", "--state-dir", state])
+            #expect(removed.status == 0)
+            #expect(!FileManager.default.fileExists(atPath: directory + "/missing.bin"))
+            #expect(FileManager.default.fileExists(atPath: directory + "/ok.bin"))
+            #expect(try await listDownloads(state).count == 1)
+        }
+    }
+}
