@@ -10,17 +10,8 @@ import Haul
     import Darwin
 #endif
 
-struct Get: AsyncParsableCommand {
-    static let configuration = CommandConfiguration(
-        abstract: "Download URLs to files, resuming any earlier partial download of them.",
-        discussion: """
-            Without -o, each file is named after the server's Content-Disposition, else the URL's last path \
-            segment, else index.html, always inside the target directory. An existing file is never replaced \
-            unless --force is given. Every download is recorded in the state directory: `haul ls` lists them \
-            and `haul resume` continues those a killed or interrupted run left unfinished.
-            """
-    )
-
+/// What to download and where: URLs or an input file, names, headers, checksum, priority.
+struct RequestOptions: ParsableArguments {
     @Argument(help: "The http or https URLs to download.")
     var urls: [String] = []
 
@@ -53,10 +44,6 @@ struct Get: AsyncParsableCommand {
 
     @Flag(help: "Replace an existing file at the destination once the new download is complete.")
     var force = false
-
-    @OptionGroup var transfer: TransferOptions
-    @OptionGroup var state: StateOptions
-    @OptionGroup var display: OutputOptions
 
     func validate() throws {
         if urls.isEmpty && inputFile == nil { throw ValidationError("give at least one URL, or -i FILE") }
@@ -107,10 +94,9 @@ struct Get: AsyncParsableCommand {
         }
     }
 
-    /// The requests from the command line, then those of the input file.
-    func requests() throws -> [DownloadRequest] {
+    /// The requests from the command line, then those of the input file; never empty.
+    func requests(bytesPerSecondLimit rate: Int64?) throws -> [DownloadRequest] {
         let common = try parseHeaders(headers)
-        let rate = transfer.perDownloadRate
         var requests = urls.map { url in
             DownloadRequest(
                 url: url, destination: Self.destination(output: output, directory: directory), headers: common,
@@ -127,29 +113,69 @@ struct Get: AsyncParsableCommand {
                         bytesPerSecondLimit: entry.limitRate ?? rate))
             }
         }
+        guard !requests.isEmpty else { throw HaulError(.invalidArgument, "\(inputFile ?? "the input") lists no URL") }
         return requests
     }
 
+    /// Opens a manager and enqueues the requests; the manager is closed again when that fails.
+    func enqueue(_ state: StateOptions, _ transfer: TransferOptions, quiet: Bool) async throws -> (
+        DownloadManager, [DownloadID]
+    ) {
+        let requests = try requests(bytesPerSecondLimit: transfer.perDownloadRate)
+        if let expected = try parsedChecksum(), expected.algorithm.isWeak, !quiet {
+            Output.standardError(
+                "haul: note: \(expected.algorithm.rawValue) is weak: it catches corruption, not a deliberate forgery\n")
+        }
+        let manager = try QueueRun.openManager(state, transfer, restoring: .leave)
+        do {
+            return (manager, try await manager.enqueue(requests, priority: try parsedPriority()))
+        } catch {
+            await manager.close()
+            throw error
+        }
+    }
+}
+
+struct Get: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Download URLs to files, resuming any earlier partial download of them.",
+        discussion: """
+            Without -o, each file is named after the server's Content-Disposition, else the URL's last path \
+            segment, else index.html, always inside the target directory. An existing file is never replaced \
+            unless --force is given. Every download is recorded in the state directory: `haul ls` lists them \
+            and `haul resume` continues those a killed or interrupted run left unfinished.
+            """
+    )
+
+    @OptionGroup var request: RequestOptions
+    @OptionGroup var transfer: TransferOptions
+    @OptionGroup var state: StateOptions
+    @OptionGroup var display: OutputOptions
+
     func run() async throws {
-        let (manager, ids) = try await reportingErrors { () -> (DownloadManager, [DownloadID]) in
-            let requests = try requests()
-            guard !requests.isEmpty else {
-                throw HaulError(.invalidArgument, "\(inputFile ?? "the input") lists no URL")
-            }
-            if let expected = try parsedChecksum(), expected.algorithm.isWeak, !display.quiet, !display.json {
-                Output.standardError(
-                    "haul: note: \(expected.algorithm.rawValue) is weak: it catches corruption, not a deliberate forgery\n"
-                )
-            }
-            let manager = try QueueRun.openManager(state, transfer, restoring: .leave)
-            do {
-                return (manager, try await manager.enqueue(requests, priority: try parsedPriority()))
-            } catch {
-                await manager.close()
-                throw error
-            }
+        let (manager, ids) = try await reportingErrors {
+            try await request.enqueue(state, transfer, quiet: display.quiet || display.json)
         }
         try await QueueRun.run(manager, ids, output: display)
+    }
+}
+
+struct Add: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Queue downloads without starting them; `haul resume` runs them.",
+        discussion: "Prints the ID of each download, one per line.")
+
+    @OptionGroup var request: RequestOptions
+    @OptionGroup var state: StateOptions
+
+    func run() async throws {
+        let transfer = TransferOptions.defaults
+        let ids = try await reportingErrors { () -> [DownloadID] in
+            let (manager, ids) = try await request.enqueue(state, transfer, quiet: false)
+            await manager.close()
+            return ids
+        }
+        Output.standardOutput(ids.map { "\($0)\n" }.joined())
     }
 }
 

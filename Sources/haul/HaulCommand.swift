@@ -10,6 +10,6 @@ struct HaulCommand: AsyncParsableCommand {
             and Haul continues from the last stored byte, after checking that the server still has the same file.
             """,
         version: "0.1.0",
-        subcommands: [Get.self, List.self, Resume.self, Pause.self, Retry.self, Remove.self, Verify.self]
+        subcommands: [Get.self, Add.self, List.self, Resume.self, Pause.self, Retry.self, Remove.self, Verify.self]
     )
 }

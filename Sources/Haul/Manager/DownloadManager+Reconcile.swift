@@ -12,11 +12,14 @@ extension DownloadManager {
         var entries: [DownloadID: Entry] = [:]
         var waiting = Heap<WaitingDownload>()
         var changed: [StoredDownload] = []
+        var alive: [String: Bool] = [:]
         for original in try store.allDownloads() {
             var record = original
             var orphan = false
             if let owner = record.owner {
-                if owner != claim.name && claim.isAlive(owner) {
+                let ownerAlive = alive[owner] ?? claim.isAlive(owner)
+                alive[owner] = ownerAlive
+                if owner != claim.name && ownerAlive {
                     entries[record.downloadID] = Entry(record: record)
                     continue
                 }
