@@ -7,6 +7,7 @@ import Synchronization
 final class QueueRenderer: Sendable {
     private struct State {
         var downloads: [DownloadID: DownloadInfo] = [:]
+        var removed: Set<DownloadID> = []
         var drawnLines = 0
         var lastDraw: ContinuousClock.Instant?
         var lastTotalLine: ContinuousClock.Instant = .now
@@ -28,6 +29,7 @@ final class QueueRenderer: Sendable {
         let known = state.withLock { state -> Bool in
             guard state.downloads[info.id] != nil else { return false }
             state.downloads[info.id] = info
+            if case .removed = event.kind { state.removed.insert(info.id) }
             return true
         }
         guard known else { return }
@@ -46,14 +48,18 @@ final class QueueRenderer: Sendable {
     /// The last line: how many downloads were saved and how many did not finish.
     func finish(interrupted: Bool) {
         guard style == .terminal || style == .lines else { return }
-        let downloads = state.withLock { state in ids.compactMap { state.downloads[$0] } }
-        let saved = downloads.filter { $0.state == .completed }.count
-        let failed = downloads.filter { $0.state == .failed }.count
+        let (downloads, removed) = state.withLock { state in (ids.compactMap { state.downloads[$0] }, state.removed) }
+        let kept = downloads.filter { !removed.contains($0.id) }
+        let saved = kept.filter { $0.state == .completed }.count
+        let failed = kept.filter { $0.state == .failed }.count
+        let paused = kept.filter { $0.state == .paused }.count
         let bytes = downloads.filter { $0.state == .completed }.reduce(Int64(0)) { $0 + $1.bytes }
         let elapsed = (ContinuousClock.now - started).seconds
         var line =
             "haul: \(saved) of \(downloads.count) saved (\(ByteCount.format(bytes)) in \(ProgressRenderer.duration(elapsed)))"
         if failed > 0 { line += ", \(failed) failed" }
+        if paused > 0 { line += ", \(paused) paused" }
+        if !removed.isEmpty { line += ", \(removed.count) removed" }
         if interrupted {
             line += "; interrupted: `haul resume` continues the rest"
         }
@@ -76,9 +82,16 @@ final class QueueRenderer: Sendable {
             case .paused where info.error?.code == .diskFull:
                 permanent(
                     "haul: [\(info.id)] paused: \(info.error?.message ?? "disk full"); continues once there is room")
+            case .paused:
+                permanent("haul: [\(info.id)] paused; `haul resume \(info.id)` continues it")
+            case .cancelled:
+                permanent("haul: [\(info.id)] cancelled")
             default:
                 break
             }
+            redraw(force: true)
+        case .removed:
+            permanent("haul: [\(info.id)] removed")
             redraw(force: true)
         case .transfer(.restarted(let reason)):
             permanent("haul: [\(info.id)] starting over: \(reason)")

@@ -149,6 +149,58 @@ struct QueueCommandTests {
         }
     }
 
+    @Test func pauseAndRemoveADownloadAnotherProcessRuns() async throws {
+        try await HaulTestServer.withRunning { server in
+            let directory = try makeTemporaryDirectory()
+            defer { try? FileManager.default.removeItem(atPath: directory) }
+            let state = directory + "/state"
+            for name in ["kept", "dropped"] {
+                server.add("/\(name).bin", TestResource(name: name, size: 8 << 20))
+                server.setStandingFaults("/\(name).bin", [.throttle(bytesPerSecond: 512 * 1024)])
+            }
+            let haul = try HaulProcess(
+                ["get", server.url("/kept.bin"), server.url("/dropped.bin"), "-d", directory, "--state-dir", state])
+            let deadline = ContinuousClock.now + .seconds(20)
+            while ContinuousClock.now < deadline,
+                (size(directory + "/kept.bin.haul.part") ?? 0) < 100_000
+                    || (size(directory + "/dropped.bin.haul.part") ?? 0) < 100_000
+            {
+                try await Task.sleep(for: .milliseconds(20))
+            }
+            let ids = Dictionary(
+                uniqueKeysWithValues: try await listDownloads(state).map { ($0["name"] as! String, $0["id"] as! Int) })
+            let kept = try #require(ids["kept.bin"])
+            let dropped = try #require(ids["dropped.bin"])
+
+            let paused = try await HaulProcess.run(["pause", String(kept), "--state-dir", state])
+            #expect(paused.status == 0, "\(paused.errors)")
+            #expect(paused.output == "paused \(kept)\n")
+            let removed = try await HaulProcess.run(["rm", String(dropped), "--delete-files", "--state-dir", state])
+            #expect(removed.status == 0, "\(removed.errors)")
+            // Both stopped long before their 16 s at the throttled rate: the running process carried them out.
+            let (status, _, errors) = try await haul.finish(timeout: .seconds(10))
+            #expect(status == 1)
+            #expect(errors.contains("haul: [\(kept)] paused; `haul resume \(kept)` continues it"), "\(errors)")
+            #expect(errors.contains("haul: [\(dropped)] removed"), "\(errors)")
+            #expect(errors.contains("0 of 2 saved"), "\(errors)")
+            #expect(errors.contains("1 paused, 1 removed"), "\(errors)")
+            #expect(!FileManager.default.fileExists(atPath: directory + "/dropped.bin.haul.part"))
+            #expect(!FileManager.default.fileExists(atPath: directory + "/dropped.bin.haul.json"))
+
+            let listed = try await listDownloads(state)
+            #expect(listed.count == 1)
+            #expect(listed.first?["state"] as? String == "paused")
+            let stored = try #require(size(directory + "/kept.bin.haul.part"))
+            #expect(listed.first?["bytes"] as? Int == Int(stored))
+
+            server.setStandingFaults("/kept.bin", [])
+            let resumed = try await HaulProcess.run(["resume", String(kept), "--state-dir", state])
+            #expect(resumed.status == 0, "\(resumed.errors)")
+            #expect(contents(directory + "/kept.bin") == server.resource("/kept.bin")!.content)
+            #expect(server.requests(for: "/kept.bin").last?.header("range") == "bytes=\(stored)-")
+        }
+    }
+
     @Test func pauseRetryAndRemoveByID() async throws {
         try await HaulTestServer.withRunning { server in
             let directory = try makeTemporaryDirectory()

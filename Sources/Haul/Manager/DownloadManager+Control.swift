@@ -112,13 +112,14 @@ extension DownloadManager {
         entry.record.priority = priority.rawValue
         try storeHeaders(request.headers, of: id, db: db)
         markQueued(&entry)
-        try entry.record.update(db)
+        try entry.record.updateManagedColumns(db)
         return entry
     }
 
     /// Stops a download, keeping its partial data; ``resume(_:url:headers:)`` continues it. Returns
     /// once a running download has written its checkpoint.
     public func pause(_ id: DownloadID) async throws {
+        if try await askOwner(id, .pause) { return }
         var entry = try controllable(id)
         switch entry.state {
         case .running:
@@ -161,7 +162,7 @@ extension DownloadManager {
         let record = entry.record
         try store.write { db in
             if let headers { try storeHeaders(headers, of: id, db: db) }
-            try record.update(db)
+            try record.updateManagedColumns(db)
         }
         enter(entry)
     }
@@ -175,12 +176,13 @@ extension DownloadManager {
         }
         markQueued(&entry)
         let record = entry.record
-        try store.write { db in try record.update(db) }
+        try store.write { db in try record.updateManagedColumns(db) }
         enter(entry)
     }
 
     /// Stops a download for good and deletes its partial data; the record stays, as cancelled.
     public func cancel(_ id: DownloadID) async throws {
+        if try await askOwner(id, .cancel) { return }
         var entry = try controllable(id)
         switch entry.state {
         case .running:
@@ -200,6 +202,7 @@ extension DownloadManager {
     /// Deletes a download's partial data and manifest, its finished file when `deletingFiles` is set,
     /// and its record. A running download is stopped first.
     public func remove(_ id: DownloadID, deletingFiles: Bool = false) async throws {
+        if try await askOwner(id, .remove(deletingFiles: deletingFiles)) { return }
         let entry = try controllable(id)
         if entry.state == .running {
             await stop(id, .remove(deletingFiles: deletingFiles))
@@ -259,7 +262,7 @@ extension DownloadManager {
     func save(_ entry: inout Entry) throws {
         entry.record.updatedAt = Self.now
         let record = entry.record
-        try store.write { db in try record.update(db) }
+        try store.write { db in try record.updateManagedColumns(db) }
         entries[entry.id] = entry
         publish(.stateChanged, entry)
     }

@@ -54,7 +54,7 @@ extension DownloadManager {
         }
         if !changed.isEmpty {
             try store.write { db in
-                for record in changed { try record.update(db) }
+                for record in changed { try record.updateManagedColumns(db) }
             }
         }
         return (entries, waiting)

@@ -170,7 +170,7 @@ extension DownloadManager {
                 entry.record.destination = start.destination
                 index.resolve(start.destination, to: id)
                 let record = entry.record
-                try? store.write { db in try record.update(db) }
+                try? store.write { db in try record.updateManagedColumns(db) }
             }
             entry.record.totalBytes = start.totalBytes
             entry.record.bytes = start.resumedFrom
@@ -277,6 +277,7 @@ extension DownloadManager {
                 return
             }
             persistProgress()
+            await applyRequests()
             if ContinuousClock.now - lastSpaceCheck >= configuration.spaceCheckInterval {
                 lastSpaceCheck = .now
                 resumeWhereSpaceAllows()
@@ -295,7 +296,7 @@ extension DownloadManager {
         }
         guard !records.isEmpty else { return }
         try? store.write { db in
-            for record in records { try record.update(db) }
+            for record in records { try record.updateManagedColumns(db) }
         }
     }
 
@@ -311,7 +312,7 @@ extension DownloadManager {
             var queued = entry
             markQueued(&queued)
             let record = queued.record
-            guard (try? store.write({ db in try record.update(db) })) != nil else { continue }
+            guard (try? store.write({ db in try record.updateManagedColumns(db) })) != nil else { continue }
             enter(queued)
         }
     }

@@ -29,14 +29,29 @@ struct StoredDownload: Codable, Sendable, Equatable, FetchableRecord, MutablePer
     var bytes: Int64
     var totalBytes: Int64?
     var bytesPerSecond: Double?
-    /// The process running or about to run the download (`pid@boot`); NULL when no process has claimed it.
+    /// The manager running or about to run the download (`pid.n`); NULL when no manager has claimed it.
     var owner: String?
+    /// What another process asks the owner to do with the download: `pause`, `cancel`, `remove` or
+    /// `remove-files`; the owner clears it once done.
+    var request: String?
     var createdAt: Double
     var startedAt: Double?
     var finishedAt: Double?
     var updatedAt: Double
 
     mutating func didInsert(_ inserted: InsertionSuccess) { id = inserted.rowID }
+
+    /// Every column but `id` and `request`: the manager writes whole records without ever clearing a
+    /// request another process has just made.
+    static let managedColumns: [String] = [
+        "key", "url", "directory", "destination", "overwrite", "checksum", "rateLimit", "priority", "state",
+        "errorCode", "errorMessage", "errorStatus", "bytes", "totalBytes", "bytesPerSecond", "owner", "createdAt",
+        "startedAt", "finishedAt", "updatedAt",
+    ]
+
+    func updateManagedColumns(_ db: Database) throws {
+        try update(db, columns: Self.managedColumns)
+    }
 
     var downloadID: DownloadID { DownloadID(id ?? 0) }
     var downloadState: DownloadState { DownloadState(rawValue: state) ?? .queued }
@@ -133,6 +148,12 @@ final class DownloadStore: Sendable {
                 table.column("name", .text).notNull()
                 table.column("value", .text).notNull()
                 table.primaryKey(["downloadId", "position"])
+            }
+        }
+        migrator.registerMigration("2: requests to the owning process") { db in
+            try db.alter(table: "download") { table in
+                table.add(column: "request", .text)
+                    .check { ["pause", "cancel", "remove", "remove-files"].contains($0) }
             }
         }
         return migrator

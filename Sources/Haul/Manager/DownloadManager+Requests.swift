@@ -1,0 +1,108 @@
+import GRDB
+
+/// Pausing, cancelling or removing a download that another process's manager runs: the request is
+/// written into the download's record, that manager carries it out within a
+/// ``DownloadManager/Configuration/stateUpdateInterval`` and clears it, and the asking side waits for
+/// the record to show the result.
+extension DownloadManager {
+    /// Asks the live manager of another process that owns `id` to stop it; returns `false` when no
+    /// other live manager owns it (the caller then acts itself).
+    func askOwner(_ id: DownloadID, _ reason: StopReason, timeout: Duration = .seconds(30)) async throws -> Bool {
+        guard let entry = entries[id], let owner = entry.record.owner, owner != claim.name, claim.isAlive(owner)
+        else { return false }
+        let request = reason.request
+        let asked = try store.write { db -> Bool in
+            try db.execute(
+                sql: "UPDATE download SET request = ? WHERE id = ? AND owner = ?",
+                arguments: [request, id.rawValue, owner])
+            return db.changesCount > 0
+        }
+        // The owner let go of it meanwhile: act here.
+        guard asked else {
+            try reload(id)
+            return false
+        }
+        let deadline = ContinuousClock.now + timeout
+        while ContinuousClock.now < deadline {
+            try await Task.sleep(for: .milliseconds(50))
+            let record = try store.read { db in try StoredDownload.fetchOne(db, key: id.rawValue) }
+            guard let record else {
+                if let gone = entries.removeValue(forKey: id) { index.remove(gone.record) }
+                return true
+            }
+            if record.request == nil {
+                try reload(id)
+                return true
+            }
+            if !claim.isAlive(owner) {
+                // The owner died before answering: the download is nobody's now, so act here.
+                try clearRequest(id)
+                try reload(id)
+                return false
+            }
+        }
+        try clearRequest(id)
+        throw HaulError(
+            .locked,
+            "haul process \(ProcessClaim.processID(of: owner)) did not \(request) download \(id) in time")
+    }
+
+    /// Carries out the requests other processes wrote for downloads this manager owns.
+    func applyRequests() async {
+        let owner = claim.name
+        let pending =
+            (try? store.read { db in
+                try Row.fetchAll(
+                    db, sql: "SELECT id, request FROM download WHERE owner = ? AND request IS NOT NULL",
+                    arguments: [owner]
+                ).map { (DownloadID($0["id"]), $0["request"] as String) }
+            }) ?? []
+        for (id, request) in pending {
+            switch request {
+            case "pause": try? await pause(id)
+            case "cancel": try? await cancel(id)
+            case "remove": try? await remove(id, deletingFiles: false)
+            case "remove-files": try? await remove(id, deletingFiles: true)
+            default: break
+            }
+            // Cleared in any case, so the asking side stops waiting (it reads the outcome from the record).
+            try? clearRequest(id)
+        }
+    }
+
+    private func clearRequest(_ id: DownloadID) throws {
+        try store.write { db in
+            try db.execute(sql: "UPDATE download SET request = NULL WHERE id = ?", arguments: [id.rawValue])
+        }
+    }
+
+    /// Replaces the in-memory entry with the database's record; a download whose owner died comes
+    /// back queued (or as it was, when it was not running) and nobody's.
+    func reload(_ id: DownloadID) throws {
+        guard var record = try store.read({ db in try StoredDownload.fetchOne(db, key: id.rawValue) }) else {
+            if let gone = entries.removeValue(forKey: id) { index.remove(gone.record) }
+            return
+        }
+        if let owner = record.owner, owner != claim.name, !claim.isAlive(owner) {
+            record.owner = nil
+            if record.downloadState == .running { record.state = DownloadState.queued.rawValue }
+            Self.refreshFromDisk(&record)
+            let orphan = record
+            try store.write { db in try orphan.updateManagedColumns(db) }
+        }
+        var entry = entries[id] ?? Entry(record: record)
+        entry.record = record
+        entries[id] = entry
+    }
+}
+
+extension DownloadManager.StopReason {
+    /// The value of the record's `request` column for this reason.
+    var request: String {
+        switch self {
+        case .pause: "pause"
+        case .cancel: "cancel"
+        case .remove(let deletingFiles): deletingFiles ? "remove-files" : "remove"
+        }
+    }
+}
