@@ -22,6 +22,14 @@ struct TransferOptions: ParsableArguments {
     var jobs: Int = 3
 
     @Option(
+        name: [.customShort("x"), .long],
+        help: "Connections per file: above 1, a server that supports ranges sends the file in parts at once.")
+    var connections: Int = 1
+
+    @Option(help: ArgumentHelp("No part is split smaller than this, e.g. 1M.", valueName: "size"))
+    var minSplitSize: String = "1M"
+
+    @Option(
         help: ArgumentHelp(
             "The most bytes per second each download may receive, e.g. 500k or 2M (powers of 1024).",
             valueName: "rate"))
@@ -57,6 +65,10 @@ struct TransferOptions: ParsableArguments {
 
     func validate() throws {
         guard jobs >= 1 else { throw ValidationError("--jobs must be 1 or more") }
+        guard (1...64).contains(connections) else { throw ValidationError("--connections must be from 1 to 64") }
+        guard let split = try Self.rate(minSplitSize, option: "--min-split-size"), split >= 64 * 1024 else {
+            throw ValidationError("--min-split-size must be at least 64k")
+        }
         guard retries >= 0 else { throw ValidationError("--retries must be 0 or more") }
         guard retryDelay >= 0 else { throw ValidationError("--retry-delay must be 0 or more") }
         guard stallTimeout > 0, connectTimeout > 0 else { throw ValidationError("timeouts must be greater than 0") }
@@ -100,6 +112,8 @@ struct TransferOptions: ParsableArguments {
         configuration.trustUnvalidatedResume = trustUnvalidated
         configuration.redirects.allowHTTPSToHTTP = allowInsecureRedirects
         configuration.storage.durableCheckpointInterval = .milliseconds(Int64(durableCheckpointInterval * 1000))
+        configuration.segmentation.connections = connections
+        configuration.segmentation.minimumSplit = (try? Self.rate(minSplitSize, option: "")) ?? (1 << 20)
         return configuration
     }
 }

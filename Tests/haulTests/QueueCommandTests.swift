@@ -241,3 +241,68 @@ struct QueueCommandTests {
         }
     }
 }
+
+@Suite(.timeLimit(.minutes(2)))
+struct SegmentedCommandTests {
+    @Test func killedSegmentedDownloadResumesEverySegmentFromItsRecordedOffset() async throws {
+        try await HaulTestServer.withRunning { server in try await killSegmentedThenResume(server) }
+    }
+
+    private func killSegmentedThenResume(_ server: HaulTestServer) async throws {
+        let resource = TestResource(name: "segmented", size: 16 * 1024 * 1024)
+        server.add("/seg.bin", resource)
+        server.setStandingFaults("/seg.bin", [.throttle(bytesPerSecond: 1024 * 1024)])
+        let directory = try makeTemporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let destination = directory + "/seg.bin"
+        let arguments = [
+            "get", server.url("/seg.bin"), "-o", destination, "-x", "4", "--min-split-size", "1M", "-q",
+            "--state-dir", directory + "/state",
+        ]
+        let haul = try HaulProcess(arguments)
+        // Wait for a checkpoint that records progress in four segments, then kill without warning.
+        var recorded: [[String: Any]] = []
+        let deadline = ContinuousClock.now + .seconds(20)
+        while ContinuousClock.now < deadline {
+            if let data = contents(destination + ".haul.json"),
+                let manifest = try? JSONSerialization.jsonObject(with: Data(data)) as? [String: Any],
+                let segments = manifest["segments"] as? [[String: Any]],
+                segments.count >= 4, segments.allSatisfy({ ($0["written"] as? Int ?? 0) > 0 })
+            {
+                recorded = segments
+                break
+            }
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        #expect(recorded.count >= 4)
+        haul.signal(SIGKILL)
+        _ = try await haul.finish()
+        #expect(haul.process.terminationReason == .uncaughtSignal)
+        let manifest = try #require(
+            try JSONSerialization.jsonObject(with: Data(contents(destination + ".haul.json") ?? [])) as? [String: Any])
+        let segments = try #require(manifest["segments"] as? [[String: Any]])
+        let sentBeforeResume = server.bodyBytesSent
+        let requestsBefore = server.requests(for: "/seg.bin").count
+
+        server.setStandingFaults("/seg.bin", [])
+        let (status, _, errors) = try await HaulProcess.run(arguments)
+        #expect(status == 0, "\(errors)")
+        #expect(contents(destination) == resource.content)
+        // Every unfinished segment continued exactly where its manifest said, with the validator.
+        let later = server.requests(for: "/seg.bin").dropFirst(requestsBefore)
+        for segment in segments {
+            let start = try #require(segment["start"] as? Int)
+            let end = try #require(segment["end"] as? Int)
+            let written = try #require(segment["written"] as? Int)
+            guard start + written < end else { continue }
+            #expect(
+                later.contains { $0.header("range")?.hasPrefix("bytes=\(start + written)-") == true },
+                "no request resumed the segment at \(start + written)")
+        }
+        #expect(later.allSatisfy { $0.header("if-range") == resource.entityTagValue })
+        // What was fetched twice: at most what arrived after the last checkpoint, per connection.
+        let kept = segments.reduce(0) { $0 + ($1["written"] as? Int ?? 0) }
+        let refetched = Int(sentBeforeResume) - kept
+        #expect(refetched < 4 * 2 * 1024 * 1024, "re-fetched \(refetched) bytes")
+    }
+}

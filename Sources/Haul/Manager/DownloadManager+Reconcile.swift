@@ -104,7 +104,7 @@ extension DownloadManager {
         guard let manifest = try? ManifestStore.load(paths) else {
             return partialSize == nil && !POSIX.exists(paths.manifest) ? nil : (0, nil)
         }
-        let bytes = manifest.trustedPrefix(currentBootID: BootIdentity.current, partialSize: partialSize ?? 0)
+        let bytes = manifest.trustedBytes(currentBootID: BootIdentity.current, partialSize: partialSize ?? 0)
         return (bytes, manifest.totalLength)
     }
 }

@@ -79,7 +79,9 @@ extension DownloadManager {
 
     /// Whether nothing of this manager runs, waits, or waits for disk space.
     var isIdle: Bool {
-        jobs.isEmpty
+        // Every download queued here is in `waiting` until it starts, so the scan for downloads
+        // waiting for disk space only runs once the queue is empty.
+        jobs.isEmpty && waiting.isEmpty
             && !entries.values.contains { entry in
                 entry.record.owner == claim.name && (entry.state == .queued || entry.state == .paused)
             }

@@ -100,6 +100,17 @@ public struct Manifest: Codable, Equatable, Sendable {
         return sameBoot ? limit : min(first.durable, limit)
     }
 
+    /// The bytes a resume keeps, over every segment: for one segment the trusted prefix; for several,
+    /// each segment's written bytes on the boot that wrote them, else its durable ones, never more
+    /// than the file holds.
+    public func trustedBytes(currentBootID: String?, partialSize: Int64) -> Int64 {
+        guard segments.count > 1 else { return trustedPrefix(currentBootID: currentBootID, partialSize: partialSize) }
+        let sameBoot = currentBootID != nil && currentBootID == bootID
+        return segments.reduce(0) { sum, segment in
+            sum + min(sameBoot ? segment.written : segment.durable, max(0, partialSize - segment.start))
+        }
+    }
+
     /// Forgets everything at or past `offset`: progress and piece hashes. The partial file must be cut
     /// to the same length.
     mutating func truncate(to offset: Int64) {

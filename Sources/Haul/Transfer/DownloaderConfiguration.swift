@@ -57,7 +57,22 @@ public struct DownloaderConfiguration: Sendable {
         public init() {}
     }
 
+    /// Several connections per file.
+    public struct Segmentation: Sendable {
+        /// Connections per download. Above 1, the first request asks for `bytes=0-`; when the server
+        /// answers `206` with the total length and a strong validator, the file is fetched in ranges
+        /// over this many connections; otherwise one connection fetches it.
+        public var connections: Int = 1
+        /// No range is split into pieces smaller than this.
+        public var minimumSplit: Int64 = 1 << 20
+        /// A range whose connection has received nothing for this long is taken over by an idle connection.
+        public var stallTakeover: Duration = .seconds(3)
+
+        public init() {}
+    }
+
     public var retry = Retry()
+    public var segmentation = Segmentation()
     public var timeouts = Timeouts()
     public var redirects = Redirects()
     public var storage = Storage()

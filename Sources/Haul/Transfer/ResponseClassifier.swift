@@ -27,6 +27,8 @@ struct StreamPlan: Equatable, Sendable {
     let restartReason: RestartReason?
     /// Digests of this response's body (`Content-Digest`, `Content-MD5`).
     var contentDigests: [Checksum] = []
+    /// Whether the server answered with `206`: ranges demonstrably work.
+    var isPartialResponse = false
 
     /// True when the partial file must be emptied before writing.
     var startsOver: Bool { writeStart == 0 }
@@ -45,6 +47,7 @@ enum ResponseClassifier {
             status, headers: headers, plan: plan, validator: validator, coding: coding, now: now)
         guard case .stream(var stream) = action else { return action }
         stream.contentDigests = DigestFields.contentDigests(headers)
+        stream.isPartialResponse = status == 206
         return .stream(stream)
     }
 

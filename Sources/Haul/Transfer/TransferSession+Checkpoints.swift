@@ -11,7 +11,7 @@ import NIOHTTP1
 /// Starting over, checkpointing and finishing: everything that changes the manifest.
 extension TransferSession {
 
-    var storedBytes: Int64 { manifest?.segments.first?.written ?? 0 }
+    var storedBytes: Int64 { manifest?.segments.reduce(0) { $0 + $1.written } ?? 0 }
 
     /// Discards the partial data and tells the observer why.
     mutating func startOver(_ reason: RestartReason) async throws {

@@ -64,6 +64,10 @@ extension TransferSession {
             )
         )
 
+        if canSegment(plan), let total = plan.totalLength {
+            return try await receiveSegmented(body, plan: plan, total: total, file: file)
+        }
+
         var hasher = try await hasherForPrefix(plan.writeStart, validator: plan.validator, file: file)
         let pieces = try await pieceHasher(at: plan.writeStart, file: file)
         let received: Int64

@@ -36,6 +36,8 @@ struct TransferSession {
     var pendingRestart: RestartReason?
     /// Set when an earlier session renamed the complete file but died before removing its manifest.
     var completedEarlier: Int64?
+    /// Set when the server refused `bytes=0-` (an empty file answers 416): ask without a range.
+    var rangeProbeRefused = false
     var restarts = 0
     var bytesFetched: Int64 = 0
     var resumedFrom: Int64?
@@ -116,6 +118,9 @@ struct TransferSession {
             try await startOver(reason)
         }
         var plan = ResumePlan.fresh
+        if let file, let stored = manifest, stored.segments.count > 1 {
+            return try await resumeSegments(stored, file: file)
+        }
         if let file, let stored = manifest {
             var trusted = stored.trustedPrefix(currentBootID: BootIdentity.current, partialSize: try file.size())
             trusted = try await verifyRecordedPieces(trusted: trusted, file: file)
@@ -135,6 +140,11 @@ struct TransferSession {
         }
 
         let (response, finalURL) = try await fetch(plan: plan)
+        if response.status.code == 416 && plan.stored == nil && probesRanges {
+            _ = try? await response.body.collect(upTo: 64 * 1024)
+            rangeProbeRefused = true
+            return nil
+        }
         let action = ResponseClassifier.classify(
             status: Int(response.status.code), headers: response.headers, plan: plan,
             now: Int64(Date().timeIntervalSince1970)
@@ -181,13 +191,29 @@ struct TransferSession {
 
     /// Sends the request, following redirects by hand so credentials never leave their origin.
     func fetch(plan: ResumePlan) async throws -> (HTTPClientResponse, DownloadURL) {
+        var headers = plan.headers
+        // With several connections, a fresh download asks for a range: a 206 shows ranges work.
+        if plan.stored == nil && probesRanges { headers.append(("Range", "bytes=0-")) }
+        return try await Self.fetch(
+            headers: headers, url: url, request: request, client: downloader.client, configuration: configuration,
+            paths: paths)
+    }
+
+    /// Whether a fresh request asks for `bytes=0-` to find out if the file can be fetched in ranges.
+    var probesRanges: Bool { configuration.segmentation.connections > 1 && !rangeProbeRefused }
+
+    /// Sends a request for `url` with the request's headers plus `extra`, following redirects.
+    static func fetch(
+        headers extra: [(String, String)], url: DownloadURL, request: DownloadRequest, client: HTTPClient,
+        configuration: DownloaderConfiguration, paths: DownloadPaths?
+    ) async throws -> (HTTPClientResponse, DownloadURL) {
         var current = url
         var headers = request.headers.map { ($0.name, $0.value) }
         if !headers.contains(where: { $0.0.lowercased() == "user-agent" }) {
             headers.append(("User-Agent", configuration.userAgent))
         }
         headers.append(("Accept-Encoding", "identity"))
-        headers += plan.headers
+        headers += extra
         var visited: Set<String> = [current.string]
         let redirects = configuration.redirects
         for _ in 0...redirects.maximum {
@@ -196,7 +222,7 @@ struct TransferSession {
             for (name, value) in headers { outgoing.headers.add(name: name, value: value) }
             let response: HTTPClientResponse
             do {
-                response = try await downloader.client.execute(outgoing, deadline: .distantFuture)
+                response = try await client.execute(outgoing, deadline: .distantFuture)
             } catch {
                 throw Self.transportFailure(error, url: current, configuration: configuration, paths: paths)
             }

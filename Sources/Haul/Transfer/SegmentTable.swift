@@ -1,0 +1,141 @@
+import Synchronization
+
+/// The ranges of a download fetched over several connections, and which connection fetches which.
+///
+/// A connection that has nothing left to fetch takes over half of the largest remaining range (never
+/// leaving a piece smaller than `minimumSplit`), so a slow connection does not hold the download back
+/// at the end; a range whose connection has made no progress for `stallTakeover` is taken over whole.
+/// Ranges only ever shrink from the end, and every byte written belongs to the same validated version
+/// of the file, so a connection that writes a little past a range that was just cut short is harmless.
+final class SegmentTable: Sendable {
+    struct Segment: Sendable, Equatable {
+        var start: Int64
+        /// One past the last byte.
+        var end: Int64
+        /// Bytes from `start` written to the file.
+        var written: Int64
+        /// Bytes from `start` known to be flushed (from the manifest; raised by durable checkpoints).
+        var durable: Int64
+        var owner: Int?
+        var lastProgress: ContinuousClock.Instant = .now
+
+        var position: Int64 { start + written }
+        var remaining: Int64 { max(0, end - position) }
+    }
+
+    /// A range for one connection to fetch: bytes `from..<to` of segment `index`.
+    struct Assignment: Sendable, Equatable {
+        let index: Int
+        let from: Int64
+        let to: Int64
+    }
+
+    private struct State {
+        var segments: [Segment]
+        var failure: (any Error)?
+    }
+
+    let minimumSplit: Int64
+    let stallTakeover: Duration
+    private let state: Mutex<State>
+
+    init(_ segments: [Segment], minimumSplit: Int64, stallTakeover: Duration = .seconds(3)) {
+        self.minimumSplit = max(1, minimumSplit)
+        self.stallTakeover = stallTakeover
+        self.state = Mutex(State(segments: segments))
+    }
+
+    /// Gives `worker` a range: an unowned unfinished segment (the earliest), else half of the largest
+    /// remaining one, else the rest of a stalled one; `nil` when there is nothing left for it.
+    func claim(worker: Int, now: ContinuousClock.Instant = .now) -> Assignment? {
+        state.withLock { state -> Assignment? in
+            guard state.failure == nil else { return nil }
+            if let index = state.segments.indices.filter({
+                state.segments[$0].owner == nil && state.segments[$0].remaining > 0
+            }).min(by: { state.segments[$0].start < state.segments[$1].start }) {
+                state.segments[index].owner = worker
+                state.segments[index].lastProgress = now
+                return Assignment(index: index, from: state.segments[index].position, to: state.segments[index].end)
+            }
+            guard
+                let victim = state.segments.indices.filter({ state.segments[$0].remaining > 0 })
+                    .max(by: { state.segments[$0].remaining < state.segments[$1].remaining })
+            else { return nil }
+            let segment = state.segments[victim]
+            let split: Int64
+            if segment.remaining >= 2 * minimumSplit {
+                // Half of what is left, on a 64 KiB boundary.
+                split = (segment.position + segment.remaining / 2) / 65_536 * 65_536
+            } else if now - segment.lastProgress >= stallTakeover {
+                split = segment.position
+            } else {
+                return nil
+            }
+            guard split >= segment.position, split < segment.end else { return nil }
+            state.segments[victim].end = split
+            state.segments.append(
+                Segment(start: split, end: segment.end, written: 0, durable: 0, owner: worker, lastProgress: now))
+            return Assignment(index: state.segments.count - 1, from: split, to: segment.end)
+        }
+    }
+
+    /// The current end of a segment: where its connection must stop.
+    func end(of index: Int) -> Int64 { state.withLock { $0.segments[index].end } }
+
+    /// Records bytes written up to `position`; returns whether the segment is complete.
+    @discardableResult
+    func advance(_ index: Int, to position: Int64, now: ContinuousClock.Instant = .now) -> Bool {
+        state.withLock { state in
+            let segment = state.segments[index]
+            let reached = min(position, segment.end) - segment.start
+            if reached > segment.written {
+                state.segments[index].written = reached
+                state.segments[index].lastProgress = now
+            }
+            return state.segments[index].remaining == 0
+        }
+    }
+
+    /// Lets another connection continue a segment whose connection failed.
+    func release(_ index: Int, worker: Int) {
+        state.withLock { state in
+            if state.segments[index].owner == worker { state.segments[index].owner = nil }
+        }
+    }
+
+    /// Stops every connection: the first failure wins.
+    func fail(_ error: any Error) {
+        state.withLock { state in
+            if state.failure == nil { state.failure = error }
+        }
+    }
+
+    var failure: (any Error)? { state.withLock { $0.failure } }
+
+    var segments: [Segment] { state.withLock { $0.segments } }
+
+    var written: Int64 { state.withLock { $0.segments.reduce(0) { $0 + $1.written } } }
+
+    var isComplete: Bool { state.withLock { $0.segments.allSatisfy { $0.remaining == 0 } } }
+
+    /// Marks every segment's bytes up to `written` (as captured before a flush) durable.
+    func markDurable(_ captured: [Segment]) {
+        state.withLock { state in
+            for (index, segment) in captured.enumerated() where index < state.segments.count {
+                state.segments[index].durable = max(
+                    state.segments[index].durable, min(segment.written, state.segments[index].written))
+            }
+        }
+    }
+}
+
+extension SegmentTable.Segment {
+    init(_ segment: Manifest.Segment, trusted: Int64, total: Int64) {
+        let end = segment.end ?? total
+        self.init(start: segment.start, end: end, written: trusted, durable: min(segment.durable, trusted), owner: nil)
+    }
+
+    var manifestSegment: Manifest.Segment {
+        Manifest.Segment(start: start, end: end, written: written, durable: durable)
+    }
+}

@@ -1,0 +1,382 @@
+import AsyncHTTPClient
+import NIOCore
+import NIOHTTP1
+import Synchronization
+
+#if canImport(FoundationEssentials)
+    import FoundationEssentials
+#else
+    import Foundation
+#endif
+
+/// A segment's answer showed the remote file is not the one being downloaded (or ranges do not work
+/// after all): every connection stops and the download starts over.
+struct SegmentRestart: Error {
+    let reason: RestartReason
+}
+
+/// Fetching one file over several connections, each writing its ranges with positional writes.
+extension TransferSession {
+    /// Whether the answer allows fetching the rest in ranges over several connections.
+    func canSegment(_ plan: StreamPlan) -> Bool {
+        let segmentation = configuration.segmentation
+        guard segmentation.connections > 1, plan.isPartialResponse, let total = plan.totalLength,
+            plan.validator.ifRangeValue != nil, plan.contentEncoding == nil, plan.writeStart == plan.bodyStart,
+            plan.contentDigests.isEmpty
+        else { return false }
+        return total - plan.writeStart >= 2 * segmentation.minimumSplit
+    }
+
+    /// Continues the `206` just received as the first of several connections.
+    mutating func receiveSegmented(
+        _ body: HTTPClientResponse.Body, plan: StreamPlan, total: Int64, file: PartialFile
+    ) async throws -> DownloadResult? {
+        let durable = min(manifest?.segments.first?.durable ?? 0, plan.writeStart)
+        let table = SegmentTable(
+            [SegmentTable.Segment(start: 0, end: total, written: plan.writeStart, durable: durable, owner: nil)],
+            minimumSplit: configuration.segmentation.minimumSplit,
+            stallTakeover: configuration.segmentation.stallTakeover)
+        // Piece hashes are kept for downloads written in order only; the whole file is checked at the end.
+        manifest?.pieces = []
+        manifest?.segments = table.segments.map(\.manifestSegment)
+        guard let first = table.claim(worker: 0) else { return try await finish(totalBytes: total) }
+        return try await runSegments(table, first: (body, first), total: total, file: file)
+    }
+
+    /// Continues a download whose manifest has several segments, each from its trusted offset.
+    mutating func resumeSegments(_ stored: Manifest, file: PartialFile) async throws -> DownloadResult? {
+        guard let total = stored.totalLength, stored.contentEncoding == nil, stored.validator.ifRangeValue != nil,
+            let paths
+        else {
+            try await startOver(.untrustedPartial("a manifest of several segments without a strong validator"))
+            return nil
+        }
+        let size = try file.size()
+        let sameBoot = BootIdentity.current != nil && BootIdentity.current == stored.bootID
+        let segments = stored.segments.map { segment in
+            // On the boot that wrote them, written bytes survived in the page cache; after a reboot only
+            // flushed ones did. Never more than the file holds.
+            let trusted = min(sameBoot ? segment.written : segment.durable, max(0, size - segment.start))
+            return SegmentTable.Segment(segment, trusted: trusted, total: total)
+        }
+        let table = SegmentTable(
+            segments, minimumSplit: configuration.segmentation.minimumSplit,
+            stallTakeover: configuration.segmentation.stallTakeover)
+        manifest?.segments = table.segments.map(\.manifestSegment)
+        if resumedFrom == nil { resumedFrom = table.written }
+        observe(
+            .started(
+                DownloadStart(
+                    destination: paths.destination, url: stored.finalURL, totalBytes: total,
+                    resumedFrom: table.written, resumable: true, validator: stored.validator)))
+        if table.isComplete { return try await finish(totalBytes: total) }
+        return try await runSegments(table, first: nil, total: total, file: file)
+    }
+
+    /// Runs the connections until every segment is written, checkpointing and reporting progress on
+    /// the way. Returns `nil` when the download has to start over.
+    mutating func runSegments(
+        _ table: SegmentTable, first: (HTTPClientResponse.Body, SegmentTable.Assignment)?, total: Int64,
+        file: PartialFile
+    ) async throws -> DownloadResult? {
+        guard let validator = manifest?.validator, let ifRange = validator.ifRangeValue else {
+            throw HaulError(.fileSystem, "no manifest for a segmented download")
+        }
+        let context = SegmentContext(
+            table: table, file: file, url: url, request: request, client: downloader.client,
+            configuration: configuration, paths: paths, total: total, validator: validator, ifRange: ifRange,
+            rateLimiters: rateLimiters, observe: observe)
+        let storage = configuration.storage
+        var meter = ProgressMeter(
+            startingAt: table.written, totalBytes: total, interval: configuration.progressInterval)
+        var lastDurable = clock.now
+        var outcome: (any Error)?
+        let connections = max(1, configuration.segmentation.connections)
+
+        await withTaskGroup(of: Void.self) { group in
+            for worker in 0..<connections {
+                let assigned = worker == 0 ? first : nil
+                group.addTask { await Self.runConnection(worker, context: context, first: assigned) }
+            }
+            while true {
+                do {
+                    try await Task.sleep(for: .milliseconds(50))
+                } catch {
+                    outcome = Self.cancelled(paths)
+                    break
+                }
+                if let failure = table.failure {
+                    outcome = failure
+                    break
+                }
+                if table.isComplete { break }
+                let now = clock.now
+                if let progress = meter.record(table.written, at: now) { observe(.progress(progress)) }
+                if now - lastCheckpoint >= storage.checkpointInterval {
+                    let durable = now - lastDurable >= storage.durableCheckpointInterval
+                    if durable { lastDurable = now }
+                    do {
+                        try await checkpointSegments(table, file: file, durable: durable)
+                    } catch {
+                        outcome = error
+                        break
+                    }
+                }
+            }
+            group.cancelAll()
+            await group.waitForAll()
+        }
+        bytesFetched += context.fetched.load(ordering: .relaxed)
+
+        if let outcome {
+            if let restart = outcome as? SegmentRestart {
+                try await startOver(restart.reason)
+                return nil
+            }
+            let cancelled = (outcome as? HaulError)?.code == .cancelled
+            try? await checkpointSegments(table, file: file, durable: cancelled)
+            throw outcome
+        }
+        if let progress = meter.record(table.written, at: clock.now, force: true) { observe(.progress(progress)) }
+        manifest?.segments = table.segments.map(\.manifestSegment)
+        return try await finish(totalBytes: total)
+    }
+
+    /// Stores every segment's progress; a durable checkpoint flushes the data first and records as
+    /// durable what was written before the flush.
+    mutating func checkpointSegments(_ table: SegmentTable, file: PartialFile, durable: Bool) async throws {
+        if durable {
+            let captured = table.segments
+            try await file.syncData()
+            table.markDurable(captured)
+        }
+        manifest?.segments = table.segments.map(\.manifestSegment)
+        try await storeManifest(durable: durable)
+    }
+
+    /// One connection: takes ranges from the table until none is left, retrying its own failures.
+    static func runConnection(
+        _ worker: Int, context: SegmentContext, first: (HTTPClientResponse.Body, SegmentTable.Assignment)?
+    ) async {
+        var failures = 0
+        var pending = first
+        let table = context.table
+        while !Task.isCancelled, table.failure == nil, !table.isComplete {
+            guard let assignment = pending?.1 ?? table.claim(worker: worker) else {
+                // Nothing to take now; a range may become worth taking over later.
+                do {
+                    try await Task.sleep(for: .milliseconds(200))
+                } catch {
+                    return
+                }
+                continue
+            }
+            let body = pending?.0
+            pending = nil
+            let before = table.segments[assignment.index].written
+            do {
+                if let body {
+                    try await context.receive(body, assignment: assignment)
+                } else {
+                    try await context.receive(context.openRange(assignment), assignment: assignment)
+                }
+                failures = 0
+            } catch let failure as RetryableFailure {
+                table.release(assignment.index, worker: worker)
+                if table.segments[assignment.index].written > before { failures = 0 }
+                failures += 1
+                let retry = context.configuration.retry
+                guard failures <= retry.maximumRetries else {
+                    table.fail(
+                        HaulError(
+                            failure.error.code,
+                            "\(failure.error.message) (gave up after \(retry.maximumRetries) retries)",
+                            status: failure.error.status, underlying: failure.error.underlying))
+                    return
+                }
+                let delay = failure.retryAfter ?? context.backoff(failures: failures)
+                context.observe(.retrying(attempt: failures, delay: delay, error: failure.error))
+                do {
+                    try await Task.sleep(for: delay)
+                } catch {
+                    return
+                }
+            } catch {
+                table.release(assignment.index, worker: worker)
+                if !Task.isCancelled { table.fail(error) }
+                return
+            }
+        }
+    }
+}
+
+/// What every connection of a segmented download shares.
+final class SegmentContext: Sendable {
+    let table: SegmentTable
+    let file: PartialFile
+    let url: DownloadURL
+    let request: DownloadRequest
+    let client: HTTPClient
+    let configuration: DownloaderConfiguration
+    let paths: DownloadPaths?
+    let total: Int64
+    let validator: ResourceValidator
+    let ifRange: String
+    let rateLimiters: [RateLimiter]
+    let observe: @Sendable (DownloadEvent) -> Void
+    let fetched = Atomic<Int64>(0)
+
+    init(
+        table: SegmentTable, file: PartialFile, url: DownloadURL, request: DownloadRequest, client: HTTPClient,
+        configuration: DownloaderConfiguration, paths: DownloadPaths?, total: Int64, validator: ResourceValidator,
+        ifRange: String, rateLimiters: [RateLimiter], observe: @escaping @Sendable (DownloadEvent) -> Void
+    ) {
+        self.table = table
+        self.file = file
+        self.url = url
+        self.request = request
+        self.client = client
+        self.configuration = configuration
+        self.paths = paths
+        self.total = total
+        self.validator = validator
+        self.ifRange = ifRange
+        self.rateLimiters = rateLimiters
+        self.observe = observe
+    }
+
+    func backoff(failures: Int) -> Duration {
+        let retry = configuration.retry
+        var delay = retry.initialDelay * (1 << min(failures - 1, 20))
+        if delay > retry.maximumDelay { delay = retry.maximumDelay }
+        if retry.jitter { delay = delay / 2 + delay / 2 * Double.random(in: 0...1) }
+        return delay
+    }
+
+    /// Asks for one range and checks the answer: exactly that range of the same file, or nothing.
+    func openRange(_ assignment: SegmentTable.Assignment) async throws -> HTTPClientResponse.Body {
+        let (response, _) = try await TransferSession.fetch(
+            headers: [("Range", "bytes=\(assignment.from)-\(assignment.to - 1)"), ("If-Range", ifRange)], url: url,
+            request: request, client: client, configuration: configuration, paths: paths)
+        let status = Int(response.status.code)
+        let action = SegmentResponse.classify(
+            status: status, headers: response.headers, from: assignment.from, to: assignment.to, total: total,
+            validator: validator, now: Int64(Date().timeIntervalSince1970))
+        switch action {
+        case .accept:
+            return response.body
+        case .restart(let reason):
+            throw SegmentRestart(reason: reason)
+        case .retry(let retryAfter):
+            let phrase = HTTPResponseStatus(statusCode: status).reasonPhrase
+            throw RetryableFailure(
+                error: HaulError(.httpStatus, "the server answered \(status) \(phrase)", status: status),
+                retryAfter: retryAfter.map { .seconds($0) })
+        case .fail(let code, let message):
+            throw HaulError(code, message, status: status)
+        }
+    }
+
+    /// Writes a range's body at its offsets, stopping where the segment ends now (another connection
+    /// may have taken over its tail).
+    func receive(_ body: HTTPClientResponse.Body, assignment: SegmentTable.Assignment) async throws {
+        let storage = configuration.storage
+        let blockSize = min(storage.blockSize, 1 << 20)
+        var block = ByteBufferAllocator().buffer(capacity: blockSize)
+        var blockStart = assignment.from
+        var lastWrite = ContinuousClock.now
+        var complete = false
+
+        func flush() async throws {
+            guard block.readableBytes > 0 else { return }
+            try await file.write(block, at: blockStart)
+            blockStart += Int64(block.readableBytes)
+            block.clear()
+            lastWrite = .now
+            complete = table.advance(assignment.index, to: blockStart)
+        }
+
+        do {
+            for try await chunk in body {
+                fetched.add(Int64(chunk.readableBytes), ordering: .relaxed)
+                let room = table.end(of: assignment.index) - blockStart - Int64(block.readableBytes)
+                if room <= 0 { break }
+                var chunk = chunk
+                if Int64(chunk.readableBytes) > room {
+                    chunk = chunk.getSlice(at: chunk.readerIndex, length: Int(room)) ?? chunk
+                }
+                block.writeImmutableBuffer(chunk)
+                for limiter in rateLimiters { try await limiter.take(chunk.readableBytes) }
+                let reachedEnd = blockStart + Int64(block.readableBytes) >= table.end(of: assignment.index)
+                if block.readableBytes >= blockSize || reachedEnd
+                    || ContinuousClock.now - lastWrite >= storage.flushInterval
+                {
+                    try await flush()
+                    if complete { break }
+                }
+            }
+        } catch {
+            // Bytes that arrived are valid: keep them, then report the failure.
+            try await flush()
+            throw TransferSession.transportFailure(error, url: url, configuration: configuration, paths: paths)
+        }
+        try await flush()
+        if !complete && blockStart < table.end(of: assignment.index) {
+            throw RetryableFailure(
+                error: HaulError(
+                    .network,
+                    "a connection ended at byte \(blockStart) of a range that runs to \(table.end(of: assignment.index))"
+                ))
+        }
+    }
+}
+
+/// Whether the answer to a range request is exactly that range of the same file.
+enum SegmentResponse: Equatable {
+    case accept
+    case restart(RestartReason)
+    case retry(retryAfter: Int64?)
+    case fail(HaulError.Code, String)
+
+    static func classify(
+        status: Int, headers: HTTPHeaders, from: Int64, to: Int64, total: Int64, validator stored: ResourceValidator,
+        now: Int64
+    ) -> SegmentResponse {
+        let validator = ResourceValidator(headers: headers)
+        switch status {
+        case 206:
+            if let type = headers.first(name: "content-type"), type.lowercased().hasPrefix("multipart/byteranges") {
+                return .restart(.multipartResponse)
+            }
+            if let coding = ResponseClassifier.contentCoding(headers) { return .restart(.contentEncoded(coding)) }
+            let header = headers.first(name: "content-range") ?? "missing"
+            guard let range = ContentRange(header), range.first == from, range.last == to - 1 else {
+                return .restart(.invalidContentRange("asked for bytes \(from)-\(to - 1), got Content-Range \(header)"))
+            }
+            guard range.completeLength == total else {
+                return .restart(
+                    .remoteChanged("length \(total) became \(range.completeLength.map(String.init) ?? "unknown")"))
+            }
+            if let length = headers.first(name: "content-length").flatMap({ Int64(decimalDigits: $0) }),
+                length != to - from
+            {
+                return .restart(.invalidContentRange("Content-Length \(length) does not match Content-Range \(header)"))
+            }
+            let onlyMissing = validator.entityTag == nil && validator.lastModified == nil
+            if let contradiction = stored.contradiction(with: validator), !onlyMissing {
+                return .restart(.remoteChanged(contradiction))
+            }
+            return .accept
+        case 200:
+            // If-Range failed, or the server ignores ranges for this request.
+            return .restart(stored.contradiction(with: validator).map(RestartReason.remoteChanged) ?? .rangeIgnored)
+        case 416:
+            return .restart(.rangeNotSatisfiable("416 to bytes \(from)-\(to - 1) of \(total)"))
+        case 408, 429, 500, 502, 503, 504, 507...599:
+            return .retry(retryAfter: headers.first(name: "retry-after").flatMap { RetryAfter.delay($0, now: now) })
+        default:
+            return .fail(
+                .httpStatus, "the server answered \(status) \(HTTPResponseStatus(statusCode: status).reasonPhrase)")
+        }
+    }
+}

@@ -1,0 +1,169 @@
+import HaulTestServer
+import Testing
+
+@testable import Haul
+
+/// A configuration for `connections` connections per file with small splits.
+func segmentedConfiguration(connections: Int = 4, stall: Duration = .seconds(5)) -> DownloaderConfiguration {
+    var configuration = testConfiguration(stall: stall)
+    configuration.segmentation.connections = connections
+    configuration.segmentation.minimumSplit = 256 * 1024
+    configuration.segmentation.stallTakeover = .seconds(1)
+    return configuration
+}
+
+@Suite("Several connections per file") struct SegmentedTests {
+    @Test("the file arrives in ranges over several connections, byte-identical")
+    func segmentedDownload() async throws {
+        try await HaulTestServer.withRunning { server in
+            try await withTemporaryDirectory { directory in
+                let resource = TestResource(name: "parts", size: 6 * 1024 * 1024 + 123)
+                server.add("/parts", resource)
+                server.setStandingFaults("/parts", [.throttle(bytesPerSecond: 2 << 20)])
+                let destination = directory + "/parts"
+                let result = try await withDownloader(segmentedConfiguration()) { downloader in
+                    try await downloader.download(
+                        DownloadRequest(url: server.url("/parts"), destination: .file(destination)))
+                }
+                #expect(try readFile(destination) == resource.content)
+                #expect(result.bytes == resource.size)
+                let requests = server.requests(for: "/parts")
+                #expect(requests.first?.header("Range") == "bytes=0-")
+                #expect(requests.count >= 4)
+                for request in requests.dropFirst() {
+                    let range = try #require(request.header("Range"))
+                    #expect(range.hasPrefix("bytes=") && !range.hasSuffix("-"), "\(range)")
+                    #expect(request.header("If-Range") == resource.entityTagValue)
+                }
+                // Four at a time, plus at most one whose range was cut short and is still closing.
+                #expect((4...5).contains(server.maximumOpenConnections))
+                #expect(listDirectory(directory) == ["parts"])
+            }
+        }
+    }
+
+    @Test("one connection is used when the server ignores ranges")
+    func fallsBackToOneConnection() async throws {
+        try await HaulTestServer.withRunning { server in
+            try await withTemporaryDirectory { directory in
+                let resource = TestResource(name: "whole", size: 3 * 1024 * 1024)
+                server.add("/whole", resource)
+                server.setStandingFaults("/whole", [.ignoreRange])
+                try await withDownloader(segmentedConfiguration()) { downloader in
+                    try await downloader.download(
+                        DownloadRequest(url: server.url("/whole"), destination: .file(directory + "/whole")))
+                }
+                #expect(try readFile(directory + "/whole") == resource.content)
+                #expect(server.requests(for: "/whole").count == 1)
+                #expect(server.maximumOpenConnections == 1)
+            }
+        }
+    }
+
+    @Test("a version switch seen by one segment restarts the download; no mixed file")
+    func versionSwitchOnOneSegment() async throws {
+        try await HaulTestServer.withRunning { server in
+            try await withTemporaryDirectory { directory in
+                var resource = TestResource(name: "switching", size: 4 * 1024 * 1024)
+                server.add("/switching", resource)
+                server.setStandingFaults("/switching", [.throttle(bytesPerSecond: 2 << 20)])
+                // The third request (a segment) finds version 2.
+                server.script("/switching", [[], [], [.switchVersion(to: 2)]])
+                let log = EventLog()
+                try await withDownloader(segmentedConfiguration()) { downloader in
+                    try await downloader.download(
+                        DownloadRequest(url: server.url("/switching"), destination: .file(directory + "/switching")),
+                        observing: log.record)
+                }
+                resource.version = 2
+                #expect(try readFile(directory + "/switching") == resource.content)
+                #expect(log.restartKinds == ["remoteChanged"])
+            }
+        }
+    }
+
+    @Test("a connection that closes early is retried from where it stopped")
+    func connectionClosesEarly() async throws {
+        try await HaulTestServer.withRunning { server in
+            try await withTemporaryDirectory { directory in
+                let resource = TestResource(name: "dropped", size: 4 * 1024 * 1024)
+                server.add("/dropped", resource)
+                server.setStandingFaults("/dropped", [.throttle(bytesPerSecond: 2 << 20)])
+                server.script("/dropped", [[], [.closeAfter(bytes: 100_000)]])
+                let log = EventLog()
+                try await withDownloader(segmentedConfiguration()) { downloader in
+                    try await downloader.download(
+                        DownloadRequest(url: server.url("/dropped"), destination: .file(directory + "/dropped")),
+                        observing: log.record)
+                }
+                #expect(try readFile(directory + "/dropped") == resource.content)
+                #expect(log.retries.count >= 1)
+                #expect(log.restartKinds.isEmpty)
+            }
+        }
+    }
+
+    @Test("a stalled connection's range is taken over and the file completes long before the stall ends")
+    func stalledRangeIsTakenOver() async throws {
+        try await HaulTestServer.withRunning { server in
+            try await withTemporaryDirectory { directory in
+                let resource = TestResource(name: "stalled", size: 4 * 1024 * 1024)
+                server.add("/stalled", resource)
+                server.script("/stalled", [[], [.stall(afterBytes: 64 * 1024, seconds: 60)]])
+                let started = ContinuousClock.now
+                try await withDownloader(segmentedConfiguration(stall: .seconds(60))) { downloader in
+                    try await downloader.download(
+                        DownloadRequest(url: server.url("/stalled"), destination: .file(directory + "/stalled")))
+                }
+                #expect(ContinuousClock.now - started < .seconds(20))
+                #expect(try readFile(directory + "/stalled") == resource.content)
+            }
+        }
+    }
+
+    @Test("an interrupted segmented download resumes every segment from its recorded offset")
+    func resumesEverySegment() async throws {
+        try await HaulTestServer.withRunning { server in
+            try await withTemporaryDirectory { directory in
+                let resource = TestResource(name: "resumed", size: 6 * 1024 * 1024)
+                server.add("/resumed", resource)
+                server.setStandingFaults("/resumed", [.throttle(bytesPerSecond: 1 << 20)])
+                let destination = directory + "/resumed"
+                let paths = DownloadPaths(destination: destination)
+                try await withDownloader(segmentedConfiguration()) { downloader in
+                    try await withThrowingTaskGroup(of: Void.self) { group in
+                        group.addTask {
+                            try await downloader.download(
+                                DownloadRequest(url: server.url("/resumed"), destination: .file(destination)))
+                        }
+                        while (try? ManifestStore.load(paths))?.segments.count ?? 0 < 4
+                            || (try? ManifestStore.load(paths))?.segments.contains(where: { $0.written == 0 }) ?? true
+                        {
+                            try await Task.sleep(for: .milliseconds(20))
+                        }
+                        group.cancelAll()
+                        await #expect(throws: HaulError.self) { try await group.next() }
+                    }
+                }
+                let manifest = try #require(try ManifestStore.load(paths))
+                #expect(manifest.segments.count >= 4)
+                let requestsBefore = server.requests(for: "/resumed").count
+                server.setStandingFaults("/resumed", [])
+                let log = EventLog()
+                try await withDownloader(segmentedConfiguration()) { downloader in
+                    try await downloader.download(
+                        DownloadRequest(url: server.url("/resumed"), destination: .file(destination)),
+                        observing: log.record)
+                }
+                #expect(try readFile(destination) == resource.content)
+                #expect(log.starts.first?.resumedFrom == manifest.segments.reduce(0) { $0 + $1.written })
+                let ranges = Set(
+                    server.requests(for: "/resumed").dropFirst(requestsBefore).compactMap { $0.header("Range") })
+                for segment in manifest.segments where segment.start + segment.written < segment.end! {
+                    #expect(ranges.contains { $0.hasPrefix("bytes=\(segment.start + segment.written)-") }, "\(ranges)")
+                }
+                #expect(log.restartKinds.isEmpty)
+            }
+        }
+    }
+}
