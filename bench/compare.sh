@@ -1,48 +1,99 @@
 #!/usr/bin/env bash
-# One large file over loopback from a local nginx: haul against curl, wget, aria2c and axel, on the
-# same file in the same run. Prints a Markdown table with wall time, CPU time, peak RSS, throughput
-# and the ratio of each tool's throughput to curl's. Each tool runs RUNS times (default 3); the
-# table shows the median run. `sync` runs before every measurement so no tool pays for another's
-# dirty pages.
+# Haul against curl, wget, aria2c and axel on the same files from a local nginx on loopback, in the
+# same run. Prints a Markdown table with wall time, CPU time, peak RSS, throughput and the ratios to
+# curl and to aria2c. Each command runs RUNS times (default 3); the table shows the median run.
+# `sync` runs before every measurement so no tool pays for another's dirty pages.
 #
-#   bench/compare.sh [SIZE_MIB]        default 4096
+#   bench/compare.sh [SIZE_MIB]              1. one file (default 4096 MiB), unthrottled
+#   bench/compare.sh --throttled [SIZE_MIB]  2. one file (default 1024 MiB), nginx limits each connection to 20 MB/s
+#   bench/compare.sh --many [COUNT]          3. COUNT files of 16 KiB (default 2000), 16 at a time
 #   RUNS=5 bench/compare.sh 1024
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
-size="${1:-4096}"
+mode=single
+case "${1:-}" in
+    --throttled) mode=throttled; shift ;;
+    --many) mode=many; shift ;;
+esac
 runs="${RUNS:-3}"
 bench_install
 command -v bc >/dev/null || { apt-get update -qq; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bc; }
-(cd "$ROOT_DIR" && swift build -c release --product haul >/dev/null 2>&1)
+(cd "$ROOT_DIR" && swift build -c release --product haul >/dev/null 2>&1) || { echo "the release build failed"; exit 1; }
 HAUL="$ROOT_DIR/.build/release/haul"
-
-bench_file "compare.bin" "$size"
-bench_start_nginx
-trap bench_stop_nginx EXIT
-url="$BASE_URL/compare.bin"
 out="$DATA_DIR/out"
+state="$DATA_DIR/haul-state"
 mkdir -p "$out"
 
-# tool label, then the command; the output file is always $out/compare.bin
 declare -a labels commands
 add() { labels+=("$1"); commands+=("$2"); }
-add "haul get" "$HAUL get $url -o $out/compare.bin -q"
-add "curl -o" "curl -sS -o $out/compare.bin $url"
-add "curl -o && sync" "curl -sS -o $out/compare.bin $url && sync $out/compare.bin"
-add "wget -O" "wget -q -O $out/compare.bin $url"
-add "aria2c -x1" "aria2c -q -x1 --allow-overwrite=true --file-allocation=none -d $out -o compare.bin $url"
-add "aria2c -x8 -s8" "aria2c -q -x8 -s8 --allow-overwrite=true --file-allocation=none -d $out -o compare.bin $url"
-add "axel -n 8" "axel -q -n 8 -o $out/compare.bin $url"
+
+case "$mode" in
+    single | throttled)
+        if [ "$mode" = single ]; then size="${1:-4096}"; else size="${1:-1024}"; fi
+        bench_file "compare.bin" "$size"
+        path="compare.bin"
+        [ "$mode" = throttled ] && path="slow/compare.bin"
+        url="$BASE_URL/$path"
+        target="$out/compare.bin"
+        units="$size"
+        unit="MiB/s"
+        haul="$HAUL get $url -o $target -q --state-dir $state"
+        if [ "$mode" = single ]; then
+            title="One ${size} MiB file over loopback"
+            add "haul get" "$haul"
+            add "haul get -x 8" "$haul -x 8"
+            add "curl -o" "curl -sS -o $target $url"
+            add "curl -o && sync" "curl -sS -o $target $url && sync $target"
+            add "wget -O" "wget -q -O $target $url"
+            add "aria2c -x1" "aria2c -q -x1 --allow-overwrite=true --file-allocation=none -d $out -o compare.bin $url"
+            add "aria2c -x8 -s8" "aria2c -q -x8 -s8 --allow-overwrite=true --file-allocation=none -d $out -o compare.bin $url"
+            add "axel -n 8" "axel -q -n 8 -o $target $url"
+            aria_label="aria2c -x1"
+        else
+            title="One ${size} MiB file, nginx limit_rate 20m per connection"
+            add "haul get -x 8" "$haul -x 8"
+            add "aria2c -x8 -s8 -k1M" "aria2c -q -x8 -s8 -k1M --allow-overwrite=true --file-allocation=none -d $out -o compare.bin $url"
+            add "axel -n 8" "axel -q -n 8 -o $target $url"
+            add "curl -o" "curl -sS -o $target $url"
+            aria_label="aria2c -x8 -s8 -k1M"
+        fi
+        check() { cmp -s "$target" "$DATA_DIR/www/compare.bin"; }
+        clean() { rm -rf "$out"/compare.bin* "$state"; }
+        ;;
+    many)
+        count="${1:-2000}"
+        mkdir -p "$DATA_DIR/www/many"
+        for i in $(seq "$count"); do
+            [ -f "$DATA_DIR/www/many/f$i" ] || head -c 16384 /dev/urandom > "$DATA_DIR/www/many/f$i"
+        done
+        seq "$count" | sed "s|^|$BASE_URL/many/f|" > "$DATA_DIR/many.txt"
+        sed 's|^\(.*\)$|url = "\1"|' "$DATA_DIR/many.txt" > "$DATA_DIR/many.curl"
+        title="$count files of 16 KiB, 16 at a time"
+        units="$count"
+        unit="files/s"
+        target="$out/many"
+        add "haul get -i -j 16" "$HAUL get -i $DATA_DIR/many.txt -j 16 -d $target -q --state-dir $state"
+        add "curl -Z --parallel-max 16" "mkdir -p $target && cd $target && curl -sS -Z --parallel-max 16 --remote-name-all -K $DATA_DIR/many.curl"
+        add "aria2c -i -j 16" "aria2c -q -i $DATA_DIR/many.txt -j 16 --allow-overwrite=true --file-allocation=none -d $target"
+        add "wget -i" "wget -q -i $DATA_DIR/many.txt -P $target"
+        aria_label="aria2c -i -j 16"
+        check() { diff -rq "$target" "$DATA_DIR/www/many" >/dev/null; }
+        clean() { rm -rf "$target" "$state"; }
+        ;;
+esac
+
+bench_start_nginx
+trap bench_stop_nginx EXIT
 
 declare -A median_wall median_cpu median_rss
 for index in "${!labels[@]}"; do
     label="${labels[$index]}"
     results=()
     for _ in $(seq "$runs"); do
-        rm -f "$out"/compare.bin*
+        clean
         line=$(measure "$label" sh -c "${commands[$index]}") || { echo "$label failed" >&2; exit 1; }
-        cmp -s "$out/compare.bin" "$DATA_DIR/www/compare.bin" || { echo "$label: wrong bytes" >&2; exit 1; }
+        check || { echo "$label: wrong bytes" >&2; exit 1; }
         results+=("${line#"$label "}")
     done
     middle=$(printf '%s\n' "${results[@]}" | sort -n | sed -n "$(((runs + 1) / 2))p")
@@ -51,16 +102,18 @@ for index in "${!labels[@]}"; do
     median_cpu[$label]=$cpu
     median_rss[$label]=$rss
 done
-rm -f "$out"/compare.bin*
+clean
 
-curl_rate=$(echo "$size / ${median_wall["curl -o"]}" | bc -l)
-echo "One ${size} MiB file over loopback, median of $runs runs ($(nproc) cores, $(date -u +%Y-%m-%d))"
+curl_rate=$(echo "$units / ${median_wall["curl -o"]:-${median_wall["curl -Z --parallel-max 16"]}}" | bc -l)
+aria_rate=$(echo "$units / ${median_wall[$aria_label]}" | bc -l)
+echo "$title, median of $runs runs ($(nproc) cores, $(date -u +%Y-%m-%d))"
 echo
-echo "| tool | wall s | CPU s | peak RSS MiB | MiB/s | × curl |"
-echo "|---|---|---|---|---|---|"
+echo "| tool | wall s | CPU s | peak RSS MiB | $unit | × curl | × aria2c |"
+echo "|---|---|---|---|---|---|---|"
 for label in "${labels[@]}"; do
     wall=${median_wall[$label]}
-    rate=$(echo "$size / $wall" | bc -l)
-    printf '| %s | %.2f | %.2f | %.1f | %.0f | %.2f |\n' "$label" "$wall" "${median_cpu[$label]}" \
-        "$(echo "${median_rss[$label]} / 1024" | bc -l)" "$rate" "$(echo "$rate / $curl_rate" | bc -l)"
+    rate=$(echo "$units / $wall" | bc -l)
+    printf '| %s | %.2f | %.2f | %.1f | %.0f | %.2f | %.2f |\n' "$label" "$wall" "${median_cpu[$label]}" \
+        "$(echo "${median_rss[$label]} / 1024" | bc -l)" "$rate" "$(echo "$rate / $curl_rate" | bc -l)" \
+        "$(echo "$rate / $aria_rate" | bc -l)"
 done

@@ -19,7 +19,8 @@ struct QueueCommandTests {
     private func killManyThenResume(_ server: HaulTestServer) async throws {
         let names = (1...8).map { "file\($0).bin" }
         for (index, name) in names.enumerated() {
-            server.add("/\(name)", TestResource(name: name, size: 1_048_576 + Int64(index) * 1000))
+            // Each takes about 10 s at this rate: none can finish before the kill, even on a loaded machine.
+            server.add("/\(name)", TestResource(name: name, size: 4_194_304 + Int64(index) * 1000))
             server.setStandingFaults("/\(name)", [.throttle(bytesPerSecond: 400 * 1024)])
         }
         let directory = try makeTemporaryDirectory()
@@ -66,8 +67,8 @@ struct QueueCommandTests {
             #expect(line.contains("queued"))
             #expect(
                 line.contains(
-                    "\(Int(Double(bytes) / Double(1_048_576 + 1000 * Int64(names.firstIndex(of: name)!)) * 100))%"))
-            #expect(line.contains(" / 1.0 MiB"))
+                    "\(Int(Double(bytes) / Double(4_194_304 + 1000 * Int64(names.firstIndex(of: name)!)) * 100))%"))
+            #expect(line.contains(" / 4.0 MiB"))
         }
 
         for name in names { server.setStandingFaults("/\(name)", []) }
