@@ -250,7 +250,7 @@ struct SegmentedCommandTests {
     }
 
     private func killSegmentedThenResume(_ server: HaulTestServer) async throws {
-        let resource = TestResource(name: "segmented", size: 16 * 1024 * 1024)
+        let resource = TestResource(name: "segmented", size: 32 * 1024 * 1024)
         server.add("/seg.bin", resource)
         server.setStandingFaults("/seg.bin", [.throttle(bytesPerSecond: 1024 * 1024)])
         let directory = try makeTemporaryDirectory()

@@ -143,10 +143,20 @@ enum POSIX {
         return Int64(info.f_bavail) * Int64(info.f_frsize)
     }
 
+    /// The file's bytes, at most `limit` of them; the buffer is sized by the file, not by the limit.
     static func readWholeFile(_ path: String, limit: Int) throws -> [UInt8] {
         let descriptor = try open(path, flags: O_RDONLY | O_NOFOLLOW)
         defer { close(descriptor) }
-        return try read(descriptor, count: limit, at: 0, path: path)
+        let length = Int(clamping: try size(descriptor, path: path))
+        // One byte more than the size says, so a file that grew meanwhile is still read to its end.
+        var bytes = try read(descriptor, count: min(limit, length + 1), at: 0, path: path)
+        while bytes.count == length + 1 && bytes.count < limit {
+            let more = try read(
+                descriptor, count: min(limit - bytes.count, 64 * 1024), at: Int64(bytes.count), path: path)
+            if more.isEmpty { break }
+            bytes += more
+        }
+        return bytes
     }
 
     static func listDirectory(_ path: String) -> [String] {

@@ -46,6 +46,7 @@ extension TransferSession {
         let snapshot = manifest
         try await downloader.io.run { try ManifestStore.store(snapshot, at: paths, durable: durable) }
         self.manifest = manifest
+        manifestUnwritten = false
         lastCheckpoint = clock.now
     }
 

@@ -48,6 +48,8 @@ extension TransferSession {
             return true
         }
         if mismatch.expected == request.checksum {
+            // Kept for a corrected checksum: the data needs its manifest.
+            if manifestUnwritten { try await storeManifest(durable: false) }
             throw HaulError(
                 .checksumMismatch, "checksum mismatch: \(mismatch.description); the data is kept in \(paths.partial)"
             )

@@ -35,7 +35,14 @@ extension TransferSession {
                 bootID: BootIdentity.current, now: Int64(Date().timeIntervalSince1970),
                 pieceSize: configuration.storage.pieceSize
             )
-            try await checkpoint(durable: replacing)
+            if let total = plan.totalLength, total <= Int64(configuration.storage.blockSize), !replacing {
+                // A file that arrives in one block is finished as soon as it is written: it needs no
+                // manifest unless it fails (a failure stores one), which spares a file creation, a
+                // rename and a deletion per small file.
+                manifestUnwritten = true
+            } else {
+                try await checkpoint(durable: replacing)
+            }
         } else {
             manifest?.finalURL = finalURL.string
             manifest?.validator = plan.validator
@@ -242,7 +249,9 @@ extension TransferSession {
                     .checksumMismatch, "the response body failed its Content-Digest (\(mismatch.description))"))
         }
         if let progress = meter.record(received, at: clock.now, force: true) { observe(.progress(progress)) }
-        try await checkpoint(durable: false)
+        if !manifestUnwritten || plan.totalLength.map({ received < $0 }) ?? true {
+            try await checkpoint(durable: false)
+        }
         hasher = runningHasher
         return received
     }

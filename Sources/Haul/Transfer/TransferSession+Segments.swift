@@ -281,7 +281,7 @@ final class SegmentContext: Sendable {
     /// may have taken over its tail).
     func receive(_ body: HTTPClientResponse.Body, assignment: SegmentTable.Assignment) async throws {
         let storage = configuration.storage
-        let blockSize = min(storage.blockSize, 1 << 20)
+        let blockSize = min(storage.blockSize, 256 << 10)
         var block = ByteBufferAllocator().buffer(capacity: blockSize)
         var blockStart = assignment.from
         var lastWrite = ContinuousClock.now

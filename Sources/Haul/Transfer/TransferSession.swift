@@ -36,6 +36,8 @@ struct TransferSession {
     var pendingRestart: RestartReason?
     /// Set when an earlier session renamed the complete file but died before removing its manifest.
     var completedEarlier: Int64?
+    /// Set while a fresh download's manifest has not been stored yet.
+    var manifestUnwritten = false
     /// Set when the server refused `bytes=0-` (an empty file answers 416): ask without a range.
     var rangeProbeRefused = false
     var restarts = 0

@@ -118,7 +118,7 @@ struct VerifierTests {
             try await withTemporaryDirectory { directory in
                 let destination = directory + "/f"
                 let pieces = PieceTests()
-                let manifest = try await pieces.interrupt(server, resource, at: 700_000, destination: destination)
+                let manifest = try await pieces.interrupt(server, resource, at: 800_000, destination: destination)
                 try #require(manifest.pieces.count >= 6)
                 let before = try #require(fileSize(destination + ".haul.part"))
 
