@@ -23,8 +23,8 @@ struct TransferOptions: ParsableArguments {
 
     @Option(
         name: [.customShort("x"), .long],
-        help: "Connections per file: above 1, a server that supports ranges sends the file in parts at once.")
-    var connections: Int = 1
+        help: "Connections per file: a server that supports ranges sends parts of the file over each at once.")
+    var connections: Int = 4
 
     @Option(help: ArgumentHelp("No part is split smaller than this, e.g. 1M.", valueName: "size"))
     var minSplitSize: String = "1M"

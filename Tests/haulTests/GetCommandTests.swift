@@ -21,7 +21,7 @@ struct GetCommandTests {
         let directory = try makeTemporaryDirectory()
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let destination = directory + "/big.bin"
-        let arguments = ["get", server.url("/big.bin"), "-o", destination, "--quiet"]
+        let arguments = ["get", server.url("/big.bin"), "-o", destination, "--quiet", "-x", "1"]
 
         var sizesAtKill: [Int64] = []
         for round in 1...3 {
@@ -69,8 +69,8 @@ struct GetCommandTests {
             server.script("/f.bin", [[.throttle(bytesPerSecond: 2 * 1024 * 1024)]])
             let directory = try makeTemporaryDirectory()
             defer { try? FileManager.default.removeItem(atPath: directory) }
-            let haul = try HaulProcess(["get", server.url("/f.bin"), "-d", directory, "--json"])
-            while (size(directory + "/f.bin.haul.part") ?? 0) < 1024 * 1024 {
+            let haul = try HaulProcess(["get", server.url("/f.bin"), "-d", directory, "--json", "-x", "1"])
+            while (size(directory + "/f.bin.haul.part") ?? 0) < 1024 * 1024 && haul.process.isRunning {
                 try await Task.sleep(for: .milliseconds(20))
             }
             haul.signal(SIGINT)
@@ -82,7 +82,9 @@ struct GetCommandTests {
             let manifest = try #require(contents(directory + "/f.bin.haul.json"))
             #expect(String(decoding: manifest, as: UTF8.self).contains("\"written\":\(partial)"))
 
-            let (second, _, errors) = try await HaulProcess.run(["get", server.url("/f.bin"), "-d", directory])
+            let (second, _, errors) = try await HaulProcess.run([
+                "get", server.url("/f.bin"), "-d", directory, "-x", "1",
+            ])
             #expect(second == 0, "\(errors)")
             #expect(errors.contains("resum"))
             #expect(contents(directory + "/f.bin") == resource.content)
@@ -201,7 +203,9 @@ struct GetCommandTests {
             let directory = try makeTemporaryDirectory()
             defer { try? FileManager.default.removeItem(atPath: directory) }
             let file = directory + "/u.bin"
-            let first = try await HaulProcess.run(["get", server.url("/u.bin"), "-o", file, "-q", "--retries", "0"])
+            let first = try await HaulProcess.run([
+                "get", server.url("/u.bin"), "-o", file, "-q", "--retries", "0", "-x", "1",
+            ])
             #expect(first.status == 5)
 
             let intact = try await HaulProcess.run(["verify", file])
@@ -218,7 +222,7 @@ struct GetCommandTests {
             #expect(damaged.output.contains("1 of 3 pieces of 4.0 MiB damaged: piece 1 (4.0 MiB–8.0 MiB)"))
             #expect(damaged.output.contains("kept the first 4.0 MiB"))
 
-            let last = try await HaulProcess.run(["get", server.url("/u.bin"), "-o", file, "-q"])
+            let last = try await HaulProcess.run(["get", server.url("/u.bin"), "-o", file, "-q", "-x", "1"])
             #expect(last.status == 0)
             #expect(contents(file) == resource.content)
             #expect(server.requests.last?.header("range") == "bytes=\(4 * 1024 * 1024)-")
@@ -252,9 +256,11 @@ struct LockCommandTests {
             server.script("/c.bin", [[.throttle(bytesPerSecond: 2 * 1024 * 1024)]])
             let directory = try makeTemporaryDirectory()
             defer { try? FileManager.default.removeItem(atPath: directory) }
-            let arguments = ["get", server.url("/c.bin"), "-o", directory + "/c.bin", "-q"]
+            let arguments = ["get", server.url("/c.bin"), "-o", directory + "/c.bin", "-q", "-x", "1"]
             let first = try HaulProcess(arguments)
-            while (size(directory + "/c.bin.haul.part") ?? 0) == 0 { try await Task.sleep(for: .milliseconds(20)) }
+            while (size(directory + "/c.bin.haul.part") ?? 0) == 0 && first.process.isRunning {
+                try await Task.sleep(for: .milliseconds(20))
+            }
             let second = try await HaulProcess.run(arguments)
             #expect(second.status == 13)
             #expect(second.errors.contains("pid \(first.pid)"))

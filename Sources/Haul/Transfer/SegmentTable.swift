@@ -33,6 +33,7 @@ final class SegmentTable: Sendable {
     private struct State {
         var segments: [Segment]
         var failure: (any Error)?
+        var connections = 0
     }
 
     let minimumSplit: Int64
@@ -111,6 +112,22 @@ final class SegmentTable: Sendable {
     }
 
     var failure: (any Error)? { state.withLock { $0.failure } }
+
+    /// Counts a connection in; it is counted out by ``retire(_:)``.
+    func join() { state.withLock { $0.connections += 1 } }
+
+    /// A connection that keeps failing (a server allowing fewer connections than asked, say) leaves
+    /// while others go on; returns false when it is the last one, whose failure ends the download.
+    func retire(_ worker: Int) -> Bool {
+        state.withLock { state in
+            guard state.connections > 1 else { return false }
+            state.connections -= 1
+            for index in state.segments.indices where state.segments[index].owner == worker {
+                state.segments[index].owner = nil
+            }
+            return true
+        }
+    }
 
     var segments: [Segment] { state.withLock { $0.segments } }
 

@@ -161,6 +161,7 @@ extension TransferSession {
         var failures = 0
         var pending = first
         let table = context.table
+        table.join()
         while !Task.isCancelled, table.failure == nil, !table.isComplete {
             guard let assignment = pending?.1 ?? table.claim(worker: worker) else {
                 // Nothing to take now; a range may become worth taking over later.
@@ -187,6 +188,8 @@ extension TransferSession {
                 failures += 1
                 let retry = context.configuration.retry
                 guard failures <= retry.maximumRetries else {
+                    // The others take over its range; the download fails only with its last connection.
+                    if table.retire(worker) { return }
                     table.fail(
                         HaulError(
                             failure.error.code,
