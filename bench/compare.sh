@@ -41,7 +41,8 @@ case "$mode" in
         haul="$HAUL get $url -o $target -q --state-dir $state"
         if [ "$mode" = single ]; then
             title="One ${size} MiB file over loopback"
-            add "haul get" "$haul"
+            add "haul get -x 1" "$haul -x 1"
+            add "haul get (default -x 4)" "$haul"
             add "haul get -x 8" "$haul -x 8"
             add "curl -o" "curl -sS -o $target $url"
             add "curl -o && sync" "curl -sS -o $target $url && sync $target"
