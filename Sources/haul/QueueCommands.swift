@@ -203,7 +203,9 @@ struct Retry: AsyncParsableCommand {
 
 struct Pause: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "Pause queued downloads, keeping their partial data (`haul resume` continues them).")
+        abstract:
+            "Pause downloads, queued or running in another haul process, keeping their partial data (`haul resume` continues them)."
+    )
 
     @Argument(help: "IDs from `haul ls`.")
     var ids: [String]

@@ -14,8 +14,9 @@ struct Verify: AsyncParsableCommand {
         abstract: "Check a download on disk, without the network.",
         discussion: """
             For an unfinished download (FILE.haul.part and its manifest exist), every piece is checked \
-            against the hash recorded when it was written; damaged data is dropped from the first damaged \
-            piece on, so the next `haul get` fetches it again. For a complete FILE, give --checksum.
+            against the hash recorded when it was written; the next `haul get` fetches only the damaged \
+            pieces again (or, when the server's validator does not allow single ranges, everything from the \
+            first damaged piece on). For a complete FILE, give --checksum.
             Exit codes: 0 intact, 16 damaged or mismatched, others as for `haul get`.
             """
     )
@@ -65,7 +66,7 @@ struct Verify: AsyncParsableCommand {
         let more = report.damagedPieces.count > 10 ? " and \(report.damagedPieces.count - 10) more" : ""
         Output.standardOutput(
             "haul: \(file): \(report.damagedPieces.count) of \(pieces) damaged: \(ranges.joined(separator: ", "))\(more); "
-                + "kept the first \(ByteCount.format(report.bytesKept)); run haul get again to fetch the rest\n"
+                + "kept \(ByteCount.format(report.bytesKept)); run haul get again to fetch the rest\n"
         )
         throw ExitCode(ExitCodes.code(for: .checksumMismatch))
     }

@@ -1,5 +1,6 @@
 import Crypto
 import Foundation
+import Haul
 import HaulTestServer
 import Testing
 
@@ -220,12 +221,17 @@ struct GetCommandTests {
             let damaged = try await HaulProcess.run(["verify", file])
             #expect(damaged.status == 16)
             #expect(damaged.output.contains("1 of 3 pieces of 4.0 MiB damaged: piece 1 (4.0 MiB–8.0 MiB)"))
-            #expect(damaged.output.contains("kept the first 4.0 MiB"))
+            let stored = try #require(size(file + ".haul.part"))
+            #expect(damaged.output.contains("kept \(ByteCount.format(stored - 4 * 1024 * 1024))"))
 
+            // Only the damaged piece and the rest are fetched.
+            let requestsBefore = server.requests.count
             let last = try await HaulProcess.run(["get", server.url("/u.bin"), "-o", file, "-q", "-x", "1"])
             #expect(last.status == 0)
             #expect(contents(file) == resource.content)
-            #expect(server.requests.last?.header("range") == "bytes=\(4 * 1024 * 1024)-")
+            let ranges = server.requests.dropFirst(requestsBefore).compactMap { $0.header("range") }
+            #expect(ranges.first == "bytes=\(4 * 1024 * 1024)-\(8 * 1024 * 1024 - 1)")
+            #expect(ranges.dropFirst().first?.hasPrefix("bytes=\(stored)-") == true)
         }
     }
 

@@ -11,16 +11,18 @@ public enum DownloadVerifier {
         public let damagedPieces: [Int]
         /// Bytes in the partial file before the check.
         public let bytesBefore: Int64
-        /// Bytes kept: everything before the first damaged piece.
+        /// Bytes kept: everything but the damaged pieces when the server's validator allows fetching
+        /// single ranges (a strong `ETag` or `Last-Modified`), else everything before the first damaged piece.
         public let bytesKept: Int64
         /// Bytes after the last recorded piece, which have no hash yet and cannot be checked.
         public var bytesUnchecked: Int64 { damagedPieces.isEmpty ? bytesBefore - Int64(piecesChecked) * pieceSize : 0 }
         public let totalBytes: Int64?
     }
 
-    /// Checks every recorded piece of the partial download of `destination`. Damaged data is dropped
-    /// from the first damaged piece on (the partial file is cut there and the manifest updated), so the
-    /// next download fetches it again and keeps everything before it.
+    /// Checks every recorded piece of the partial download of `destination`. When damage is found the
+    /// manifest is rewritten so the next download fetches only the damaged pieces (and what was never
+    /// written), each as its own range checked with `If-Range`; when the server gave no validator that
+    /// allows that, the partial file is cut at the first damaged piece instead.
     public static func verifyPartial(destination: String) async throws -> PartialReport {
         let paths = DownloadPaths(destination: destination)
         let lock = try DestinationLock.acquire(paths)
@@ -39,9 +41,16 @@ public enum DownloadVerifier {
         }
         var kept = before
         if let first = damaged.first {
-            kept = Int64(first) * pieceSize
-            try await file.truncate(to: kept)
-            manifest.truncate(to: kept)
+            if let total = manifest.totalLength, manifest.validator.ifRangeValue != nil, manifest.segments.count == 1 {
+                let written = min(manifest.segments[0].written, before)
+                manifest.segments = Self.segments(around: damaged, pieceSize: pieceSize, written: written, total: total)
+                manifest.pieces = Array(manifest.pieces.prefix(first))
+                kept = manifest.segments.reduce(0) { $0 + $1.written }
+            } else {
+                kept = Int64(first) * pieceSize
+                try await file.truncate(to: kept)
+                manifest.truncate(to: kept)
+            }
             try await file.syncData()
             let updated = manifest
             try await BlockingIO.shared.run { try ManifestStore.store(updated, at: paths, durable: true) }
@@ -50,6 +59,29 @@ public enum DownloadVerifier {
             destination: destination, pieceSize: pieceSize, piecesChecked: checkable, damagedPieces: damaged,
             bytesBefore: before, bytesKept: kept, totalBytes: manifest.totalLength
         )
+    }
+
+    /// The ranges of a file whose first `written` bytes are on disk except the `damaged` pieces: the
+    /// good stretches count as written (and durable: they are flushed before the manifest says so),
+    /// the damaged pieces and the part never written are left to fetch.
+    static func segments(around damaged: [Int], pieceSize: Int64, written: Int64, total: Int64) -> [Manifest.Segment] {
+        var segments: [Manifest.Segment] = []
+        var cursor: Int64 = 0
+        for index in damaged.sorted() {
+            let start = Int64(index) * pieceSize
+            let end = min(start + pieceSize, total)
+            if start > cursor {
+                segments.append(
+                    Manifest.Segment(start: cursor, end: start, written: start - cursor, durable: start - cursor))
+            }
+            segments.append(Manifest.Segment(start: start, end: end, written: 0, durable: 0))
+            cursor = end
+        }
+        if cursor < total {
+            let rest = max(0, written - cursor)
+            segments.append(Manifest.Segment(start: cursor, end: total, written: rest, durable: rest))
+        }
+        return segments
     }
 
     /// Hashes the complete file at `path` with the checksum's algorithm and returns the actual digest.

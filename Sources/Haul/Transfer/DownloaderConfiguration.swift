@@ -91,6 +91,16 @@ public struct DownloaderConfiguration: Sendable {
     public init() {}
 }
 
+extension DownloaderConfiguration.Retry {
+    /// The pause before the next attempt after `failures` failures in a row: exponential, capped, jittered.
+    func delay(afterFailures failures: Int) -> Duration {
+        var delay = initialDelay * (1 << min(failures - 1, 20))
+        if delay > maximumDelay { delay = maximumDelay }
+        if jitter { delay = delay / 2 + delay / 2 * Double.random(in: 0...1) }
+        return delay
+    }
+}
+
 /// Facts about this build of Haul.
 public enum Haul {
     public static let version = "0.1.0"

@@ -197,7 +197,7 @@ extension TransferSession {
                             status: failure.error.status, underlying: failure.error.underlying))
                     return
                 }
-                let delay = failure.retryAfter ?? context.backoff(failures: failures)
+                let delay = failure.retryAfter ?? retry.delay(afterFailures: failures)
                 context.observe(.retrying(attempt: failures, delay: delay, error: failure.error))
                 do {
                     try await Task.sleep(for: delay)
@@ -246,14 +246,6 @@ final class SegmentContext: Sendable {
         self.ifRange = ifRange
         self.rateLimiters = rateLimiters
         self.observe = observe
-    }
-
-    func backoff(failures: Int) -> Duration {
-        let retry = configuration.retry
-        var delay = retry.initialDelay * (1 << min(failures - 1, 20))
-        if delay > retry.maximumDelay { delay = retry.maximumDelay }
-        if retry.jitter { delay = delay / 2 + delay / 2 * Double.random(in: 0...1) }
-        return delay
     }
 
     /// Asks for one range and checks the answer: exactly that range of the same file, or nothing.

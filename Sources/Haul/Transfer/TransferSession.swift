@@ -183,10 +183,7 @@ struct TransferSession {
             }
             return retryAfter
         }
-        var delay = retry.initialDelay * (1 << min(failures - 1, 20))
-        if delay > retry.maximumDelay { delay = retry.maximumDelay }
-        if retry.jitter { delay = delay / 2 + delay / 2 * Double.random(in: 0...1) }
-        return delay
+        return retry.delay(afterFailures: failures)
     }
 
     // MARK: Requests

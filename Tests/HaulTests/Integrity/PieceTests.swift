@@ -132,16 +132,28 @@ struct VerifierTests {
                 try damage(destination + ".haul.part", at: 4 * PieceTests.pieceSize + 5)
                 let report = try await DownloadVerifier.verifyPartial(destination: destination)
                 #expect(report.damagedPieces == [2, 4])
-                #expect(report.bytesKept == 2 * PieceTests.pieceSize)
-                #expect(fileSize(destination + ".haul.part") == 2 * PieceTests.pieceSize)
+                #expect(report.bytesKept == before - 2 * PieceTests.pieceSize)
+                #expect(fileSize(destination + ".haul.part") == before)
                 #expect(!fileExists(destination + ".haul.lock"))
 
+                // The next download fetches the two damaged pieces and the part never written, nothing else.
+                let requestsBefore = server.requests.count
                 try await withDownloader(pieces.configuration()) { downloader in
                     try await downloader.download(
                         DownloadRequest(url: server.url("/f"), destination: .file(destination)))
                 }
                 #expect(try readFile(destination) == resource.content)
-                #expect(server.requests.last?.header("range") == "bytes=\(2 * PieceTests.pieceSize)-")
+                let piece = PieceTests.pieceSize
+                let ranges = server.requests.dropFirst(requestsBefore).compactMap { $0.header("range") }
+                #expect(
+                    ranges == [
+                        "bytes=\(2 * piece)-\(3 * piece - 1)", "bytes=\(4 * piece)-\(5 * piece - 1)",
+                        "bytes=\(before)-\(resource.size - 1)",
+                    ])
+                #expect(
+                    server.requests.dropFirst(requestsBefore).allSatisfy {
+                        $0.header("if-range") == resource.entityTagValue
+                    })
             }
         }
     }
