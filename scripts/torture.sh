@@ -4,8 +4,9 @@
 # random moments. After every kill the partial file must hold one version's exact bytes; the final
 # run must produce the exact file.
 #
-#   scripts/torture.sh --short          10 kills, 8 MiB, debug build (what CI runs)
-#   scripts/torture.sh --long [KILLS]   120 kills (or KILLS), 64 MiB, release build
+#   scripts/torture.sh --short          10 kills, 8 MiB, debug build, with one and with four
+#                                       connections (what CI runs)
+#   scripts/torture.sh --long [KILLS]   120 kills (or KILLS), 64 MiB, release build, likewise
 #   SEED=123 scripts/torture.sh ...     replay a run
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,4 +22,7 @@ swift build -c "$configuration" --product haul >/dev/null 2>&1
 swift build -c "$configuration" --product haul-torture >/dev/null 2>&1
 bin="$(swift build -c "$configuration" --show-bin-path)"
 seed="${SEED:-$(date +%s)}"
-"$bin/haul-torture" --haul "$bin/haul" --kills "$kills" --size-mib "$size" --seed "$seed"
+for connections in 1 4; do
+    "$bin/haul-torture" --haul "$bin/haul" --kills "$kills" --size-mib "$size" --seed "$seed" \
+        --connections "$connections"
+done

@@ -21,6 +21,9 @@ struct Torture: AsyncParsableCommand {
     @Option(name: .customLong("size-mib"), help: "Size of the file, in MiB.")
     var sizeMiB: Int = 16
 
+    @Option(help: "Connections per download (haul's -x).")
+    var connections: Int = 1
+
     @Option(help: "Seed for the random choices, to replay a run.")
     var seed: UInt64 = UInt64(Date().timeIntervalSince1970)
 
@@ -43,7 +46,7 @@ struct Torture: AsyncParsableCommand {
         removeDownload(destination)
         let arguments = [
             "get", server.url("/file"), "-o", destination, "-q", "--retries", "1000", "--retry-delay", "0.05",
-            "--stall-timeout", "1",
+            "--stall-timeout", "1", "-x", String(connections),
         ]
         // Slow enough that a round moves a small part of the file, so kills land mid-transfer.
         let rate = Int(max(64 * 1024, size / Int64(kills * 2)))
@@ -109,7 +112,7 @@ struct Torture: AsyncParsableCommand {
         let faults = applied.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", ")
         return """
             haul-torture: seed \(seed), \(kills) kills, \(completions) completions before a kill, \
-            \(server.requests.count) requests, file \(sizeMiB) MiB
+            \(server.requests.count) requests, file \(sizeMiB) MiB, \(connections) connection(s)
             faults applied: \(faults)
             bytes sent: \(sent) = \(String(format: "%.2f", fetched))× the file size per completed file
             result: every partial file held one version's exact bytes; every completed file was byte-identical
@@ -146,17 +149,49 @@ struct Torture: AsyncParsableCommand {
 
     /// After a kill, the partial file must hold exact bytes of one version of the file: a kill loses
     /// nothing written, nothing wrong is ever written, and two versions are never mixed.
+    /// The bytes a resume would keep must all be one version's. With one recorded range the whole
+    /// partial file is kept (its size is trusted on the boot that wrote it); with several, each range's
+    /// recorded bytes are. A partial file without a manifest is not trusted (the next run discards it).
     func checkPartial(_ destination: String, versions: [Int], round: Int) throws {
         let path = destination + ".haul.part"
         guard let attributes = try? FileManager.default.attributesOfItem(atPath: path),
-            let length = (attributes[.size] as? NSNumber)?.int64Value
+            let length = (attributes[.size] as? NSNumber)?.int64Value,
+            let manifest = FileManager.default.contents(atPath: destination + ".haul.json"),
+            let object = try? JSONSerialization.jsonObject(with: manifest) as? [String: Any],
+            let segments = object["segments"] as? [[String: Any]]
         else { return }
+        var ranges: [Range<Int64>] = [0..<length]
+        if segments.count > 1 {
+            ranges = segments.compactMap { segment in
+                guard let start = (segment["start"] as? NSNumber)?.int64Value,
+                    let written = (segment["written"] as? NSNumber)?.int64Value, written > 0
+                else { return nil }
+                return start..<min(length, start + written)
+            }
+        }
         let size = Int64(sizeMiB) * 1024 * 1024
         for version in versions.reversed() {
             let resource = TestResource(name: "torture", size: size, version: version)
-            if try compare(path, expected: resource, length: length) { return }
+            if try ranges.allSatisfy({ try compare(path, expected: resource, range: $0) }) { return }
         }
-        throw TortureFailure("round \(round): the partial file (\(length) bytes) matches no version of the file")
+        throw TortureFailure(
+            "round \(round): the kept bytes of the partial file (\(length) bytes, \(ranges.count) ranges) "
+                + "match no version of the file")
+    }
+
+    /// Whether `range` of the file at `path` holds the expected bytes.
+    func compare(_ path: String, expected: TestResource, range: Range<Int64>) throws -> Bool {
+        guard let handle = FileHandle(forReadingAtPath: path) else { return false }
+        defer { try? handle.close() }
+        try handle.seek(toOffset: UInt64(range.lowerBound))
+        var offset = range.lowerBound
+        while offset < range.upperBound {
+            let count = Int(min(4 << 20, range.upperBound - offset))
+            guard let data = try handle.read(upToCount: count), data.count == count else { return false }
+            if [UInt8](data) != expected.bytes(offset..<offset + Int64(count)) { return false }
+            offset += Int64(count)
+        }
+        return true
     }
 
     func compare(_ path: String, expected: TestResource, length: Int64) throws -> Bool {

@@ -41,9 +41,14 @@ public enum DownloadVerifier {
         }
         var kept = before
         if let first = damaged.first {
-            if let total = manifest.totalLength, manifest.validator.ifRangeValue != nil, manifest.segments.count == 1 {
-                let written = min(manifest.segments[0].written, before)
-                manifest.segments = Self.segments(around: damaged, pieceSize: pieceSize, written: written, total: total)
+            let ranges = manifest.totalLength.map {
+                Self.segments(
+                    around: damaged, pieceSize: pieceSize, written: min(manifest.segments[0].written, before), total: $0
+                )
+            }
+            // One range would read as "the file's size is kept": only several can leave holes to fetch.
+            if let ranges, ranges.count > 1, manifest.validator.ifRangeValue != nil, manifest.segments.count == 1 {
+                manifest.segments = ranges
                 manifest.pieces = Array(manifest.pieces.prefix(first))
                 kept = manifest.segments.reduce(0) { $0 + $1.written }
             } else {

@@ -36,11 +36,20 @@ extension TransferSession {
             [SegmentTable.Segment(start: 0, end: total, written: plan.writeStart, durable: durable, owner: nil)],
             minimumSplit: configuration.segmentation.minimumSplit,
             stallTakeover: configuration.segmentation.stallTakeover)
+        guard let first = table.claim(worker: 0) else { return try await finish(totalBytes: total) }
+        // Every connection gets its range before any byte is written out of order, and the manifest
+        // records those ranges first: a manifest of one range means "the file's size is what is
+        // kept", which is only true for a file written in order.
+        var assignments: [Int: (HTTPClientResponse.Body?, SegmentTable.Assignment)] = [0: (body, first)]
+        for worker in 1..<max(1, configuration.segmentation.connections) {
+            guard let assignment = table.claim(worker: worker) else { break }
+            assignments[worker] = (nil, assignment)
+        }
         // Piece hashes are kept for downloads written in order only; the whole file is checked at the end.
         manifest?.pieces = []
         manifest?.segments = table.segments.map(\.manifestSegment)
-        guard let first = table.claim(worker: 0) else { return try await finish(totalBytes: total) }
-        return try await runSegments(table, first: (body, first), total: total, file: file)
+        try await storeManifest(durable: false)
+        return try await runSegments(table, assignments: assignments, total: total, file: file)
     }
 
     /// Continues a download whose manifest has several segments, each from its trusted offset.
@@ -70,14 +79,14 @@ extension TransferSession {
                     destination: paths.destination, url: stored.finalURL, totalBytes: total,
                     resumedFrom: table.written, resumable: true, validator: stored.validator)))
         if table.isComplete { return try await finish(totalBytes: total) }
-        return try await runSegments(table, first: nil, total: total, file: file)
+        return try await runSegments(table, assignments: [:], total: total, file: file)
     }
 
     /// Runs the connections until every segment is written, checkpointing and reporting progress on
     /// the way. Returns `nil` when the download has to start over.
     mutating func runSegments(
-        _ table: SegmentTable, first: (HTTPClientResponse.Body, SegmentTable.Assignment)?, total: Int64,
-        file: PartialFile
+        _ table: SegmentTable, assignments: [Int: (HTTPClientResponse.Body?, SegmentTable.Assignment)],
+        total: Int64, file: PartialFile
     ) async throws -> DownloadResult? {
         guard let validator = manifest?.validator, let ifRange = validator.ifRangeValue else {
             throw HaulError(.fileSystem, "no manifest for a segmented download")
@@ -95,7 +104,7 @@ extension TransferSession {
 
         await withTaskGroup(of: Void.self) { group in
             for worker in 0..<connections {
-                let assigned = worker == 0 ? first : nil
+                let assigned = assignments[worker]
                 group.addTask { await Self.runConnection(worker, context: context, first: assigned) }
             }
             while true {
@@ -156,7 +165,7 @@ extension TransferSession {
 
     /// One connection: takes ranges from the table until none is left, retrying its own failures.
     static func runConnection(
-        _ worker: Int, context: SegmentContext, first: (HTTPClientResponse.Body, SegmentTable.Assignment)?
+        _ worker: Int, context: SegmentContext, first: (HTTPClientResponse.Body?, SegmentTable.Assignment)?
     ) async {
         var failures = 0
         var pending = first
@@ -172,7 +181,7 @@ extension TransferSession {
                 }
                 continue
             }
-            let body = pending?.0
+            let body = pending.flatMap { $0.0 }
             pending = nil
             let before = table.segments[assignment.index].written
             do {

@@ -121,6 +121,43 @@ func segmentedConfiguration(connections: Int = 4, stall: Duration = .seconds(5))
         }
     }
 
+    @Test("the manifest lists every range before a byte is written out of order")
+    func rangesAreRecordedFirst() async throws {
+        try await HaulTestServer.withRunning { server in
+            try await withTemporaryDirectory { directory in
+                let resource = TestResource(name: "ordered", size: 8 * 1024 * 1024)
+                server.add("/ordered", resource)
+                server.setStandingFaults("/ordered", [.throttle(bytesPerSecond: 1 << 20)])
+                let destination = directory + "/ordered"
+                let paths = DownloadPaths(destination: destination)
+                var configuration = segmentedConfiguration()
+                // No periodic checkpoint during the test: what is on disk is what was stored up front.
+                configuration.storage.checkpointInterval = .seconds(600)
+                configuration.storage.durableCheckpointInterval = .seconds(600)
+                try await withDownloader(configuration) { downloader in
+                    try await withThrowingTaskGroup(of: Void.self) { group in
+                        group.addTask {
+                            try await downloader.download(
+                                DownloadRequest(url: server.url("/ordered"), destination: .file(destination)))
+                        }
+                        // Data lands past the first range: a later connection has written.
+                        while (fileSize(paths.partial) ?? 0) <= 2 * 1024 * 1024 {
+                            try await Task.sleep(for: .milliseconds(10))
+                        }
+                        // Were the manifest one range, a killed process would come back trusting the
+                        // file's size, holes included.
+                        let manifest = try #require(try ManifestStore.load(paths))
+                        #expect(manifest.segments.count == 4)
+                        #expect(
+                            manifest.trustedBytes(currentBootID: BootIdentity.current, partialSize: 8 << 20) < 1 << 20)
+                        group.cancelAll()
+                        await #expect(throws: HaulError.self) { try await group.next() }
+                    }
+                }
+            }
+        }
+    }
+
     @Test("an interrupted segmented download resumes every segment from its recorded offset")
     func resumesEverySegment() async throws {
         try await HaulTestServer.withRunning { server in
