@@ -12,6 +12,20 @@ func segmentedConfiguration(connections: Int = 4, stall: Duration = .seconds(5))
     return configuration
 }
 
+/// Runs a download until `condition` holds, then cancels it (a pause with a durable checkpoint).
+func downloadUntil(
+    _ request: DownloadRequest, _ configuration: DownloaderConfiguration, _ condition: @escaping () throws -> Bool
+) async throws {
+    try await withDownloader(configuration) { downloader in
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { try await downloader.download(request) }
+            while try !condition() { try await Task.sleep(for: .milliseconds(10)) }
+            group.cancelAll()
+            await #expect(throws: HaulError.self) { try await group.next() }
+        }
+    }
+}
+
 @Suite("Several connections per file") struct SegmentedTests {
     @Test("the file arrives in ranges over several connections, byte-identical")
     func segmentedDownload() async throws {
@@ -134,25 +148,17 @@ func segmentedConfiguration(connections: Int = 4, stall: Duration = .seconds(5))
                 // No periodic checkpoint during the test: what is on disk is what was stored up front.
                 configuration.storage.checkpointInterval = .seconds(600)
                 configuration.storage.durableCheckpointInterval = .seconds(600)
-                try await withDownloader(configuration) { downloader in
-                    try await withThrowingTaskGroup(of: Void.self) { group in
-                        group.addTask {
-                            try await downloader.download(
-                                DownloadRequest(url: server.url("/ordered"), destination: .file(destination)))
-                        }
-                        // Data lands past the first range: a later connection has written.
-                        while (fileSize(paths.partial) ?? 0) <= 2 * 1024 * 1024 {
-                            try await Task.sleep(for: .milliseconds(10))
-                        }
-                        // Were the manifest one range, a killed process would come back trusting the
-                        // file's size, holes included.
-                        let manifest = try #require(try ManifestStore.load(paths))
-                        #expect(manifest.segments.count == 4)
-                        #expect(
-                            manifest.trustedBytes(currentBootID: BootIdentity.current, partialSize: 8 << 20) < 1 << 20)
-                        group.cancelAll()
-                        await #expect(throws: HaulError.self) { try await group.next() }
-                    }
+                try await downloadUntil(
+                    DownloadRequest(url: server.url("/ordered"), destination: .file(destination)), configuration
+                ) {
+                    // Data lands past the first range: a later connection has written.
+                    guard (fileSize(paths.partial) ?? 0) > 2 * 1024 * 1024 else { return false }
+                    // Were the manifest one range, a killed process would come back trusting the file's
+                    // size, holes included.
+                    let manifest = try #require(try ManifestStore.load(paths))
+                    #expect(manifest.segments.count == 4)
+                    #expect(manifest.trustedBytes(currentBootID: BootIdentity.current, partialSize: 8 << 20) < 1 << 20)
+                    return true
                 }
             }
         }
@@ -167,20 +173,12 @@ func segmentedConfiguration(connections: Int = 4, stall: Duration = .seconds(5))
                 server.setStandingFaults("/resumed", [.throttle(bytesPerSecond: 1 << 20)])
                 let destination = directory + "/resumed"
                 let paths = DownloadPaths(destination: destination)
-                try await withDownloader(segmentedConfiguration()) { downloader in
-                    try await withThrowingTaskGroup(of: Void.self) { group in
-                        group.addTask {
-                            try await downloader.download(
-                                DownloadRequest(url: server.url("/resumed"), destination: .file(destination)))
-                        }
-                        while (try? ManifestStore.load(paths))?.segments.count ?? 0 < 4
-                            || (try? ManifestStore.load(paths))?.segments.contains(where: { $0.written == 0 }) ?? true
-                        {
-                            try await Task.sleep(for: .milliseconds(20))
-                        }
-                        group.cancelAll()
-                        await #expect(throws: HaulError.self) { try await group.next() }
-                    }
+                try await downloadUntil(
+                    DownloadRequest(url: server.url("/resumed"), destination: .file(destination)),
+                    segmentedConfiguration()
+                ) {
+                    let segments = (try? ManifestStore.load(paths))?.segments ?? []
+                    return segments.count >= 4 && segments.allSatisfy { $0.written > 0 }
                 }
                 let manifest = try #require(try ManifestStore.load(paths))
                 #expect(manifest.segments.count >= 4)
