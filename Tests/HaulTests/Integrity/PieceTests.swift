@@ -111,14 +111,16 @@ struct PieceTests {
 
 @Suite(.timeLimit(.minutes(1)))
 struct VerifierTests {
-    @Test func verifyFindsDamagedPiecesDropsThemAndTheNextDownloadFetchesOnlyFromThere() async throws {
+    @Test func verifyFindsDamagedPiecesAndTheNextDownloadFetchesOnlyThose() async throws {
         try await HaulTestServer.withRunning { server in
-            let resource = TestResource(name: "verify", size: 1_000_000)
+            let resource = TestResource(name: "verify", size: 2_000_000)
             server.add("/f", resource)
             try await withTemporaryDirectory { directory in
                 let destination = directory + "/f"
                 let pieces = PieceTests()
-                let manifest = try await pieces.interrupt(server, resource, at: 800_000, destination: destination)
+                // The client may lose what it had buffered when the connection drops (hundreds of KiB on
+                // a busy machine): interrupt late enough that at least six pieces are kept.
+                let manifest = try await pieces.interrupt(server, resource, at: 1_600_000, destination: destination)
                 try #require(manifest.pieces.count >= 6)
                 let before = try #require(fileSize(destination + ".haul.part"))
 
