@@ -315,3 +315,25 @@ struct SegmentedCommandTests {
         #expect(refetched < 4 * 2 * 1024 * 1024, "re-fetched \(refetched) bytes")
     }
 }
+
+@Suite(.timeLimit(.minutes(2)))
+struct SharedStateTests {
+    @Test func processesOpeningANewStateAtOnceAllSucceed() async throws {
+        let directory = try makeTemporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        for round in 1...5 {
+            let state = directory + "/state\(round)"
+            let processes = try (1...10).map { index in
+                try HaulProcess(["add", "http://127.0.0.1:9/f\(index)", "-d", directory, "--state-dir", state])
+            }
+            for process in processes {
+                let (status, _, errors) = try await process.finish()
+                #expect(status == 0, "\(errors)")
+            }
+            let (status, output, _) = try await HaulProcess.run(["ls", "--json", "--state-dir", state])
+            #expect(status == 0)
+            let listed = try JSONSerialization.jsonObject(with: Data(output.utf8)) as? [[String: Any]]
+            #expect(listed?.count == 10)
+        }
+    }
+}

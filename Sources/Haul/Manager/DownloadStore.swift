@@ -1,5 +1,13 @@
 import GRDB
 
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Musl)
+    import Musl
+#elseif canImport(Darwin)
+    import Darwin
+#endif
+
 #if canImport(FoundationEssentials)
     import FoundationEssentials
 #else
@@ -105,8 +113,17 @@ final class DownloadStore: Sendable {
             try db.execute(sql: "PRAGMA synchronous = NORMAL")
         }
         do {
+            // Opening switches a new database to WAL and runs the migrations; two processes doing that
+            // at once can meet "database is locked" before SQLite's busy timeout applies. A lock file
+            // makes them take turns (only for opening; afterwards SQLite's own locking is enough).
+            let setup = try POSIX.open(path + ".open-lock", flags: O_RDWR | O_CREAT | O_NOFOLLOW)
+            defer { POSIX.close(setup) }
+            while flock(setup, LOCK_EX) != 0 && errno == EINTR {}
+            defer { flock(setup, LOCK_UN) }
             database = try DatabasePool(path: path, configuration: configuration)
             try Self.migrator.migrate(database)
+        } catch let error as HaulError {
+            throw error
         } catch {
             throw HaulError(
                 .database, "cannot open the state database \(path): \(Self.describe(error))", underlying: error)
