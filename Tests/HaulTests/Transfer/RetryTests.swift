@@ -38,7 +38,7 @@ struct RetryTests {
             server.script("/f", [[.stall(afterBytes: 300_000, seconds: 30)]])
             try await withTemporaryDirectory { directory in
                 let log = EventLog()
-                let result = try await withDownloader(testConfiguration(stall: .milliseconds(500))) { downloader in
+                let result = try await withDownloader(testConfiguration(stall: .seconds(2))) { downloader in
                     try await downloader.download(
                         DownloadRequest(url: server.url("/f"), destination: .file(directory + "/f")),
                         observing: log.record
