@@ -16,12 +16,13 @@ import Synchronization
 /// by someone else is stale; process IDs being reused later does not matter.
 final class ProcessClaim: Sendable {
     let name: String
+    private let directory: String
     private let path: String
     private let descriptor: Int32
     private static let counter = Mutex(0)
 
     init(stateDirectory: String) throws {
-        let directory = stateDirectory + "/owners"
+        directory = stateDirectory + "/owners"
         try POSIX.makeDirectories(directory)
         let serial = Self.counter.withLock { value -> Int in
             value += 1
@@ -49,11 +50,11 @@ final class ProcessClaim: Sendable {
     func isAlive(_ owner: String) -> Bool {
         if owner == name { return true }
         guard !owner.contains("/"), !owner.hasPrefix(".") else { return false }
-        let other = path.dropLast(name.count + 5) + owner + ".lock"
-        guard let descriptor = try? POSIX.open(String(other), flags: O_RDWR | O_NOFOLLOW) else { return false }
+        let other = directory + "/" + owner + ".lock"
+        guard let descriptor = try? POSIX.open(other, flags: O_RDWR | O_NOFOLLOW) else { return false }
         defer { POSIX.close(descriptor) }
         if flock(descriptor, LOCK_EX | LOCK_NB) == 0 {
-            try? POSIX.unlink(String(other))
+            try? POSIX.unlink(other)
             return false
         }
         return errno == EWOULDBLOCK || errno == EAGAIN

@@ -303,7 +303,10 @@ final class SegmentContext: Sendable {
         do {
             for try await chunk in body {
                 fetched.add(Int64(chunk.readableBytes), ordering: .relaxed)
-                let room = table.end(of: assignment.index) - blockStart - Int64(block.readableBytes)
+                // One look at the table per chunk: the end only ever moves closer, and writing a little
+                // past a freshly cut end is harmless (same version; `advance` clamps).
+                let end = table.end(of: assignment.index)
+                let room = end - blockStart - Int64(block.readableBytes)
                 if room <= 0 { break }
                 var chunk = chunk
                 if Int64(chunk.readableBytes) > room {
@@ -311,7 +314,7 @@ final class SegmentContext: Sendable {
                 }
                 block.writeImmutableBuffer(chunk)
                 for limiter in rateLimiters { try await limiter.take(chunk.readableBytes) }
-                let reachedEnd = blockStart + Int64(block.readableBytes) >= table.end(of: assignment.index)
+                let reachedEnd = blockStart + Int64(block.readableBytes) >= end
                 if block.readableBytes >= blockSize || reachedEnd
                     || ContinuousClock.now - lastWrite >= storage.flushInterval
                 {
