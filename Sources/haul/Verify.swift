@@ -54,7 +54,7 @@ struct Verify: AsyncParsableCommand {
         if report.damagedPieces.isEmpty {
             var line = "haul: \(file): unfinished download, \(pieces) checked, all intact"
             if report.bytesUnchecked > 0 {
-                line += "; the last \(ByteCount.format(report.bytesUnchecked)) have no piece hash yet"
+                line += "; \(ByteCount.format(report.bytesUnchecked)) have no piece hash yet"
             }
             Output.standardOutput(line + "\n")
             return

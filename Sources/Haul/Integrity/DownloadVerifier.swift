@@ -9,12 +9,12 @@ public enum DownloadVerifier {
         public let piecesChecked: Int
         /// Indexes of the pieces whose bytes no longer match their hash.
         public let damagedPieces: [Int]
-        /// Bytes in the partial file before the check.
+        /// Bytes of the partial download that were trusted before the check.
         public let bytesBefore: Int64
         /// Bytes kept: everything but the damaged pieces when the server's validator allows fetching
         /// single ranges (a strong `ETag` or `Last-Modified`), else everything before the first damaged piece.
         public let bytesKept: Int64
-        /// Bytes after the last recorded piece, which have no hash yet and cannot be checked.
+        /// Trusted bytes outside the recorded pieces, which have no hash yet and cannot be checked.
         public var bytesUnchecked: Int64 { damagedPieces.isEmpty ? bytesBefore - Int64(piecesChecked) * pieceSize : 0 }
         public let totalBytes: Int64?
     }
@@ -31,28 +31,34 @@ public enum DownloadVerifier {
             throw HaulError(.fileSystem, "\(destination) has no partial download to check")
         }
         let file = try PartialFile(path: paths.partial)
-        let before = try file.size()
         let pieceSize = manifest.pieceSize
-        let checkable = min(manifest.pieces.count, Int(before / pieceSize))
+        let trusted = manifest.trustedRanges(currentBootID: BootIdentity.current, partialSize: try file.size())
+        let before = trusted.reduce(0) { $0 + $1.upperBound - $1.lowerBound }
+        let checkable = manifest.recordedPieces(within: trusted)
         var damaged: [Int] = []
-        for index in 0..<checkable where try await file.pieceHash(index, pieceSize: pieceSize) != manifest.pieces[index]
-        {
+        for index in checkable where try await file.pieceHash(index, pieceSize: pieceSize) != manifest.pieces[index] {
             damaged.append(index)
         }
         var kept = before
         if let first = damaged.first {
-            let ranges = manifest.totalLength.map {
-                Self.segments(
-                    around: damaged, pieceSize: pieceSize, written: min(manifest.segments[0].written, before), total: $0
-                )
-            }
-            // One range would read as "the file's size is kept": only several can leave holes to fetch.
-            if let ranges, ranges.count > 1, manifest.validator.ifRangeValue != nil, manifest.segments.count == 1 {
-                manifest.segments = ranges
-                manifest.pieces = Array(manifest.pieces.prefix(first))
+            if let total = manifest.totalLength, manifest.validator.ifRangeValue != nil {
+                let good = damaged.reduce(trusted) { ranges, index in
+                    let start = Int64(index) * pieceSize
+                    return Self.subtract(start..<start + pieceSize, from: ranges)
+                }
+                manifest.segments = Self.segments(keeping: good, total: total)
+                for index in damaged { manifest.pieces[index] = nil }
                 kept = manifest.segments.reduce(0) { $0 + $1.written }
             } else {
+                // Only a download written in order over one connection has no such validator.
+                manifest.segments = [Manifest.Segment(start: 0, end: manifest.totalLength)]
                 kept = Int64(first) * pieceSize
+            }
+            // One range reads as "the file's size is kept": the file must end where that range's data does.
+            if manifest.segments.count == 1 {
+                kept = min(kept, before)
+                manifest.segments[0].written = kept
+                manifest.segments[0].durable = kept
                 try await file.truncate(to: kept)
                 manifest.truncate(to: kept)
             }
@@ -61,32 +67,34 @@ public enum DownloadVerifier {
             try await BlockingIO.shared.run { try ManifestStore.store(updated, at: paths, durable: true) }
         }
         return PartialReport(
-            destination: destination, pieceSize: pieceSize, piecesChecked: checkable, damagedPieces: damaged,
+            destination: destination, pieceSize: pieceSize, piecesChecked: checkable.count, damagedPieces: damaged,
             bytesBefore: before, bytesKept: kept, totalBytes: manifest.totalLength
         )
     }
 
-    /// The ranges of a file whose first `written` bytes are on disk except the `damaged` pieces: the
-    /// good stretches count as written (and durable: they are flushed before the manifest says so),
-    /// the damaged pieces and the part never written are left to fetch.
-    static func segments(around damaged: [Int], pieceSize: Int64, written: Int64, total: Int64) -> [Manifest.Segment] {
-        var segments: [Manifest.Segment] = []
-        var cursor: Int64 = 0
-        for index in damaged.sorted() {
-            let start = Int64(index) * pieceSize
-            let end = min(start + pieceSize, total)
-            if start > cursor {
-                segments.append(
-                    Manifest.Segment(start: cursor, end: start, written: start - cursor, durable: start - cursor))
+    /// `ranges` (sorted, not overlapping) without the bytes of `removed`.
+    static func subtract(_ removed: Range<Int64>, from ranges: [Range<Int64>]) -> [Range<Int64>] {
+        ranges.flatMap { range -> [Range<Int64>] in
+            guard range.overlaps(removed) else { return [range] }
+            return [range.lowerBound..<removed.lowerBound, removed.upperBound..<range.upperBound].filter {
+                $0.lowerBound < $0.upperBound
             }
-            segments.append(Manifest.Segment(start: start, end: end, written: 0, durable: 0))
-            cursor = end
         }
-        if cursor < total {
-            let rest = max(0, written - cursor)
-            segments.append(Manifest.Segment(start: cursor, end: total, written: rest, durable: rest))
+    }
+
+    /// The segments of a file of `total` bytes of which the bytes in `good` (sorted ranges) are on disk
+    /// and intact: a segment starts at 0 and at every good range, and counts that range as written (and
+    /// durable: the data is flushed before the manifest says so); what follows up to the next good range
+    /// is left for its connection to fetch.
+    static func segments(keeping good: [Range<Int64>], total: Int64) -> [Manifest.Segment] {
+        let good = Manifest.joined(good).filter { $0.lowerBound < total }
+        var starts = good.map(\.lowerBound)
+        if starts.first != 0 { starts.insert(0, at: 0) }
+        return starts.enumerated().map { position, start in
+            let end = position + 1 < starts.count ? starts[position + 1] : total
+            let written = good.first { $0.lowerBound == start }.map { min($0.upperBound, end) - start } ?? 0
+            return Manifest.Segment(start: start, end: end, written: written, durable: written)
         }
-        return segments
     }
 
     /// Hashes the complete file at `path` with the checksum's algorithm and returns the actual digest.

@@ -19,8 +19,9 @@
 /// cover data that was flushed with `fdatasync` before the manifest naming them was written.
 /// Secrets (`Authorization`, cookies) are never stored here.
 public struct Manifest: Codable, Equatable, Sendable {
-    /// The manifest layout this version of Haul writes.
-    public static let currentFormat = 1
+    /// The manifest layout this version of Haul writes. Format 2 hashes pieces with XXH64 and may
+    /// record them out of order; format 1 recorded SHA-256 pieces, which are forgotten on reading.
+    public static let currentFormat = 2
 
     /// One contiguous range of the file fetched by one connection.
     public struct Segment: Codable, Equatable, Sendable {
@@ -58,8 +59,10 @@ public struct Manifest: Codable, Equatable, Sendable {
     public var bootID: String?
     /// The size of the pieces hashed in `pieces`.
     public var pieceSize: Int64
-    /// Hashes of the complete pieces from the start of the file, in order (see `PieceHasher`).
-    public var pieces: [String]
+    /// The hash of every complete piece written so far, by piece index (see `PieceHasher`); `nil`
+    /// where a piece has not been (completely) written or not hashed yet. A download over one
+    /// connection records them in order, one over several connections in any order.
+    public var pieces: [String?]
     /// Seconds since the epoch.
     public var createdAt: Int64
     public var updatedAt: Int64
@@ -121,9 +124,51 @@ public struct Manifest: Codable, Equatable, Sendable {
         pieces = Array(pieces.prefix(Int(offset / pieceSize)))
     }
 
+    /// The byte ranges whose data can be trusted, given the partial file's current size, in file order:
+    /// one range for a download written in order (see ``trustedPrefix(currentBootID:partialSize:)``),
+    /// each segment's trusted bytes for one written over several connections.
+    public func trustedRanges(currentBootID: String?, partialSize: Int64) -> [Range<Int64>] {
+        guard segments.count > 1 else {
+            let prefix = trustedPrefix(currentBootID: currentBootID, partialSize: partialSize)
+            return prefix > 0 ? [0..<prefix] : []
+        }
+        let sameBoot = currentBootID != nil && currentBootID == bootID
+        return segments.compactMap { segment in
+            let trusted = min(sameBoot ? segment.written : segment.durable, max(0, partialSize - segment.start))
+            return trusted > 0 ? segment.start..<segment.start + trusted : nil
+        }.sorted { $0.lowerBound < $1.lowerBound }
+    }
+
+    /// The recorded pieces that lie wholly inside `ranges` (sorted, as ``trustedRanges(currentBootID:partialSize:)``
+    /// returns them; adjacent ranges join), in order.
+    func recordedPieces(within ranges: [Range<Int64>]) -> [Int] {
+        var indexes: [Int] = []
+        for covered in Self.joined(ranges) {
+            let first = Int((covered.lowerBound + pieceSize - 1) / pieceSize)
+            let end = min(Int(covered.upperBound / pieceSize), pieces.count)
+            guard first < end else { continue }
+            indexes += (first..<end).filter { pieces[$0] != nil }
+        }
+        return indexes
+    }
+
+    /// Sorted ranges with the adjacent or overlapping ones joined.
+    static func joined(_ ranges: [Range<Int64>]) -> [Range<Int64>] {
+        var joined: [Range<Int64>] = []
+        for range in ranges.sorted(by: { $0.lowerBound < $1.lowerBound }) where !range.isEmpty {
+            if let last = joined.last, range.lowerBound <= last.upperBound {
+                joined[joined.count - 1] = last.lowerBound..<max(last.upperBound, range.upperBound)
+            } else {
+                joined.append(range)
+            }
+        }
+        return joined
+    }
+
     /// Checks that the values make sense together; a manifest that does not is not trusted.
     func validate() throws {
-        guard pieceSize > 0, Int64(pieces.count) * pieceSize <= (segments.first?.written ?? 0) else {
+        let end = totalLength ?? segments.map { $0.start + $0.written }.max() ?? 0
+        guard pieceSize > 0, Int64(pieces.count) <= end / pieceSize else {
             throw HaulError(.manifestCorrupt, "manifest has impossible piece hashes")
         }
         guard format == Self.currentFormat else {
@@ -142,7 +187,12 @@ extension Manifest {
     /// Decodes and checks a manifest; anything malformed or impossible is a ``HaulError/Code/manifestCorrupt``.
     public static func decode(_ bytes: [UInt8]) throws -> Manifest {
         do {
-            let manifest = try JSONDecoder().decode(Manifest.self, from: Data(bytes))
+            var manifest = try JSONDecoder().decode(Manifest.self, from: Data(bytes))
+            if manifest.format == 1 {
+                // Format 1 recorded SHA-256 pieces; the data stays, checked by the final checksum only.
+                manifest.format = 2
+                manifest.pieces = []
+            }
             try manifest.validate()
             return manifest
         } catch let error as HaulError {

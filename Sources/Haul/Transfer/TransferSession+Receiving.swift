@@ -278,7 +278,7 @@ extension TransferSession {
     mutating func recordWrite(_ receipt: WriteReceipt) async throws {
         guard manifest != nil else { return }
         manifest!.segments[0].written = receipt.end
-        manifest!.pieces += receipt.completedPieces
+        manifest!.pieces += receipt.completedPieces.map(Optional.some)
         if receipt.durable {
             // The write task already flushed the data up to `end`.
             manifest!.segments[0].durable = receipt.end

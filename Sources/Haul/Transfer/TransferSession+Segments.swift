@@ -45,8 +45,6 @@ extension TransferSession {
             guard let assignment = table.claim(worker: worker) else { break }
             assignments[worker] = (nil, assignment)
         }
-        // Piece hashes are kept for downloads written in order only; the whole file is checked at the end.
-        manifest?.pieces = []
         manifest?.segments = table.segments.map(\.manifestSegment)
         try await storeManifest(durable: false)
         return try await runSegments(table, assignments: assignments, total: total, file: file)
@@ -62,12 +60,13 @@ extension TransferSession {
         }
         let size = try file.size()
         let sameBoot = BootIdentity.current != nil && BootIdentity.current == stored.bootID
-        let segments = stored.segments.map { segment in
+        var segments = stored.segments.map { segment in
             // On the boot that wrote them, written bytes survived in the page cache; after a reboot only
             // flushed ones did. Never more than the file holds.
             let trusted = min(sameBoot ? segment.written : segment.durable, max(0, size - segment.start))
             return SegmentTable.Segment(segment, trusted: trusted, total: total)
         }
+        try await verifyRecordedPieces(&segments, file: file)
         let table = SegmentTable(
             segments, minimumSplit: configuration.segmentation.minimumSplit,
             stallTakeover: configuration.segmentation.stallTakeover)
@@ -88,13 +87,13 @@ extension TransferSession {
         _ table: SegmentTable, assignments: [Int: (HTTPClientResponse.Body?, SegmentTable.Assignment)],
         total: Int64, file: PartialFile
     ) async throws -> DownloadResult? {
-        guard let validator = manifest?.validator, let ifRange = validator.ifRangeValue else {
+        guard let stored = manifest, let ifRange = stored.validator.ifRangeValue else {
             throw HaulError(.fileSystem, "no manifest for a segmented download")
         }
         let context = SegmentContext(
             table: table, file: file, url: url, request: request, client: downloader.client,
-            configuration: configuration, paths: paths, total: total, validator: validator, ifRange: ifRange,
-            rateLimiters: rateLimiters, observe: observe)
+            configuration: configuration, paths: paths, total: total, validator: stored.validator, ifRange: ifRange,
+            pieceSize: stored.pieceSize, rateLimiters: rateLimiters, observe: observe)
         let storage = configuration.storage
         var meter = ProgressMeter(
             startingAt: table.written, totalBytes: total, interval: configuration.progressInterval)
@@ -125,7 +124,7 @@ extension TransferSession {
                     let durable = now - lastDurable >= storage.durableCheckpointInterval
                     if durable { lastDurable = now }
                     do {
-                        try await checkpointSegments(table, file: file, durable: durable)
+                        try await checkpointSegments(context, durable: durable)
                     } catch {
                         outcome = error
                         break
@@ -143,7 +142,7 @@ extension TransferSession {
                 return nil
             }
             let cancelled = (outcome as? HaulError)?.code == .cancelled
-            try? await checkpointSegments(table, file: file, durable: cancelled)
+            try? await checkpointSegments(context, durable: cancelled)
             throw outcome
         }
         if let progress = meter.record(table.written, at: clock.now, force: true) { observe(.progress(progress)) }
@@ -151,16 +150,41 @@ extension TransferSession {
         return try await finish(totalBytes: total)
     }
 
-    /// Stores every segment's progress; a durable checkpoint flushes the data first and records as
-    /// durable what was written before the flush.
-    mutating func checkpointSegments(_ table: SegmentTable, file: PartialFile, durable: Bool) async throws {
+    /// Stores every segment's progress and the piece hashes recorded since the last checkpoint; a
+    /// durable checkpoint flushes the data first and records as durable what was written before the flush.
+    mutating func checkpointSegments(_ context: SegmentContext, durable: Bool) async throws {
+        let table = context.table
         if durable {
             let captured = table.segments
-            try await file.syncData()
+            try await context.file.syncData()
             table.markDurable(captured)
         }
-        manifest?.segments = table.segments.map(\.manifestSegment)
+        let segments = table.segments
+        manifest?.segments = segments.map(\.manifestSegment)
+        try await recordPieces(context, covering: segments)
         try await storeManifest(durable: durable)
+    }
+
+    /// Adds the pieces the connections hashed to the manifest, and hashes from the file the pieces
+    /// that are written but that no connection saw whole (those that straddle the start of a range).
+    mutating func recordPieces(_ context: SegmentContext, covering segments: [SegmentTable.Segment]) async throws {
+        guard var manifest else { return }
+        let pieceSize = manifest.pieceSize
+        func record(_ index: Int, _ hash: String) {
+            if manifest.pieces.count <= index {
+                manifest.pieces += Array(repeating: nil, count: index + 1 - manifest.pieces.count)
+            }
+            manifest.pieces[index] = hash
+        }
+        for (index, hash) in context.takePieces() { record(index, hash) }
+        for range in Manifest.joined(segments.map { $0.start..<$0.start + $0.written }) {
+            let first = Int((range.lowerBound + pieceSize - 1) / pieceSize)
+            let end = Int(range.upperBound / pieceSize)
+            for index in first..<max(first, end) where index >= manifest.pieces.count || manifest.pieces[index] == nil {
+                if let hash = try await context.file.pieceHash(index, pieceSize: pieceSize) { record(index, hash) }
+            }
+        }
+        self.manifest = manifest
     }
 
     /// One connection: takes ranges from the table until none is left, retrying its own failures.
@@ -234,14 +258,18 @@ final class SegmentContext: Sendable {
     let total: Int64
     let validator: ResourceValidator
     let ifRange: String
+    let pieceSize: Int64
     let rateLimiters: [RateLimiter]
     let observe: @Sendable (DownloadEvent) -> Void
     let fetched = Atomic<Int64>(0)
+    /// Hashes of the pieces connections wrote whole, by index, until the next checkpoint takes them.
+    private let pieces = Mutex<[Int: String]>([:])
 
     init(
         table: SegmentTable, file: PartialFile, url: DownloadURL, request: DownloadRequest, client: HTTPClient,
         configuration: DownloaderConfiguration, paths: DownloadPaths?, total: Int64, validator: ResourceValidator,
-        ifRange: String, rateLimiters: [RateLimiter], observe: @escaping @Sendable (DownloadEvent) -> Void
+        ifRange: String, pieceSize: Int64, rateLimiters: [RateLimiter],
+        observe: @escaping @Sendable (DownloadEvent) -> Void
     ) {
         self.table = table
         self.file = file
@@ -253,8 +281,16 @@ final class SegmentContext: Sendable {
         self.total = total
         self.validator = validator
         self.ifRange = ifRange
+        self.pieceSize = pieceSize
         self.rateLimiters = rateLimiters
         self.observe = observe
+    }
+
+    func takePieces() -> [Int: String] {
+        pieces.withLock { pieces in
+            defer { pieces = [:] }
+            return pieces
+        }
     }
 
     /// Asks for one range and checks the answer: exactly that range of the same file, or nothing.
@@ -290,10 +326,25 @@ final class SegmentContext: Sendable {
         var blockStart = assignment.from
         var lastWrite = ContinuousClock.now
         var complete = false
+        // Hashes the pieces this connection writes whole, from the first piece that starts in its range.
+        var hasher = PieceHasher(
+            pieceSize: pieceSize, startingAtPiece: Int((assignment.from + pieceSize - 1) / pieceSize))
 
         func flush() async throws {
             guard block.readableBytes > 0 else { return }
             try await file.write(block, at: blockStart)
+            let skip = Int(hasher.offset - blockStart)
+            if skip < block.readableBytes {
+                let firstIndex = Int(hasher.offset / pieceSize)
+                let completed = block.withUnsafeReadableBytes {
+                    hasher.update(UnsafeRawBufferPointer(rebasing: $0[skip...]))
+                }
+                if !completed.isEmpty {
+                    pieces.withLock { pieces in
+                        for (offset, hash) in completed.enumerated() { pieces[firstIndex + offset] = hash }
+                    }
+                }
+            }
             blockStart += Int64(block.readableBytes)
             block.clear()
             lastWrite = .now

@@ -152,7 +152,7 @@ struct ManifestTests {
                     try await withDownloader(testConfiguration(retries: 0)) { try await $0.download(request) }
                 }
                 let manifest = String(decoding: try readFile(directory + "/f.haul.json"), as: UTF8.self)
-                #expect(manifest.contains("\"format\":1"))
+                #expect(manifest.contains("\"format\":\(Manifest.currentFormat)"))
                 #expect(!manifest.contains("top-secret"))
             }
         }
