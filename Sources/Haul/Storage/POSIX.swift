@@ -29,6 +29,25 @@ enum POSIX {
         }
     }
 
+    /// The open flag for direct I/O (`O_DIRECT`, which Glibc's module does not export); `nil` where
+    /// Haul does not use it.
+    static var directIOFlag: Int32? {
+        #if os(Linux) && arch(x86_64)
+            return 0o40000
+        #elseif os(Linux) && arch(arm64)
+            return 0o200000
+        #else
+            return nil
+        #endif
+    }
+
+    /// The device and inode of an open file.
+    static func identity(_ descriptor: Int32) throws -> [UInt64] {
+        var status = stat()
+        guard fstat(descriptor, &status) == 0 else { throw error("inspect", path: "descriptor \(descriptor)") }
+        return [UInt64(status.st_dev), UInt64(status.st_ino)]
+    }
+
     /// Writes all of `bytes` at `offset`, looping over short writes.
     static func write(_ descriptor: Int32, _ bytes: UnsafeRawBufferPointer, at offset: Int64, path: String) throws {
         var done = 0

@@ -1,5 +1,6 @@
 import NIOCore
 import NIOPosix
+import Synchronization
 
 #if canImport(Glibc)
     import Glibc
@@ -17,6 +18,8 @@ final class PartialFile: Sendable {
     let path: String
     private let descriptor: Int32
     private let io: BlockingIO
+    /// A second descriptor opened for direct I/O, once ``enableDirectWrites()`` succeeded.
+    private let directDescriptor = Mutex<Int32?>(nil)
 
     /// Opens (creating if needed) the partial file; a symbolic link at `path` is refused, never followed.
     /// `readOnly` opens an existing file for checking only.
@@ -26,7 +29,67 @@ final class PartialFile: Sendable {
         self.descriptor = try POSIX.open(path, flags: readOnly ? O_RDONLY | O_NOFOLLOW : O_RDWR | O_CREAT | O_NOFOLLOW)
     }
 
-    deinit { POSIX.close(descriptor) }
+    deinit {
+        POSIX.close(descriptor)
+        if let direct = directDescriptor.withLock({ $0 }) { POSIX.close(direct) }
+    }
+
+    /// Opens the file a second time for direct I/O (full, page-aligned pages straight to the disk);
+    /// returns false when the file system or the platform does not offer it.
+    @discardableResult
+    func enableDirectWrites() -> Bool {
+        guard let flag = POSIX.directIOFlag else { return false }
+        return directDescriptor.withLock { direct in
+            if direct != nil { return true }
+            guard let opened = try? POSIX.open(path, flags: O_WRONLY | O_NOFOLLOW | flag) else { return false }
+            // The same file, not one that replaced it at this path in between.
+            guard let mine = try? POSIX.identity(descriptor), let theirs = try? POSIX.identity(opened), mine == theirs
+            else {
+                POSIX.close(opened)
+                return false
+            }
+            direct = opened
+            return true
+        }
+    }
+
+    var usesDirectWrites: Bool { directDescriptor.withLock { $0 != nil } }
+
+    /// Writes a block on the thread pool (see ``WriteBlock/write(to:)``).
+    func write(_ block: WriteBlock) async throws {
+        try await io.run { [self] in try block.write(to: self) }
+    }
+
+    /// Writes through the page cache, on the calling thread.
+    func writeNow(_ bytes: UnsafeRawBufferPointer, at offset: Int64) throws {
+        try POSIX.write(descriptor, bytes, at: offset, path: path)
+    }
+
+    /// Writes whole pages from page-aligned memory with direct I/O, on the calling thread. Should the
+    /// file system refuse (or write less than asked, leaving the rest unaligned), the rest goes through
+    /// the page cache, and a refusal turns direct I/O off for this file.
+    func writeDirect(_ bytes: UnsafeRawBufferPointer, at offset: Int64) throws {
+        guard let direct = directDescriptor.withLock({ $0 }) else { return try writeNow(bytes, at: offset) }
+        var done = 0
+        while done < bytes.count {
+            let result = pwrite(direct, bytes.baseAddress! + done, bytes.count - done, off_t(offset) + off_t(done))
+            if result > 0 {
+                done += result
+                if done % WriteBlock.pageSize != 0 { break }
+                continue
+            }
+            if result < 0 && errno == EINTR { continue }
+            if result < 0 && errno != EINVAL { throw POSIX.error("write to", path: path) }
+            directDescriptor.withLock { descriptor in
+                if let open = descriptor { POSIX.close(open) }
+                descriptor = nil
+            }
+            break
+        }
+        if done < bytes.count {
+            try writeNow(UnsafeRawBufferPointer(rebasing: bytes[done...]), at: offset + Int64(done))
+        }
+    }
 
     func write(_ buffer: ByteBuffer, at offset: Int64) async throws {
         try await io.run { [descriptor, path] in

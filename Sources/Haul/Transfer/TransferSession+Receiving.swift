@@ -120,11 +120,14 @@ extension TransferSession {
         /// The piece hasher at `end`, and the pieces this write completed.
         let pieces: PieceHasher
         let completedPieces: [String]
+        /// The block that was written, free to be filled again.
+        let block: WriteBlock
     }
 
     /// Streams the body into the file: network buffers are gathered into large blocks, and one block
     /// is written on the thread pool while the next one fills, so disk and network overlap while at
-    /// most two blocks are held in memory.
+    /// most two blocks are held in memory (they take turns). With direct I/O, a block's full pages go
+    /// straight to the disk and its last partial page waits for the next block.
     ///
     /// Whatever happens, every byte received is written and checkpointed before this returns or throws.
     mutating func pump(
@@ -141,9 +144,12 @@ extension TransferSession {
         var bodyHasher = StreamingHasher(algorithms: Set(contentDigests.map(\.algorithm)))
         let storage = configuration.storage
         var meter = ProgressMeter(startingAt: writeStart, totalBytes: total, interval: configuration.progressInterval)
-        let allocator = ByteBufferAllocator()
-        var block = allocator.buffer(capacity: storage.blockSize)
-        var blockStart = writeStart
+        if let minimum = storage.directWriteMinimum, (total ?? Int64.max) - writeStart >= minimum {
+            file.enableDirectWrites()
+        }
+        let whole = !file.usesDirectWrites
+        var block = WriteBlock(capacity: storage.blockSize, start: writeStart)
+        var spare: WriteBlock?
         var received = writeStart
         var overlapChecked = 0
         var lastWrite = clock.now
@@ -173,33 +179,34 @@ extension TransferSession {
                         )
                     }
                     received += Int64(chunk.readableBytes)
-                    block.writeImmutableBuffer(chunk)
+                    block.append(chunk)
                     for limiter in rateLimiters { try await limiter.take(chunk.readableBytes) }
                     let now = clock.now
                     if let progress = meter.record(received, at: now) { observe(.progress(progress)) }
-                    guard block.readableBytes >= storage.blockSize || now - lastWrite >= storage.flushInterval else {
+                    guard block.count >= storage.blockSize || now - lastWrite >= storage.flushInterval else {
                         continue
                     }
+                    let writable = block.writableCount(final: whole)
+                    guard writable > 0 else { continue }
 
                     if writeInFlight, let receipt = try await group.next() {
                         runningHasher = receipt.hasher
                         runningPieces = receipt.pieces
+                        spare = receipt.block
                         try await recordWrite(receipt)
                     }
                     let durable = now - lastDurable >= storage.durableCheckpointInterval
                     if durable { lastDurable = now }
                     let data = block
-                    let offset = blockStart
                     let blockHasher = runningHasher
                     let blockPieces = runningPieces
-                    blockStart += Int64(data.readableBytes)
-                    block = allocator.buffer(capacity: storage.blockSize)
-                    // Hashing rides along with the write on the thread pool, in file order: blocks are
-                    // written one after the other.
+                    block = spare ?? WriteBlock(capacity: storage.blockSize, start: 0)
+                    spare = nil
+                    data.moveTail(after: writable, into: block)
+                    // Hashing rides along with the write, in file order: blocks are written one after the other.
                     group.addTask {
                         try await Self.writeBlock(
-                            data, at: offset, to: file, durable: durable, hasher: blockHasher, pieces: blockPieces
-                        )
+                            data, to: file, durable: durable, hasher: blockHasher, pieces: blockPieces)
                     }
                     writeInFlight = true
                     lastWrite = now
@@ -214,10 +221,9 @@ extension TransferSession {
                     runningPieces = receipt.pieces
                     try await recordWrite(receipt)
                 }
-                if block.readableBytes > 0 && !(streamError is OverlapMismatch) {
+                if block.count > 0 && !(streamError is OverlapMismatch) {
                     let receipt = try await Self.writeBlock(
-                        block, at: blockStart, to: file, durable: false, hasher: runningHasher, pieces: runningPieces
-                    )
+                        block, to: file, durable: false, hasher: runningHasher, pieces: runningPieces)
                     runningHasher = receipt.hasher
                     runningPieces = receipt.pieces
                     try await recordWrite(receipt)
@@ -256,22 +262,19 @@ extension TransferSession {
         return received
     }
 
-    /// Writes one block at `offset` (flushing it when `durable`) and advances the hashers past it.
-    /// Blocks are written one after the other, so the hashers see the file in order.
+    /// Writes one block (flushing it when `durable`) and advances the hashers past it. Blocks are
+    /// written one after the other, so the hashers see the file in order.
     static func writeBlock(
-        _ data: ByteBuffer, at offset: Int64, to file: PartialFile, durable: Bool, hasher: StreamingHasher?,
-        pieces: PieceHasher
+        _ block: WriteBlock, to file: PartialFile, durable: Bool, hasher: StreamingHasher?, pieces: PieceHasher
     ) async throws -> WriteReceipt {
-        try await file.write(data, at: offset)
+        try await file.write(block)
         if durable { try await file.syncData() }
         var hasher = hasher
-        hasher?.update(data)
+        hasher?.update(block.bytes)
         var pieces = pieces
-        let completed = pieces.update(data)
+        let completed = pieces.update(block.bytes)
         return WriteReceipt(
-            end: offset + Int64(data.readableBytes), durable: durable, hasher: hasher, pieces: pieces,
-            completedPieces: completed
-        )
+            end: block.end, durable: durable, hasher: hasher, pieces: pieces, completedPieces: completed, block: block)
     }
 
     /// Notes a finished write in the manifest, and stores the manifest when a checkpoint is due.

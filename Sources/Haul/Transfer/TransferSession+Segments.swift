@@ -95,6 +95,7 @@ extension TransferSession {
             configuration: configuration, paths: paths, total: total, validator: stored.validator, ifRange: ifRange,
             pieceSize: stored.pieceSize, rateLimiters: rateLimiters, observe: observe)
         let storage = configuration.storage
+        if let minimum = storage.directWriteMinimum, total - table.written >= minimum { file.enableDirectWrites() }
         var meter = ProgressMeter(
             startingAt: table.written, totalBytes: total, interval: configuration.progressInterval)
         var lastDurable = clock.now
@@ -322,33 +323,34 @@ final class SegmentContext: Sendable {
     func receive(_ body: HTTPClientResponse.Body, assignment: SegmentTable.Assignment) async throws {
         let storage = configuration.storage
         let blockSize = min(storage.blockSize, 256 << 10)
-        var block = ByteBufferAllocator().buffer(capacity: blockSize)
-        var blockStart = assignment.from
+        // Two blocks take turns: a write hands the partial page at its end to the other one, which
+        // fills next (direct I/O writes whole pages only).
+        var block = WriteBlock(capacity: blockSize, start: assignment.from)
+        var next = WriteBlock(capacity: blockSize, start: assignment.from)
         var lastWrite = ContinuousClock.now
         var complete = false
         // Hashes the pieces this connection writes whole, from the first piece that starts in its range.
         var hasher = PieceHasher(
             pieceSize: pieceSize, startingAtPiece: Int((assignment.from + pieceSize - 1) / pieceSize))
 
-        func flush() async throws {
-            guard block.readableBytes > 0 else { return }
-            try await file.write(block, at: blockStart)
-            let skip = Int(hasher.offset - blockStart)
-            if skip < block.readableBytes {
+        func flush(final: Bool) async throws {
+            let writable = block.writableCount(final: final || !file.usesDirectWrites)
+            guard writable > 0 else { return }
+            block.moveTail(after: writable, into: next)
+            try await file.write(block)
+            let skip = Int(hasher.offset - block.start)
+            if skip < block.count {
                 let firstIndex = Int(hasher.offset / pieceSize)
-                let completed = block.withUnsafeReadableBytes {
-                    hasher.update(UnsafeRawBufferPointer(rebasing: $0[skip...]))
-                }
+                let completed = hasher.update(UnsafeRawBufferPointer(rebasing: block.bytes[skip...]))
                 if !completed.isEmpty {
                     pieces.withLock { pieces in
                         for (offset, hash) in completed.enumerated() { pieces[firstIndex + offset] = hash }
                     }
                 }
             }
-            blockStart += Int64(block.readableBytes)
-            block.clear()
+            swap(&block, &next)
             lastWrite = .now
-            complete = table.advance(assignment.index, to: blockStart)
+            complete = table.advance(assignment.index, to: block.start)
         }
 
         do {
@@ -357,33 +359,31 @@ final class SegmentContext: Sendable {
                 // One look at the table per chunk: the end only ever moves closer, and writing a little
                 // past a freshly cut end is harmless (same version; `advance` clamps).
                 let end = table.end(of: assignment.index)
-                let room = end - blockStart - Int64(block.readableBytes)
+                let room = end - block.end
                 if room <= 0 { break }
                 var chunk = chunk
                 if Int64(chunk.readableBytes) > room {
                     chunk = chunk.getSlice(at: chunk.readerIndex, length: Int(room)) ?? chunk
                 }
-                block.writeImmutableBuffer(chunk)
+                block.append(chunk)
                 for limiter in rateLimiters { try await limiter.take(chunk.readableBytes) }
-                let reachedEnd = blockStart + Int64(block.readableBytes) >= end
-                if block.readableBytes >= blockSize || reachedEnd
-                    || ContinuousClock.now - lastWrite >= storage.flushInterval
-                {
-                    try await flush()
+                let reachedEnd = block.end >= end
+                if block.count >= blockSize || reachedEnd || ContinuousClock.now - lastWrite >= storage.flushInterval {
+                    try await flush(final: reachedEnd)
                     if complete { break }
                 }
             }
         } catch {
             // Bytes that arrived are valid: keep them, then report the failure.
-            try await flush()
+            try await flush(final: true)
             throw TransferSession.transportFailure(error, url: url, configuration: configuration, paths: paths)
         }
-        try await flush()
-        if !complete && blockStart < table.end(of: assignment.index) {
+        try await flush(final: true)
+        if !complete && block.end < table.end(of: assignment.index) {
             throw RetryableFailure(
                 error: HaulError(
                     .network,
-                    "a connection ended at byte \(blockStart) of a range that runs to \(table.end(of: assignment.index))"
+                    "a connection ended at byte \(block.end) of a range that runs to \(table.end(of: assignment.index))"
                 ))
         }
     }
