@@ -91,12 +91,6 @@ final class PartialFile: Sendable {
         }
     }
 
-    func write(_ buffer: ByteBuffer, at offset: Int64) async throws {
-        try await io.run { [descriptor, path] in
-            try buffer.withUnsafeReadableBytes { try POSIX.write(descriptor, $0, at: offset, path: path) }
-        }
-    }
-
     func syncData() async throws {
         try await io.run { [descriptor, path] in try POSIX.syncData(descriptor, path: path) }
     }
