@@ -107,11 +107,17 @@ public struct Manifest: Codable, Equatable, Sendable {
     /// each segment's written bytes on the boot that wrote them, else its durable ones, never more
     /// than the file holds.
     public func trustedBytes(currentBootID: String?, partialSize: Int64) -> Int64 {
-        guard segments.count > 1 else { return trustedPrefix(currentBootID: currentBootID, partialSize: partialSize) }
-        let sameBoot = currentBootID != nil && currentBootID == bootID
-        return segments.reduce(0) { sum, segment in
-            sum + min(sameBoot ? segment.written : segment.durable, max(0, partialSize - segment.start))
+        trustedRanges(currentBootID: currentBootID, partialSize: partialSize).reduce(0) {
+            $0 + $1.upperBound - $1.lowerBound
         }
+    }
+
+    /// The bytes from a segment's start that a download over several connections keeps: its written
+    /// bytes on the boot that wrote them (they survived in the page cache), else its durable ones,
+    /// never more than the file holds.
+    func trustedLength(of segment: Segment, currentBootID: String?, partialSize: Int64) -> Int64 {
+        let sameBoot = currentBootID != nil && currentBootID == bootID
+        return min(sameBoot ? segment.written : segment.durable, max(0, partialSize - segment.start))
     }
 
     /// Forgets everything at or past `offset`: progress and piece hashes. The partial file must be cut
@@ -132,9 +138,8 @@ public struct Manifest: Codable, Equatable, Sendable {
             let prefix = trustedPrefix(currentBootID: currentBootID, partialSize: partialSize)
             return prefix > 0 ? [0..<prefix] : []
         }
-        let sameBoot = currentBootID != nil && currentBootID == bootID
         return segments.compactMap { segment in
-            let trusted = min(sameBoot ? segment.written : segment.durable, max(0, partialSize - segment.start))
+            let trusted = trustedLength(of: segment, currentBootID: currentBootID, partialSize: partialSize)
             return trusted > 0 ? segment.start..<segment.start + trusted : nil
         }.sorted { $0.lowerBound < $1.lowerBound }
     }

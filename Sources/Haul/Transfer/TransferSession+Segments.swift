@@ -59,11 +59,8 @@ extension TransferSession {
             return nil
         }
         let size = try file.size()
-        let sameBoot = BootIdentity.current != nil && BootIdentity.current == stored.bootID
         var segments = stored.segments.map { segment in
-            // On the boot that wrote them, written bytes survived in the page cache; after a reboot only
-            // flushed ones did. Never more than the file holds.
-            let trusted = min(sameBoot ? segment.written : segment.durable, max(0, size - segment.start))
+            let trusted = stored.trustedLength(of: segment, currentBootID: BootIdentity.current, partialSize: size)
             return SegmentTable.Segment(segment, trusted: trusted, total: total)
         }
         try await verifyRecordedPieces(&segments, file: file)
