@@ -27,12 +27,8 @@ struct SegmentPieceTests {
         async throws -> Manifest
     {
         server.add("/f", resource)
-        server.setStandingFaults("/f", [.throttle(bytesPerSecond: 1 << 20)])
-        let paths = DownloadPaths(destination: destination)
-        try await downloadUntil(
-            DownloadRequest(url: server.url("/f"), destination: .file(destination)), configuration()
-        ) {
-            let segments = (try? ManifestStore.load(paths))?.segments ?? []
+        return try await pauseWhenRanges(server, "/f", destination: destination, configuration: configuration()) {
+            segments in
             // Under load a range may finish early and be split again: wait for four ranges and one
             // unfinished later range holding the pieces asked for.
             return segments.count >= 4
@@ -40,8 +36,6 @@ struct SegmentPieceTests {
                     $0.start > 0 && $0.start + $0.written < $0.end! && $0.written >= (pieces + 1) * Self.pieceSize
                 }
         }
-        server.setStandingFaults("/f", [])
-        return try #require(try ManifestStore.load(paths))
     }
 
     /// An unfinished range that does not start at 0, with the first and last whole pieces it wrote.
@@ -92,10 +86,7 @@ struct SegmentPieceTests {
                 try damage(destination + ".haul.part", at: lastStart + 100)
 
                 let requestsBefore = server.requests(for: "/f").count
-                try await withDownloader(configuration()) { downloader in
-                    try await downloader.download(
-                        DownloadRequest(url: server.url("/f"), destination: .file(destination)))
-                }
+                try await download(server, to: destination, configuration: configuration())
                 #expect(try readFile(destination) == resource.content)
                 let ranges = server.requests(for: "/f").dropFirst(requestsBefore).compactMap { $0.header("Range") }
                 #expect(ranges.contains { $0.hasPrefix("bytes=\(lastStart)-") }, "\(ranges)")
@@ -129,10 +120,7 @@ struct SegmentPieceTests {
                 #expect(report.bytesKept == before - Self.pieceSize)
 
                 let requestsBefore = server.requests(for: "/f").count
-                try await withDownloader(configuration()) { downloader in
-                    try await downloader.download(
-                        DownloadRequest(url: server.url("/f"), destination: .file(destination)))
-                }
+                try await download(server, to: destination, configuration: configuration())
                 #expect(try readFile(destination) == resource.content)
                 // The damaged piece is fetched again; nothing kept is (a request may also cover the
                 // unwritten tail of the range before it, and connections split what remains).

@@ -87,28 +87,26 @@ struct DirectWriteTests {
             try await withTemporaryDirectory { directory in
                 let resource = TestResource(name: "direct-parts", size: 6 * 1024 * 1024 + 4321)
                 server.add("/f", resource)
-                server.setStandingFaults("/f", [.throttle(bytesPerSecond: 2 << 20)])
                 let destination = directory + "/f"
-                let paths = DownloadPaths(destination: destination)
-                try await downloadUntil(
-                    DownloadRequest(url: server.url("/f"), destination: .file(destination)),
-                    configuration(connections: 4)
-                ) {
-                    let segments = (try? ManifestStore.load(paths))?.segments ?? []
-                    return segments.count >= 4 && segments.filter { $0.written > 100_000 }.count >= 3
+                let manifest = try await pauseWhenRanges(
+                    server, "/f", destination: destination, bytesPerSecond: 2 << 20,
+                    configuration: configuration(connections: 4)
+                ) { segments in
+                    segments.count >= 4 && segments.filter { $0.written > 100_000 }.count >= 3
                 }
-                let manifest = try #require(try ManifestStore.load(paths))
-                let partial = try readFile(paths.partial)
+                let partial = try readFile(destination + ".haul.part")
                 for segment in manifest.segments {
                     let range = Int(segment.start)..<Int(segment.start + segment.written)
                     #expect(partial[range] == resource.content[range], "\(segment)")
                 }
-                server.setStandingFaults("/f", [])
-                try await withDownloader(configuration(connections: 4)) { downloader in
-                    try await downloader.download(
-                        DownloadRequest(url: server.url("/f"), destination: .file(destination)))
-                }
+                let requestsBefore = server.requests(for: "/f").count
+                try await download(server, to: destination, configuration: configuration(connections: 4))
                 #expect(try readFile(destination) == resource.content)
+                // Every unfinished range continued where its bytes stopped, unaligned or not.
+                let ranges = server.requests(for: "/f").dropFirst(requestsBefore).compactMap { $0.header("Range") }
+                for segment in manifest.segments where segment.start + segment.written < segment.end! {
+                    #expect(ranges.contains { $0.hasPrefix("bytes=\(segment.start + segment.written)-") }, "\(ranges)")
+                }
             }
         }
     }

@@ -26,6 +26,22 @@ func downloadUntil(
     }
 }
 
+/// Starts a download of `path` throttled to `bytesPerSecond` per connection, pauses it once its stored
+/// ranges satisfy `condition`, lifts the throttle and returns the manifest left behind.
+func pauseWhenRanges(
+    _ server: HaulTestServer, _ path: String, destination: String, bytesPerSecond: Int = 1 << 20,
+    configuration: DownloaderConfiguration = segmentedConfiguration(),
+    _ condition: @escaping ([Manifest.Segment]) -> Bool
+) async throws -> Manifest {
+    server.setStandingFaults(path, [.throttle(bytesPerSecond: bytesPerSecond)])
+    let paths = DownloadPaths(destination: destination)
+    try await downloadUntil(DownloadRequest(url: server.url(path), destination: .file(destination)), configuration) {
+        condition((try? ManifestStore.load(paths))?.segments ?? [])
+    }
+    server.setStandingFaults(path, [])
+    return try #require(try ManifestStore.load(paths))
+}
+
 @Suite("Several connections per file") struct SegmentedTests {
     @Test("the file arrives in ranges over several connections, byte-identical")
     func segmentedDownload() async throws {
@@ -170,20 +186,12 @@ func downloadUntil(
             try await withTemporaryDirectory { directory in
                 let resource = TestResource(name: "resumed", size: 6 * 1024 * 1024)
                 server.add("/resumed", resource)
-                server.setStandingFaults("/resumed", [.throttle(bytesPerSecond: 1 << 20)])
                 let destination = directory + "/resumed"
-                let paths = DownloadPaths(destination: destination)
-                try await downloadUntil(
-                    DownloadRequest(url: server.url("/resumed"), destination: .file(destination)),
-                    segmentedConfiguration()
-                ) {
-                    let segments = (try? ManifestStore.load(paths))?.segments ?? []
-                    return segments.count >= 4 && segments.allSatisfy { $0.written > 0 }
+                let manifest = try await pauseWhenRanges(server, "/resumed", destination: destination) { segments in
+                    segments.count >= 4 && segments.allSatisfy { $0.written > 0 }
                 }
-                let manifest = try #require(try ManifestStore.load(paths))
                 #expect(manifest.segments.count >= 4)
                 let requestsBefore = server.requests(for: "/resumed").count
-                server.setStandingFaults("/resumed", [])
                 let log = EventLog()
                 try await withDownloader(segmentedConfiguration()) { downloader in
                     try await downloader.download(
