@@ -120,7 +120,7 @@ struct Torture: AsyncParsableCommand {
     }
 
     func removeDownload(_ destination: String) {
-        for suffix in ["", ".haul.part", ".haul.json", ".haul.json.tmp", ".haul.lock"] {
+        for suffix in ["", ".haul.part", ".haul.json", ".haul.json.tmp"] {
             try? FileManager.default.removeItem(atPath: destination + suffix)
         }
     }

@@ -26,11 +26,11 @@ public enum DownloadVerifier {
     public static func verifyPartial(destination: String) async throws -> PartialReport {
         let paths = DownloadPaths(destination: destination)
         let lock = try DestinationLock.acquire(paths)
-        defer { lock.removeFile() }
-        guard var manifest = try ManifestStore.load(paths) else {
+        defer { if lock.created { lock.removePartial() } }
+        guard !lock.created, var manifest = try ManifestStore.load(paths) else {
             throw HaulError(.fileSystem, "\(destination) has no partial download to check")
         }
-        let file = try PartialFile(path: paths.partial)
+        let file = try lock.partialFile(io: .shared)
         let pieceSize = manifest.pieceSize
         let trusted = manifest.trustedRanges(currentBootID: BootIdentity.current, partialSize: try file.size())
         let before = trusted.reduce(0) { $0 + $1.upperBound - $1.lowerBound }

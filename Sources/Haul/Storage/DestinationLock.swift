@@ -6,54 +6,69 @@
     import Darwin
 #endif
 
-/// An advisory lock that keeps a second process (or a second download in this one) from writing
-/// the same partial file. The lock file holds the owner's process ID so the refusal can name it.
-/// The operating system releases the lock when the process dies, however it dies.
+/// An advisory lock on the partial file itself, which keeps a second process (or a second download
+/// in this one) from writing it. Locking the file that holds the data, not a file beside it, spares
+/// a file creation and a deletion per download. The operating system releases the lock when the
+/// process dies, however it dies.
+///
+/// Acquiring the lock creates the partial file when there is none; ``created`` tells the caller, which
+/// removes it again (``removePartial()``) when it turns out not to be needed.
 final class DestinationLock: Sendable {
-    let path: String
+    let paths: DownloadPaths
+    /// Whether acquiring the lock created the partial file.
+    let created: Bool
     private let descriptor: Int32
 
-    private init(path: String, descriptor: Int32) {
-        self.path = path
+    private init(paths: DownloadPaths, descriptor: Int32, created: Bool) {
+        self.paths = paths
         self.descriptor = descriptor
+        self.created = created
     }
 
     deinit { POSIX.close(descriptor) }
 
     static func acquire(_ paths: DownloadPaths) throws -> DestinationLock {
-        let path = paths.lock
+        let path = paths.partial
         for _ in 0..<8 {
-            let descriptor = try POSIX.open(path, flags: O_RDWR | O_CREAT | O_NOFOLLOW)
+            let (descriptor, created) = try POSIX.openOrCreate(path, flags: O_RDWR)
             if flock(descriptor, LOCK_EX | LOCK_NB) != 0 {
                 let code = errno
-                let owner = (try? POSIX.read(descriptor, count: 32, at: 0, path: path))
-                    .flatMap { String(validating: $0, as: UTF8.self) }?
-                    .trimmingHTTPWhitespace()
+                let owner = POSIX.flockOwner(descriptor)
                 POSIX.close(descriptor)
                 guard code == EWOULDBLOCK || code == EAGAIN else { throw POSIX.error("lock", path: path, errno: code) }
-                let who =
-                    owner.map { $0.isEmpty ? "another process" : "another process (pid \($0))" } ?? "another process"
+                let who: String
+                switch owner {
+                case nil: who = "another process"
+                case POSIX.processID: who = "another download in this process (pid \(POSIX.processID))"
+                case let pid?: who = "another process (pid \(pid))"
+                }
                 throw HaulError(.locked, "\(paths.destination) is being downloaded by \(who)")
             }
-            // The previous owner may have removed the file between our open and our lock: only a lock
-            // on the file that is still at `path` counts.
-            var held = stat()
-            guard fstat(descriptor, &held) == 0, let current = POSIX.fileStatus(path),
-                current.st_ino == held.st_ino, current.st_dev == held.st_dev
+            // The previous owner may have renamed or removed the file between our open and our lock:
+            // only a lock on the file that is still at `path` counts.
+            guard let held = try? POSIX.identity(descriptor), let current = POSIX.fileStatus(path),
+                held == [UInt64(current.st_dev), UInt64(current.st_ino)]
             else {
                 POSIX.close(descriptor)
                 continue
             }
-            let pid = Array("\(POSIX.processID)\n".utf8)
-            _ = ftruncate(descriptor, 0)
-            try pid.withUnsafeBytes { try POSIX.write(descriptor, $0, at: 0, path: path) }
-            return DestinationLock(path: path, descriptor: descriptor)
+            return DestinationLock(paths: paths, descriptor: descriptor, created: created)
         }
         throw HaulError(.locked, "\(paths.destination) keeps changing owner; another process is downloading it")
     }
 
-    /// Removes the lock file while still holding the lock, so nobody can take over a stale file.
-    func removeFile() { try? POSIX.unlink(path) }
+    /// The locked partial file, for reading and writing; it shares the lock's open file, so the
+    /// lock holds as long as either is open.
+    func partialFile(io: BlockingIO) throws -> PartialFile {
+        let copy = dup(descriptor)
+        guard copy >= 0 else { throw POSIX.error("open", path: paths.partial) }
+        _ = fcntl(copy, F_SETFD, FD_CLOEXEC)
+        return PartialFile(path: paths.partial, descriptor: copy, io: io)
+    }
+
+    /// Removes the partial file while still holding the lock, so nobody can take over a file that is
+    /// on its way out.
+    func removePartial() { try? POSIX.unlink(paths.partial) }
 }
 
 /// Identifies the current boot of the kernel, so `written` (page-cache) offsets recorded before a

@@ -1,12 +1,10 @@
-/// Where a download keeps its files: the destination and, beside it, the partial data,
-/// the manifest and the lock.
+/// Where a download keeps its files: the destination and, beside it, the partial data (which also
+/// carries the lock that keeps a second process away) and the manifest.
 public struct DownloadPaths: Sendable, Equatable {
     /// Suffix of the file holding the bytes received so far.
     public static let partialSuffix = ".haul.part"
     /// Suffix of the manifest describing the partial file.
     public static let manifestSuffix = ".haul.json"
-    /// Suffix of the lock file that keeps a second process away.
-    public static let lockSuffix = ".haul.lock"
 
     /// The final file; it only appears once the download is complete.
     public let destination: String
@@ -16,9 +14,8 @@ public struct DownloadPaths: Sendable, Equatable {
     public var partial: String { destination + Self.partialSuffix }
     public var manifest: String { destination + Self.manifestSuffix }
     public var manifestTemporary: String { destination + Self.manifestSuffix + ".tmp" }
-    public var lock: String { destination + Self.lockSuffix }
 
-    /// The directory that holds all four files.
+    /// The directory that holds all of them.
     public var directory: String {
         guard let slash = destination.lastIndex(of: "/") else { return "." }
         let directory = String(destination[..<slash])

@@ -239,8 +239,9 @@ enum ManifestStore {
         if durable { try POSIX.syncDirectory(paths.directory) }
     }
 
+    /// Removes the manifest and any temporary one. Looking before unlinking spares the directory's
+    /// write lock when there is nothing to remove, as for a small file that never needed a manifest.
     static func remove(_ paths: DownloadPaths) throws {
-        try POSIX.unlink(paths.manifest)
-        try POSIX.unlink(paths.manifestTemporary)
+        for path in [paths.manifest, paths.manifestTemporary] where POSIX.exists(path) { try POSIX.unlink(path) }
     }
 }

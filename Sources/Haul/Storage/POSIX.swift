@@ -29,6 +29,48 @@ enum POSIX {
         }
     }
 
+    /// Opens `path` with `flags`, creating it (mode 0644) when nothing is there; tells whether this
+    /// call created it. Both opens carry `O_NOFOLLOW`, so a symbolic link is refused.
+    static func openOrCreate(_ path: String, flags: Int32) throws -> (descriptor: Int32, created: Bool) {
+        while true {
+            let existing = path.withCString { systemOpen($0, flags | O_NOFOLLOW | O_CLOEXEC, 0) }
+            if existing >= 0 { return (existing, false) }
+            guard errno == ENOENT || errno == EINTR else { throw error("open", path: path) }
+            if errno == EINTR { continue }
+            let fresh = path.withCString { systemOpen($0, flags | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o644) }
+            if fresh >= 0 { return (fresh, true) }
+            // Somebody created it in between: open theirs.
+            guard errno == EEXIST || errno == EINTR else { throw error("create", path: path) }
+        }
+    }
+
+    /// The process that holds a `flock` on the open file `descriptor`, as `/proc/locks` lists it;
+    /// `nil` where that list is not available.
+    static func flockOwner(_ descriptor: Int32) -> Int32? {
+        #if os(Linux)
+            var status = stat()
+            guard fstat(descriptor, &status) == 0,
+                let bytes = try? readWholeFile("/proc/locks", limit: 1 << 20),
+                let text = String(validating: bytes, as: UTF8.self)
+            else { return nil }
+            let device = UInt64(status.st_dev)
+            let major = ((device >> 8) & 0xfff) | ((device >> 32) & ~0xfff)
+            let minor = (device & 0xff) | ((device >> 12) & ~0xff)
+            let file =
+                String(major, radix: 16).leftPadded(to: 2) + ":" + String(minor, radix: 16).leftPadded(to: 2)
+                + ":" + String(status.st_ino)
+            // "1: FLOCK  ADVISORY  WRITE 4242 fd:01:1234 0 EOF"; waiting requests carry "->" and are skipped.
+            for line in text.split(separator: "\n") {
+                let fields = line.split(separator: " ")
+                guard fields.count >= 6, fields[1] == "FLOCK", fields[5] == file else { continue }
+                return Int32(fields[4])
+            }
+            return nil
+        #else
+            return nil
+        #endif
+    }
+
     /// The open flag for direct I/O (`O_DIRECT`, which Glibc's module does not export); `nil` where
     /// Haul does not use it.
     static var directIOFlag: Int32? {
@@ -251,3 +293,9 @@ public struct SystemError: Error, Sendable, Equatable {
     }
     private let systemUnlink: @Sendable (UnsafePointer<CChar>) -> Int32 = { Darwin.unlink($0) }
 #endif
+
+extension String {
+    fileprivate func leftPadded(to width: Int) -> String {
+        count >= width ? self : String(repeating: "0", count: width - count) + self
+    }
+}

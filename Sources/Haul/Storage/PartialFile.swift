@@ -29,6 +29,13 @@ final class PartialFile: Sendable {
         self.descriptor = try POSIX.open(path, flags: readOnly ? O_RDONLY | O_NOFOLLOW : O_RDWR | O_CREAT | O_NOFOLLOW)
     }
 
+    /// Takes over `descriptor`, already open on `path` for reading and writing.
+    init(path: String, descriptor: Int32, io: BlockingIO) {
+        self.path = path
+        self.io = io
+        self.descriptor = descriptor
+    }
+
     deinit {
         POSIX.close(descriptor)
         if let direct = directDescriptor.withLock({ $0 }) { POSIX.close(direct) }

@@ -28,6 +28,8 @@ public final class Downloader: Sendable {
     let client: HTTPClient
     let logger: Logger
     let io: BlockingIO
+    /// The unfinished downloads in the directories this downloader has saved into.
+    let partials = PartialIndex()
 
     /// - Parameter logger: Haul logs nothing unless given a logger.
     public init(configuration: DownloaderConfiguration = .init(), logger: Logger? = nil) {

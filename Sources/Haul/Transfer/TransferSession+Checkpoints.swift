@@ -66,7 +66,8 @@ extension TransferSession {
             }
         }
         try await downloader.io.run { try ManifestStore.remove(paths) }
-        lock?.removeFile()
+        // A session that found the file already complete created an empty partial file to lock.
+        if completedEarlier != nil, let lock, lock.created { lock.removePartial() }
         lock = nil
         return DownloadResult(
             destination: paths.destination, url: url.string, bytes: totalBytes, bytesFetched: bytesFetched,

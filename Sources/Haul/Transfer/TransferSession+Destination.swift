@@ -14,25 +14,25 @@ extension TransferSession {
     mutating func open(_ paths: DownloadPaths) throws {
         let lock = try DestinationLock.acquire(paths)
         do {
-            try inspect(paths)
+            try inspect(paths, partialExists: !lock.created)
         } catch {
-            lock.removeFile()
+            if lock.created { lock.removePartial() }
             throw error
         }
         self.lock = lock
         self.paths = paths
-        if completedEarlier == nil { self.file = try PartialFile(path: paths.partial, io: downloader.io) }
+        if completedEarlier == nil { self.file = try lock.partialFile(io: downloader.io) }
     }
 
     /// Reads what an earlier session left at `paths` and decides what of it can be used.
-    mutating func inspect(_ paths: DownloadPaths) throws {
+    /// `partialExists` tells whether the partial file was there before the lock was taken.
+    mutating func inspect(_ paths: DownloadPaths, partialExists: Bool) throws {
         var loaded: Manifest?
         do {
             loaded = try ManifestStore.load(paths)
         } catch let error as HaulError where error.code == .manifestCorrupt {
             pendingRestart = .untrustedPartial(error.message)
         }
-        let partialExists = POSIX.exists(paths.partial)
         if loaded == nil, POSIX.exists(paths.destination), !request.overwrite {
             throw HaulError(.destinationExists, "\(paths.destination) already exists; use --force to download it again")
         }
@@ -58,12 +58,11 @@ extension TransferSession {
         if pendingRestart == nil { self.manifest = loaded }
     }
 
-    /// Removes what an unfinished call leaves behind that cannot help a later resume: the lock file
-    /// always (the lock itself is released with it), the partial file when no manifest describes it.
+    /// Releases the lock, first removing what an unfinished call leaves behind that cannot help a
+    /// later resume: the partial file when no manifest describes it.
     mutating func release() {
         guard let paths, let lock else { return }
-        if !POSIX.exists(paths.manifest) { try? POSIX.unlink(paths.partial) }
-        lock.removeFile()
+        if !POSIX.exists(paths.manifest) { lock.removePartial() }
         self.lock = nil
         self.file = nil
     }
@@ -75,18 +74,9 @@ extension TransferSession {
             .flatMap(ContentDisposition.filename)
             .flatMap(FileNaming.sanitize)
         let name = suggested ?? FileNaming.name(fromURLPath: url.url.path)
-        try open(DownloadPaths(destination: Self.join(directory, name)))
-    }
-
-    static func findPartial(in directory: String, for url: DownloadURL) -> DownloadPaths? {
-        var best: (paths: DownloadPaths, updated: Int64)?
-        for name in POSIX.listDirectory(directory) where name.hasSuffix(DownloadPaths.manifestSuffix) {
-            let destination = join(directory, String(name.dropLast(DownloadPaths.manifestSuffix.count)))
-            let paths = DownloadPaths(destination: destination)
-            guard let manifest = try? ManifestStore.load(paths), manifest.originalURL == url.string else { continue }
-            if best == nil || manifest.updatedAt > best!.updated { best = (paths, manifest.updatedAt) }
-        }
-        return best?.paths
+        let destination = Self.join(directory, name)
+        try open(DownloadPaths(destination: destination))
+        downloader.partials.note(url.string, at: destination, in: directory)
     }
 
     static func join(_ directory: String, _ name: String) -> String {

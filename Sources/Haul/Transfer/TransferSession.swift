@@ -78,7 +78,7 @@ struct TransferSession {
             try open(paths)
         case .directory(let directory):
             try Self.createDirectory(directory)
-            if let found = Self.findPartial(in: directory, for: url) { try open(found) }
+            if let found = downloader.partials.find(url.string, in: directory) { try open(found) }
         }
     }
 
@@ -153,7 +153,15 @@ struct TransferSession {
         )
         switch action {
         case .stream(let streamPlan):
-            if paths == nil { try adoptDestination(response: response) }
+            if paths == nil {
+                try adoptDestination(response: response)
+                if manifest != nil || completedEarlier != nil {
+                    // The name the server gave holds a download of this URL that started after the
+                    // directory was listed: resume it rather than write over it. Dropping the
+                    // response closes its connection.
+                    return nil
+                }
+            }
             return try await receive(response.body, plan: streamPlan, finalURL: finalURL)
         case .alreadyComplete:
             return try await finish(totalBytes: plan.resumeOffset)

@@ -136,7 +136,6 @@ struct VerifierTests {
                 #expect(report.damagedPieces == [2, 4])
                 #expect(report.bytesKept == before - 2 * PieceTests.pieceSize)
                 #expect(fileSize(destination + ".haul.part") == before)
-                #expect(!fileExists(destination + ".haul.lock"))
 
                 // The next download fetches the two damaged pieces and the part never written, nothing else.
                 let requestsBefore = server.requests.count
@@ -166,6 +165,17 @@ struct VerifierTests {
             try writeFile(directory + "/f", bytes)
             let actual = try await DownloadVerifier.checksum(ofFile: directory + "/f", algorithm: .sha256)
             #expect(actual == sha256(bytes))
+        }
+    }
+
+    @Test func checkingADownloadThatIsNotThereLeavesNothingBehind() async throws {
+        try await withTemporaryDirectory { directory in
+            let error = await expectHaulError(.fileSystem) {
+                _ = try await DownloadVerifier.verifyPartial(destination: directory + "/none")
+            }
+            #expect(error?.message.contains("no partial download") == true)
+            // Taking the lock created an empty partial file; it is gone again.
+            #expect(listDirectory(directory).isEmpty)
         }
     }
 }

@@ -195,7 +195,6 @@ func interruptedSession(
     let stored = try #require(fileSize(destination + ".haul.part"))
     #expect(stored > 0 && stored <= bytes)
     #expect(fileExists(destination + ".haul.json"))
-    #expect(!fileExists(destination + ".haul.lock"))
     return stored
 }
 

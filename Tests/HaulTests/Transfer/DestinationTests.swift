@@ -117,6 +117,59 @@ struct DestinationTests {
         }
     }
 
+    /// A download into a directory finds its partial file under the name the server gave, whether that
+    /// name was chosen by the same downloader or by another one (another process) after this
+    /// downloader had listed the directory.
+    @Test func aServerNamedPartialInADirectoryIsResumedFromItsOffset() async throws {
+        try await HaulTestServer.withRunning { server in
+            let first = TestResource(name: "first", size: 300_000, contentDisposition: "attachment; filename=one.bin")
+            let second = TestResource(name: "second", size: 300_000, contentDisposition: "attachment; filename=two.bin")
+            server.add("/one", first)
+            server.add("/two", second)
+            server.script("/one", [[.closeAfter(bytes: 100_000)]])
+            try await withTemporaryDirectory { directory in
+                try await withDownloader(testConfiguration(retries: 0)) { downloader in
+                    // The same downloader: the name it chose is remembered.
+                    await expectHaulError(.network) {
+                        try await downloader.download(
+                            DownloadRequest(url: server.url("/one"), destination: .directory(directory)))
+                    }
+                    let stored = try #require(fileSize(directory + "/one.bin.haul.part"))
+                    let oneBefore = server.requests(for: "/one").count
+                    let resumed = try await downloader.download(
+                        DownloadRequest(url: server.url("/one"), destination: .directory(directory)))
+                    #expect(resumed.destination == directory + "/one.bin")
+                    #expect(resumed.resumedFrom == stored)
+                    #expect(try readFile(directory + "/one.bin") == first.content)
+                    // One request, and it asked for the rest.
+                    #expect(server.requests(for: "/one").count == oneBefore + 1)
+                    #expect(server.requests(for: "/one").last?.header("range") == "bytes=\(stored)-")
+
+                    // Another downloader leaves a partial after this one listed the directory.
+                    server.script("/two", [[.closeAfter(bytes: 120_000)]])
+                    await expectHaulError(.network) {
+                        try await withDownloader(testConfiguration(retries: 0)) { other in
+                            try await other.download(
+                                DownloadRequest(url: server.url("/two"), destination: .directory(directory)))
+                        }
+                    }
+                    let partial = try #require(fileSize(directory + "/two.bin.haul.part"))
+                    let requestsBefore = server.requests(for: "/two").count
+                    let result = try await downloader.download(
+                        DownloadRequest(url: server.url("/two"), destination: .directory(directory)))
+                    #expect(result.resumedFrom == partial)
+                    #expect(try readFile(directory + "/two.bin") == second.content)
+                    // The first answer named the file and was dropped; the second continued the partial.
+                    let requests = server.requests(for: "/two").dropFirst(requestsBefore)
+                    #expect(requests.count == 2)
+                    #expect(requests.last?.header("range") == "bytes=\(partial)-")
+                    #expect(requests.last?.header("if-range") == second.entityTagValue)
+                }
+                #expect(listDirectory(directory).sorted() == ["one.bin", "two.bin"])
+            }
+        }
+    }
+
     @Test func anAutomaticNameNeverTakesOverAnotherURLsPartial() async throws {
         try await HaulTestServer.withRunning { server in
             server.add("/a/data.bin", TestResource(name: "first", size: 300_000))

@@ -1,0 +1,53 @@
+import Synchronization
+
+/// Which partial downloads a directory holds, by URL, for downloads that are given a directory and
+/// name the file from the server's answer.
+///
+/// A directory is listed once, the first time a download goes into it; after that the names chosen
+/// by this downloader's own downloads are added as they are chosen. Listing the directory for every
+/// download instead would cost time in proportion to the directory's size for each file.
+///
+/// Every answer is checked against the manifest on disk, so an entry that went stale (the download
+/// finished, or another process replaced it) is never used. A partial download another process
+/// started after the listing is not found here; the session recognises it once the server's answer
+/// names the file, and then resumes it instead of starting over.
+final class PartialIndex: Sendable {
+    /// Directory → original URL → destination.
+    private let directories = Mutex<[String: [String: String]]>([:])
+
+    /// The unfinished download of `url` in `directory`, if there is one.
+    func find(_ url: String, in directory: String) -> DownloadPaths? {
+        var known = directories.withLock { $0[directory] }
+        if known == nil {
+            let listed = Self.list(directory)
+            known = directories.withLock { directories in
+                // Names noted while the directory was being listed are newer than the listing.
+                let merged = listed.merging(directories[directory] ?? [:]) { _, noted in noted }
+                directories[directory] = merged
+                return merged
+            }
+        }
+        guard let destination = known?[url] else { return nil }
+        let paths = DownloadPaths(destination: destination)
+        guard let manifest = try? ManifestStore.load(paths), manifest.originalURL == url else { return nil }
+        return paths
+    }
+
+    /// Records the name a download of `url` chose in `directory`.
+    func note(_ url: String, at destination: String, in directory: String) {
+        directories.withLock { $0[directory, default: [:]][url] = destination }
+    }
+
+    /// Every manifest in `directory`, by the URL it was started from; of two for the same URL, the
+    /// one updated last.
+    private static func list(_ directory: String) -> [String: String] {
+        var found: [String: (destination: String, updated: Int64)] = [:]
+        for name in POSIX.listDirectory(directory) where name.hasSuffix(DownloadPaths.manifestSuffix) {
+            let destination = TransferSession.join(directory, String(name.dropLast(DownloadPaths.manifestSuffix.count)))
+            guard let manifest = try? ManifestStore.load(DownloadPaths(destination: destination)) else { continue }
+            if let best = found[manifest.originalURL], best.updated >= manifest.updatedAt { continue }
+            found[manifest.originalURL] = (destination, manifest.updatedAt)
+        }
+        return found.mapValues(\.destination)
+    }
+}
