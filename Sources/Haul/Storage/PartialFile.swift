@@ -99,8 +99,11 @@ final class PartialFile: Sendable {
     }
 
     func syncData() async throws {
-        try await io.run { [descriptor, path] in try POSIX.syncData(descriptor, path: path) }
+        try await io.run { [self] in try syncDataNow() }
     }
+
+    /// Flushes the data on the calling thread (which must be one that may block).
+    func syncDataNow() throws { try POSIX.syncData(descriptor, path: path) }
 
     func truncate(to length: Int64) async throws {
         try await io.run { [descriptor, path] in try POSIX.truncate(descriptor, to: length, path: path) }
@@ -119,7 +122,8 @@ final class PartialFile: Sendable {
         from start: Int64 = 0, upTo length: Int64, into state: State,
         _ fold: @escaping @Sendable (inout State, UnsafeRawBufferPointer) -> Void
     ) async throws -> State {
-        try await io.run { [descriptor, path] in
+        guard start < length else { return state }
+        return try await io.run { [descriptor, path] in
             var state = state
             var buffer = [UInt8](repeating: 0, count: 1 << 20)
             var offset: Int64 = start

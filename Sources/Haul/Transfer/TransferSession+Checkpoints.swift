@@ -58,14 +58,16 @@ extension TransferSession {
             guard try await verify(totalBytes: totalBytes, hasher: hasher) else { return nil }
         }
         let validator = manifest?.validator ?? ResourceValidator()
-        if let file, POSIX.exists(paths.partial) {
-            try await file.syncData()
-            try await downloader.io.run {
+        // One trip to the thread pool for all of it: for a small file, the trips cost more than the work.
+        let renaming = file != nil && POSIX.exists(paths.partial)
+        try await downloader.io.run { [file] in
+            if renaming, let file {
+                try file.syncDataNow()
                 try POSIX.rename(paths.partial, to: paths.destination)
                 try POSIX.syncDirectory(paths.directory)
             }
+            try ManifestStore.remove(paths)
         }
-        try await downloader.io.run { try ManifestStore.remove(paths) }
         // A session that found the file already complete created an empty partial file to lock.
         if completedEarlier != nil, let lock, lock.created { lock.removePartial() }
         lock = nil

@@ -148,7 +148,9 @@ extension TransferSession {
             file.enableDirectWrites()
         }
         let whole = !file.usesDirectWrites
-        var block = WriteBlock(capacity: storage.blockSize, start: writeStart)
+        // A small file gets a block of its own size: no large allocation per file.
+        let firstBlock = total.map { Int(clamping: max(0, min(Int64(storage.blockSize), $0 - writeStart))) }
+        var block = WriteBlock(capacity: firstBlock ?? storage.blockSize, start: writeStart)
         var spare: WriteBlock?
         var received = writeStart
         var overlapChecked = 0
