@@ -159,10 +159,8 @@ extension DownloadManager {
         }
         if let headers { entry.headers = headers }
         markQueued(&entry)
-        let record = entry.record
-        try store.write { db in
-            if let headers { try storeHeaders(headers, of: id, db: db) }
-            try record.updateManagedColumns(db)
+        try write([entry.record]) { db in
+            if let headers { try self.storeHeaders(headers, of: id, db: db) }
         }
         enter(entry)
     }
@@ -175,8 +173,7 @@ extension DownloadManager {
                 .invalidState, "download \(id) is \(entry.state); only a failed or cancelled download can be retried")
         }
         markQueued(&entry)
-        let record = entry.record
-        try store.write { db in try record.updateManagedColumns(db) }
+        try write([entry.record])
         enter(entry)
     }
 
@@ -258,16 +255,17 @@ extension DownloadManager {
         schedule()
     }
 
-    /// Writes the entry's record, keeps it and tells the listeners its state changed.
-    func save(_ entry: inout Entry) throws {
+    /// Writes the entry's record (at once, or with the next transaction when `soon`), keeps it and
+    /// tells the listeners its state changed.
+    func save(_ entry: inout Entry, soon: Bool = false) throws {
         entry.record.updatedAt = Self.now
-        let record = entry.record
-        try store.write { db in try record.updateManagedColumns(db) }
+        if soon { writeSoon(entry.record) } else { try write([entry.record]) }
         entries[entry.id] = entry
         publish(.stateChanged, entry)
     }
 
     func deleteRecord(_ entry: Entry) throws {
+        dropUnwritten(entry.id)
         try store.write { db in _ = try StoredDownload.deleteOne(db, key: entry.id.rawValue) }
         entries[entry.id] = nil
         index.remove(entry.record)

@@ -87,8 +87,7 @@ extension DownloadManager {
             record.owner = nil
             if record.downloadState == .running { record.state = DownloadState.queued.rawValue }
             Self.refreshFromDisk(&record)
-            let orphan = record
-            try store.write { db in try orphan.updateManagedColumns(db) }
+            try write([record])
         }
         var entry = entries[id] ?? Entry(record: record)
         entry.record = record

@@ -54,25 +54,35 @@ extension DownloadManager {
     /// Starts waiting downloads while there are free slots; ends an idle `runUntilIdle`.
     func schedule() {
         guard let starter else { return }
-        while jobs.count < configuration.maxConcurrentDownloads, let next = waiting.popMax() {
+        var starting: [Entry] = []
+        while jobs.count + starting.count < configuration.maxConcurrentDownloads, let next = waiting.popMax() {
             guard var entry = entries[next.id], entry.state == .queued, entry.record.owner == claim.name,
                 entry.record.priority == next.priority, jobs[next.id] == nil
             else { continue }
-            let (stopSignal, stop) = AsyncStream<Void>.makeStream()
-            jobs[next.id] = Job(stop: stop)
-            pendingStops[next.id] = stopSignal
             entry.record.state = DownloadState.running.rawValue
             entry.record.startedAt = Self.now
             entry.record.storedError = nil
+            entry.record.updatedAt = Self.now
+            starting.append(entry)
+        }
+        // One transaction for all of them (and the changes waiting to be written, such as the
+        // downloads that just ended).
+        if !starting.isEmpty {
             do {
-                try save(&entry)
+                try write(starting.map(\.record))
             } catch {
-                // The database refused: leave the download queued rather than run it unrecorded.
-                jobs[next.id] = nil
-                pendingStops[next.id] = nil
-                continue
+                // The database refused: leave the downloads queued rather than run them unrecorded.
+                for entry in starting { waiting.insert(WaitingDownload(priority: entry.record.priority, id: entry.id)) }
+                starting = []
             }
-            starter.yield(next.id)
+        }
+        for entry in starting {
+            let (stopSignal, stop) = AsyncStream<Void>.makeStream()
+            jobs[entry.id] = Job(stop: stop)
+            pendingStops[entry.id] = stopSignal
+            entries[entry.id] = entry
+            publish(.stateChanged, entry)
+            starter.yield(entry.id)
         }
         if stopsWhenIdle && isIdle { starter.finish() }
     }
@@ -171,8 +181,7 @@ extension DownloadManager {
             if entry.record.destination != start.destination {
                 entry.record.destination = start.destination
                 index.resolve(start.destination, to: id)
-                let record = entry.record
-                try? store.write { db in try record.updateManagedColumns(db) }
+                writeSoon(entry.record)
             }
             entry.record.totalBytes = start.totalBytes
             entry.record.bytes = start.resumedFrom
@@ -248,11 +257,8 @@ extension DownloadManager {
             entry.record.owner = nil
         }
         if entry.state != .completed { Self.refreshFromDisk(&entry.record) }
-        do {
-            try save(&entry)
-        } catch {
-            entries[id] = entry
-        }
+        // Written with the next transaction, which the next download's start usually is.
+        try? save(&entry, soon: true)
     }
 
     /// Asks a running download to stop and waits until it has.
@@ -296,10 +302,8 @@ extension DownloadManager {
             record.updatedAt = Self.now
             return record
         }
-        guard !records.isEmpty else { return }
-        try? store.write { db in
-            for record in records { try record.updateManagedColumns(db) }
-        }
+        guard !records.isEmpty || !unwritten.isEmpty else { return }
+        try? write(records)
     }
 
     private func resumeWhereSpaceAllows() {
@@ -313,8 +317,7 @@ extension DownloadManager {
             guard free >= remaining + configuration.freeSpaceMargin else { continue }
             var queued = entry
             markQueued(&queued)
-            let record = queued.record
-            guard (try? store.write({ db in try record.updateManagedColumns(db) })) != nil else { continue }
+            guard (try? write([queued.record])) != nil else { continue }
             enter(queued)
         }
     }

@@ -86,6 +86,9 @@ public actor DownloadManager {
     var starter: AsyncStream<DownloadID>.Continuation?
     var stopsWhenIdle = false
     var lastSpaceCheck = ContinuousClock.now
+    /// Record changes not written yet (see ``writeSoon(_:)``).
+    var unwritten: [DownloadID: StoredDownload] = [:]
+    var flushScheduled = false
 
     /// Opens (creating when needed) the state in `stateDirectory` and reconciles it with the files on disk.
     public init(
@@ -114,6 +117,7 @@ public actor DownloadManager {
 
     /// Closes the connections and ends every event stream. Call it after ``run()`` has returned.
     public func close() async {
+        flushUnwritten()
         subscribers.finishAll()
         try? await downloader.shutdown()
     }
