@@ -57,8 +57,22 @@ struct StoredDownload: Codable, Sendable, Equatable, FetchableRecord, MutablePer
         "startedAt", "finishedAt", "updatedAt",
     ]
 
+    /// One prepared statement for every update: a download's record is written several times over
+    /// its life, and building the statement from the record each time costs more than running it.
+    static let updateManagedSQL =
+        "UPDATE download SET " + managedColumns.map { "\"\($0)\" = ?" }.joined(separator: ", ") + " WHERE id = ?"
+
     func updateManagedColumns(_ db: Database) throws {
-        try update(db, columns: Self.managedColumns)
+        let values: [(any DatabaseValueConvertible)?] = [
+            key, url, directory, destination, overwrite, checksum, rateLimit, priority, state,
+            errorCode, errorMessage, errorStatus, bytes, totalBytes, bytesPerSecond, owner, createdAt,
+            startedAt, finishedAt, updatedAt, id,
+        ]
+        try db.cachedStatement(sql: Self.updateManagedSQL).execute(arguments: StatementArguments(values))
+        guard db.changesCount > 0 else {
+            throw RecordError.recordNotFound(
+                databaseTableName: Self.databaseTableName, key: ["id": id?.databaseValue ?? .null])
+        }
     }
 
     var downloadID: DownloadID { DownloadID(id ?? 0) }
