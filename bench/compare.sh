@@ -76,11 +76,22 @@ case "$mode" in
         target="$out/many"
         add "haul get -i -j 16" "$HAUL get -i $DATA_DIR/many.txt -j 16 -d $target -q --state-dir $state"
         add "curl -Z --parallel-max 16" "mkdir -p $target && cd $target && curl -sS -Z --parallel-max 16 --remote-name-all -K $DATA_DIR/many.curl"
+        add "curl -Z && sync" "mkdir -p $target && cd $target && curl -sS -Z --parallel-max 16 --remote-name-all -K $DATA_DIR/many.curl && sync -f ."
         add "aria2c -i -j 16" "aria2c -q -i $DATA_DIR/many.txt -j 16 --allow-overwrite=true --file-allocation=none -d $target"
         add "wget -i" "wget -q -i $DATA_DIR/many.txt -P $target"
         aria_label="aria2c -i -j 16"
         check() { diff -rq "$target" "$DATA_DIR/www/many" >/dev/null; }
-        clean() { rm -rf "$target" "$state"; }
+        # The previous run's files are moved aside, not deleted, until the end: on ext4 without a
+        # journal, inodes freed in the last minute are skipped one by one when a file is created,
+        # which would make every run pay for the files the run before it deleted.
+        trash="$DATA_DIR/trash"
+        rm -rf "$trash"
+        mkdir -p "$trash"
+        clean() {
+            [ -e "$target" ] && mv "$target" "$trash/$RANDOM$RANDOM"
+            [ -e "$state" ] && mv "$state" "$trash/$RANDOM$RANDOM"
+            true
+        }
         ;;
 esac
 
@@ -104,6 +115,7 @@ for index in "${!labels[@]}"; do
     median_rss[$label]=$rss
 done
 clean
+[ "$mode" = many ] && rm -rf "$trash"
 
 curl_rate=$(echo "$units / ${median_wall["curl -o"]:-${median_wall["curl -Z --parallel-max 16"]}}" | bc -l)
 aria_rate=$(echo "$units / ${median_wall[$aria_label]}" | bc -l)
