@@ -32,8 +32,10 @@ let package = Package(
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "HeapModule", package: "swift-collections"),
                 .product(name: "GRDB", package: "GRDB.swift"),
+                "CHaulSystem",
             ]
         ),
+        .target(name: "CHaulSystem"),
         .target(
             name: "HaulTestServer",
             dependencies: [

@@ -54,6 +54,13 @@ struct TransferOptions: ParsableArguments {
     @Option(help: ArgumentHelp("Free space to leave on the destination's disk, e.g. 64M.", valueName: "size"))
     var keepFree: String = "64M"
 
+    @Option(
+        help: ArgumentHelp(
+            "How to reserve disk space before writing: none, trunc (full length at once, several connections "
+                + "only) or falloc (the file system reserves the space).",
+            valueName: "mode"))
+    var fileAllocation: String = DownloaderConfiguration.Storage().fileAllocation.rawValue
+
     @Option(help: .hidden)
     var durableCheckpointInterval: Double = 5
 
@@ -76,6 +83,10 @@ struct TransferOptions: ParsableArguments {
         _ = try Self.rate(limitRate, option: "--limit-rate")
         _ = try Self.rate(totalLimitRate, option: "--total-limit-rate")
         _ = try Self.rate(keepFree, option: "--keep-free")
+        guard DownloaderConfiguration.FileAllocation(rawValue: fileAllocation) != nil else {
+            let modes = DownloaderConfiguration.FileAllocation.allCases.map(\.rawValue).joined(separator: ", ")
+            throw ValidationError("--file-allocation must be one of \(modes), not \"\(fileAllocation)\"")
+        }
     }
 
     var perDownloadRate: Int64? { try? Self.rate(limitRate, option: "--limit-rate") }
@@ -113,6 +124,7 @@ struct TransferOptions: ParsableArguments {
         configuration.redirects.allowHTTPSToHTTP = allowInsecureRedirects
         configuration.storage.durableCheckpointInterval = .milliseconds(Int64(durableCheckpointInterval * 1000))
         configuration.segmentation.connections = connections
+        configuration.storage.fileAllocation = DownloaderConfiguration.FileAllocation(rawValue: fileAllocation) ?? .none
         configuration.segmentation.minimumSplit = (try? Self.rate(minSplitSize, option: "")) ?? (1 << 20)
         return configuration
     }

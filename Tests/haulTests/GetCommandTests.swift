@@ -128,6 +128,11 @@ struct GetCommandTests {
             #expect(quietJSON.status == 64)
             let badRate = try await HaulProcess.run(["get", server.url("/exists"), "--limit-rate", "fast"])
             #expect(badRate.status == 64)
+            let badAllocation = try await HaulProcess.run([
+                "get", server.url("/exists"), "--file-allocation", "prealloc",
+            ])
+            #expect(badAllocation.status == 64)
+            #expect(badAllocation.errors.contains("--file-allocation must be one of none, trunc, falloc"))
             #expect(badRate.errors.contains("is not a rate"))
         }
     }

@@ -1,3 +1,4 @@
+import CHaulSystem
 import NIOCore
 import NIOPosix
 import Synchronization
@@ -104,6 +105,32 @@ final class PartialFile: Sendable {
 
     /// Flushes the data on the calling thread (which must be one that may block).
     func syncDataNow() throws { try POSIX.syncData(descriptor, path: path) }
+
+    /// Reserves disk space for the bytes from `offset` up to `length`; with `keepingSize` the file's
+    /// length stays as it is. Returns false where the file system or the platform cannot reserve
+    /// space; a full disk throws ``HaulError/Code/diskFull``.
+    func reserve(from offset: Int64, upTo length: Int64, keepingSize: Bool) async throws -> Bool {
+        guard offset < length else { return true }
+        return try await io.run { [descriptor, path] in
+            while haul_fallocate(descriptor, keepingSize ? 1 : 0, off_t(offset), off_t(length - offset)) != 0 {
+                switch errno {
+                case EINTR: continue
+                case EOPNOTSUPP, ENOSYS, EINVAL: return false
+                default: throw POSIX.error("reserve space for", path: path)
+                }
+            }
+            return true
+        }
+    }
+
+    /// Sets the file's length to `length` when it is shorter (the new bytes read as zeros).
+    func extend(to length: Int64) async throws {
+        try await io.run { [descriptor, path] in
+            if try POSIX.size(descriptor, path: path) < length {
+                try POSIX.truncate(descriptor, to: length, path: path)
+            }
+        }
+    }
 
     func truncate(to length: Int64) async throws {
         try await io.run { [descriptor, path] in try POSIX.truncate(descriptor, to: length, path: path) }

@@ -61,8 +61,27 @@ public struct DownloaderConfiguration: Sendable {
         /// a one-connection download (see the README's benchmarks); small files skip it, since a
         /// direct write waits for the disk.
         public var directWriteMinimum: Int64? = 8 << 20
+        /// How disk space is reserved for a download whose length is known, before it is written.
+        /// Measured with a 4 GiB file on loopback (ext4): over 8 connections `fallocate` took 2.2 s
+        /// against 3.0 s for `none` and 3.1 s for `truncate`, and left 35 extents instead of 512; over
+        /// 4 connections 2.6 s against 2.9 s; over one connection it makes no difference.
+        public var fileAllocation: FileAllocation = .fallocate
 
         public init() {}
+    }
+
+    /// How disk space is reserved for a download before it is written.
+    public enum FileAllocation: String, Sendable, CaseIterable {
+        /// Nothing is reserved: the file grows as bytes arrive.
+        case none
+        /// A download over several connections sets the file to its full length at once (a sparse
+        /// file: no space is reserved). A download over one connection keeps its file as long as
+        /// its written bytes, so this does nothing there.
+        case truncate = "trunc"
+        /// The file system reserves the space (`fallocate`), so a full disk shows at the start and
+        /// the file is laid out in few extents. A download over one connection reserves the space
+        /// without changing the file's length. Where the file system cannot, nothing is reserved.
+        case fallocate = "falloc"
     }
 
     /// Several connections per file.

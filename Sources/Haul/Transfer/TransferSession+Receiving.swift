@@ -112,6 +112,21 @@ extension TransferSession {
         )
     }
 
+    /// Reserves the space the rest of the download needs, as ``DownloaderConfiguration/FileAllocation``
+    /// says. With one range the file's length must stay that of its written bytes (a resume on the same
+    /// boot keeps what the length says), so only `fallocate` applies there, keeping the length. With
+    /// several, the manifest already records each range's own progress, so the length may grow.
+    func reserveSpace(total: Int64, from offset: Int64, ranges: Int, file: PartialFile) async throws {
+        let allocation = configuration.storage.fileAllocation
+        guard allocation != .none, offset < total else { return }
+        if allocation == .fallocate {
+            if try await file.reserve(from: offset, upTo: total, keepingSize: ranges <= 1) { return }
+            downloader.logger.notice(
+                "the file system cannot reserve space for \(file.path); it grows as bytes arrive")
+        }
+        if ranges > 1 { try await file.extend(to: total) }
+    }
+
     struct WriteReceipt: Sendable {
         let end: Int64
         let durable: Bool
@@ -148,6 +163,7 @@ extension TransferSession {
             file.enableDirectWrites()
         }
         let whole = !file.usesDirectWrites
+        if let total { try await reserveSpace(total: total, from: writeStart, ranges: 1, file: file) }
         // A small file gets a block of its own size: no large allocation per file.
         let firstBlock = total.map { Int(clamping: max(0, min(Int64(storage.blockSize), $0 - writeStart))) }
         var block = WriteBlock(capacity: firstBlock ?? storage.blockSize, start: writeStart)

@@ -93,6 +93,7 @@ extension TransferSession {
             pieceSize: stored.pieceSize, rateLimiters: rateLimiters, observe: observe)
         let storage = configuration.storage
         if let minimum = storage.directWriteMinimum, total - table.written >= minimum { file.enableDirectWrites() }
+        try await reserveSpace(total: total, from: 0, ranges: stored.segments.count, file: file)
         var meter = ProgressMeter(
             startingAt: table.written, totalBytes: total, interval: configuration.progressInterval)
         var lastDurable = clock.now
