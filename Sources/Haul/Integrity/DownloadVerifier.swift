@@ -26,7 +26,10 @@ public enum DownloadVerifier {
     public static func verifyPartial(destination: String) async throws -> PartialReport {
         let paths = DownloadPaths(destination: destination)
         let lock = try DestinationLock.acquire(paths)
-        defer { if lock.created { lock.removePartial() } }
+        defer {
+            if lock.created { lock.removePartial() }
+            lock.unlock()
+        }
         guard !lock.created, var manifest = try ManifestStore.load(paths) else {
             throw HaulError(.fileSystem, "\(destination) has no partial download to check")
         }

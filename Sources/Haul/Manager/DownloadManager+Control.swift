@@ -288,6 +288,7 @@ extension DownloadManager {
         guard POSIX.exists(paths.partial) || POSIX.exists(paths.manifest) || (finished && POSIX.exists(destination))
         else { return }
         let lock = try DestinationLock.acquire(paths)
+        defer { lock.unlock() }
         lock.removePartial()
         try ManifestStore.remove(paths)
         if finished { try POSIX.unlink(destination) }

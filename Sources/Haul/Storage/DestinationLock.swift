@@ -25,7 +25,10 @@ final class DestinationLock: Sendable {
         self.created = created
     }
 
-    deinit { POSIX.close(descriptor) }
+    deinit {
+        unlock()
+        POSIX.close(descriptor)
+    }
 
     static func acquire(_ paths: DownloadPaths) throws -> DestinationLock {
         let path = paths.partial
@@ -69,6 +72,11 @@ final class DestinationLock: Sendable {
     /// Removes the partial file while still holding the lock, so nobody can take over a file that is
     /// on its way out.
     func removePartial() { try? POSIX.unlink(paths.partial) }
+
+    /// Lets go of the lock now. Closing the descriptor would not be enough: the partial file shares
+    /// the lock's open file, and a thread that has just written it may still hold a reference for a
+    /// moment.
+    func unlock() { _ = flock(descriptor, LOCK_UN) }
 }
 
 /// Identifies the current boot of the kernel, so `written` (page-cache) offsets recorded before a

@@ -70,6 +70,7 @@ extension TransferSession {
         }
         // A session that found the file already complete created an empty partial file to lock.
         if completedEarlier != nil, let lock, lock.created { lock.removePartial() }
+        lock?.unlock()
         lock = nil
         return DownloadResult(
             destination: paths.destination, url: url.string, bytes: totalBytes, bytesFetched: bytesFetched,

@@ -63,6 +63,7 @@ extension TransferSession {
     mutating func release() {
         guard let paths, let lock else { return }
         if !POSIX.exists(paths.manifest) { lock.removePartial() }
+        lock.unlock()
         self.lock = nil
         self.file = nil
     }
