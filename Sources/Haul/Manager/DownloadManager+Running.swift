@@ -125,9 +125,8 @@ extension DownloadManager {
                 return .done
             }
             group.addTask {
-                for await _ in doorbell {
-                    for event in mailbox.take() { await self.handle(event, of: id) }
-                }
+                // One trip to the manager for all the events that arrived since the last one.
+                for await _ in doorbell { await self.handle(mailbox.take(), of: id) }
                 return .done
             }
             var outcome: Result<DownloadResult, HaulError> = .failure(HaulError(.cancelled, "stopped"))
@@ -144,7 +143,7 @@ extension DownloadManager {
             }
             return outcome
         }
-        for event in mailbox.take() { handle(event, of: id) }
+        handle(mailbox.take(), of: id)
         ended(id, outcome)
     }
 
@@ -171,6 +170,10 @@ extension DownloadManager {
             checksum: entry.record.checksum.flatMap { try? Checksum(parsing: $0) },
             bytesPerSecondLimit: entry.record.rateLimit
         )
+    }
+
+    private func handle(_ events: [DownloadEvent], of id: DownloadID) {
+        for event in events { handle(event, of: id) }
     }
 
     /// Updates what is known of a running download from one of its events.

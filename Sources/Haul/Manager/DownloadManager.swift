@@ -104,6 +104,9 @@ public actor DownloadManager {
         var transfer = downloaderConfiguration
         transfer.storage.freeSpaceMargin = configuration.freeSpaceMargin
         transfer.progressInterval = configuration.progressInterval
+        transfer.connectionsPerHost =
+            transfer.connectionsPerHost
+            ?? max(8, configuration.maxConcurrentDownloads * transfer.segmentation.connections)
         if let limit = configuration.bytesPerSecondLimit {
             transfer.sharedRateLimiter = RateLimiter(bytesPerSecond: limit)
         }

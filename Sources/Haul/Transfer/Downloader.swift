@@ -47,6 +47,8 @@ public final class Downloader: Sendable {
         clientConfiguration.httpVersion = .automatic
         // Haul retries with its own backoff and reports each attempt; a refused connection should reach it at once.
         clientConfiguration.connectionPool.retryConnectionEstablishment = false
+        clientConfiguration.connectionPool.concurrentHTTP1ConnectionsPerHostSoftLimit =
+            configuration.connectionsPerHost ?? max(8, configuration.segmentation.connections)
         self.client = HTTPClient(eventLoopGroupProvider: .singleton, configuration: clientConfiguration)
     }
 

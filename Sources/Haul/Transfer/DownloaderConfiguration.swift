@@ -100,6 +100,11 @@ public struct DownloaderConfiguration: Sendable {
 
     public var retry = Retry()
     public var segmentation = Segmentation()
+    /// The most connections open to one host at once over all downloads of a downloader; requests
+    /// beyond it wait for a connection to be free (connections are kept alive and reused). `nil`:
+    /// as many as one download uses (``Segmentation/connections``), and at least 8. The download
+    /// manager sets it to its concurrent downloads times the connections per download.
+    public var connectionsPerHost: Int?
     public var timeouts = Timeouts()
     public var redirects = Redirects()
     public var storage = Storage()

@@ -11,6 +11,31 @@ import Testing
 #endif
 
 @Suite("Download manager") struct DownloadManagerTests {
+    @Test("runs as many downloads from one host at once as its limit allows, past the HTTP client's default of 8")
+    func concurrencyLimitOnOneHost() async throws {
+        try await HaulTestServer.withRunning { server in
+            try await withTemporaryDirectory { directory in
+                let count = 12
+                for index in 0..<count {
+                    server.add("/h\(index)", TestResource(name: "h\(index)", size: 96 * 1024))
+                    server.setStandingFaults("/h\(index)", [.throttle(bytesPerSecond: 256 * 1024)])
+                }
+                try await withManager(directory + "/state", managerConfiguration(limit: count)) { manager in
+                    let requests = (0..<count).map {
+                        DownloadRequest(url: server.url("/h\($0)"), destination: .file(directory + "/h\($0)"))
+                    }
+                    let ids = try await manager.enqueue(requests)
+                    await manager.runUntilIdle()
+                    for (index, id) in ids.enumerated() {
+                        #expect(await manager.download(id)?.state == .completed)
+                        #expect(try readFile(directory + "/h\(index)") == server.resource("/h\(index)")!.content)
+                    }
+                }
+                #expect(server.maximumOpenConnections == count)
+            }
+        }
+    }
+
     @Test("never runs more than the limit; the next waiting download starts when one ends")
     func concurrencyLimit() async throws {
         try await HaulTestServer.withRunning { server in
