@@ -22,8 +22,9 @@ extension DownloadManager {
     public func enqueue(_ requests: [DownloadRequest], priority: DownloadPriority = .normal) throws -> [DownloadID] {
         for request in requests { _ = try DownloadURL(request.url) }
         var batch = Batch()
-        // The memory changes only once the transaction has committed.
-        try store.write { db in
+        // The memory changes only once the transaction has committed. Changes still waiting to be
+        // written go first, so a download queued again here is not overwritten by its older record.
+        try write([]) { db in
             for request in requests { batch.ids.append(try add(request, priority: priority, batch: &batch, db: db)) }
         }
         for (identity, entry) in batch.added {

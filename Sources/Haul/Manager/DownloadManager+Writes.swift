@@ -7,7 +7,8 @@ import GRDB
 /// still waiting, so a record is never overwritten by an older version of itself.
 extension DownloadManager {
     /// Writes `records`, every change still waiting, and whatever `more` does, in one transaction.
-    func write(_ records: [StoredDownload], more: ((Database) throws -> Void)? = nil) throws {
+    /// `more` runs last, so what it writes wins over a change that was still waiting.
+    func write(_ records: [StoredDownload], more: (Database) throws -> Void = { _ in }) throws {
         let waiting = unwritten
         try store.write { db in
             for record in waiting.values where !records.contains(where: { $0.id == record.id }) {
@@ -18,7 +19,7 @@ extension DownloadManager {
                 }
             }
             for record in records { try record.updateManagedColumns(db) }
-            try more?(db)
+            try more(db)
         }
         unwritten = [:]
     }
