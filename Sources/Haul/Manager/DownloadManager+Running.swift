@@ -6,15 +6,34 @@ import Synchronization
     import Foundation
 #endif
 
-/// A download's events on their way to the manager, in order.
-private final class EventMailbox: Sendable {
-    private let events = Mutex<[DownloadEvent]>([])
+/// The events of every running download on their way to the manager, in order. One task takes
+/// them all to the manager in one trip whenever the mailbox goes from empty to not empty.
+final class EventMailbox: Sendable {
+    private struct State {
+        var events: [(DownloadID, DownloadEvent)] = []
+        var doorbell: AsyncStream<Void>.Continuation?
+    }
 
-    func post(_ event: DownloadEvent) { events.withLock { $0.append(event) } }
+    private let state = Mutex(State())
 
-    func take() -> [DownloadEvent] {
-        events.withLock { events in
-            defer { events = [] }; return events
+    /// The rings of the doorbell from now on, for one run of the manager.
+    func rings() -> AsyncStream<Void> {
+        let (rings, doorbell) = AsyncStream<Void>.makeStream(bufferingPolicy: .bufferingNewest(1))
+        state.withLock { $0.doorbell = doorbell }
+        return rings
+    }
+
+    func post(_ event: DownloadEvent, of id: DownloadID) {
+        let doorbell = state.withLock { state in
+            state.events.append((id, event))
+            return state.events.count == 1 ? state.doorbell : nil
+        }
+        doorbell?.yield()
+    }
+
+    func take() -> [(DownloadID, DownloadEvent)] {
+        state.withLock { state in
+            defer { state.events = [] }; return state.events
         }
     }
 }
@@ -40,8 +59,12 @@ extension DownloadManager {
         self.stopsWhenIdle = stoppingWhenIdle
         defer { self.starter = nil }
         schedule()
+        let rings = mailbox.rings()
         await withTaskGroup(of: Void.self) { group in
             group.addTask { await self.tick() }
+            group.addTask {
+                for await _ in rings { await self.handleEvents() }
+            }
             for await id in starts {
                 group.addTask { await self.execute(id) }
             }
@@ -57,7 +80,9 @@ extension DownloadManager {
         var starting: [Entry] = []
         while jobs.count + starting.count < configuration.maxConcurrentDownloads, let next = waiting.popMax() {
             guard var entry = entries[next.id], entry.state == .queued, entry.record.owner == claim.name,
-                entry.record.priority == next.priority, jobs[next.id] == nil
+                entry.record.priority == next.priority, jobs[next.id] == nil,
+                // A download queued twice over is in `waiting` twice.
+                !starting.contains(where: { $0.id == next.id })
             else { continue }
             entry.record.state = DownloadState.running.rawValue
             entry.record.startedAt = Self.now
@@ -77,9 +102,7 @@ extension DownloadManager {
             }
         }
         for entry in starting {
-            let (stopSignal, stop) = AsyncStream<Void>.makeStream()
-            jobs[entry.id] = Job(stop: stop)
-            pendingStops[entry.id] = stopSignal
+            jobs[entry.id] = Job()
             entries[entry.id] = entry
             publish(.stateChanged, entry)
             starter.yield(entry.id)
@@ -97,64 +120,35 @@ extension DownloadManager {
             }
     }
 
-    /// Runs one download to its end, forwarding its events and honouring stop requests.
+    /// Runs one download to its end. Its events go through the shared mailbox; a stop request
+    /// cancels its task.
     private func execute(_ id: DownloadID) async {
-        guard let entry = entries[id], let stopSignal = pendingStops.removeValue(forKey: id) else { return }
+        guard let entry = entries[id], jobs[id] != nil else { return }
         let request = request(for: entry)
         let downloader = self.downloader
-        // Events wait in a mailbox that is drained once more after the transfer ends, so none is lost
-        // when cancellation ends the forwarding task early.
-        let mailbox = EventMailbox()
-        let (doorbell, sink) = AsyncStream<Void>.makeStream(bufferingPolicy: .bufferingNewest(1))
-        let outcome = await withTaskGroup(of: JobPart.self) { group -> Result<DownloadResult, HaulError> in
-            group.addTask {
-                defer { sink.finish() }
-                do {
-                    let result = try await downloader.download(request) { event in
-                        mailbox.post(event)
-                        sink.yield()
-                    }
-                    return .finished(.success(result))
-                } catch {
-                    let wrapped = error as? HaulError ?? HaulError(.fileSystem, "\(error)", underlying: error)
-                    return .finished(.failure(wrapped))
-                }
-            }
-            group.addTask {
-                for await _ in stopSignal { return .stopRequested }
-                return .done
-            }
-            group.addTask {
-                // One trip to the manager for all the events that arrived since the last one.
-                for await _ in doorbell { await self.handle(mailbox.take(), of: id) }
-                return .done
-            }
-            var outcome: Result<DownloadResult, HaulError> = .failure(HaulError(.cancelled, "stopped"))
-            for await part in group {
-                switch part {
-                case .finished(let result):
-                    outcome = result
-                    self.finishStopSignal(of: id)
-                case .stopRequested:
-                    group.cancelAll()
-                case .done:
-                    break
-                }
-            }
-            return outcome
+        let mailbox = self.mailbox
+        let task = Task.detached {
+            try await downloader.download(request) { event in mailbox.post(event, of: id) }
         }
-        handle(mailbox.take(), of: id)
+        jobs[id]?.task = task
+        // Asked to stop before it started.
+        if jobs[id]?.reason != nil { task.cancel() }
+        let result = await withTaskCancellationHandler {
+            await task.result
+        } onCancel: {
+            task.cancel()
+        }
+        let outcome = result.mapError { error in
+            error as? HaulError ?? HaulError(.fileSystem, "\(error)", underlying: error)
+        }
+        // Every event of this download is handled before its end is.
+        handleEvents()
         ended(id, outcome)
     }
 
-    private enum JobPart: Sendable {
-        case finished(Result<DownloadResult, HaulError>)
-        case stopRequested
-        case done
-    }
-
-    private func finishStopSignal(of id: DownloadID) {
-        jobs[id]?.stop.finish()
+    /// Takes every event waiting in the mailbox to the downloads they belong to.
+    private func handleEvents() {
+        for (id, event) in mailbox.take() { handle(event, of: id) }
     }
 
     /// The request for the next attempt: the latest URL, the file once its name is known, and the
@@ -170,10 +164,6 @@ extension DownloadManager {
             checksum: entry.record.checksum.flatMap { try? Checksum(parsing: $0) },
             bytesPerSecondLimit: entry.record.rateLimit
         )
-    }
-
-    private func handle(_ events: [DownloadEvent], of id: DownloadID) {
-        for event in events { handle(event, of: id) }
     }
 
     /// Updates what is known of a running download from one of its events.
@@ -268,7 +258,7 @@ extension DownloadManager {
     func stop(_ id: DownloadID, _ reason: StopReason) async {
         guard jobs[id] != nil else { return }
         if jobs[id]?.reason == nil { jobs[id]?.reason = reason }
-        jobs[id]?.stop.yield()
+        jobs[id]?.task?.cancel()
         await withCheckedContinuation { continuation in
             if jobs[id] == nil {
                 continuation.resume()

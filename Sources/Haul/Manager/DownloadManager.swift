@@ -78,8 +78,8 @@ public actor DownloadManager {
     /// Queued downloads this manager will start, best first (stale entries are skipped when popped).
     var waiting = Heap<WaitingDownload>()
     var jobs: [DownloadID: Job] = [:]
-    /// The stop signal of a job between its scheduling and the start of its task.
-    var pendingStops: [DownloadID: AsyncStream<Void>] = [:]
+    /// The events of running downloads, on their way to ``handle(_:of:)``.
+    let mailbox = EventMailbox()
     /// Finds downloads by key and destination, so the same file is never enqueued twice.
     var index = DestinationIndex()
     /// Receives the downloads to start while ``run()`` runs.
@@ -175,7 +175,8 @@ extension DownloadManager {
 
     /// A download that is transferring now.
     struct Job {
-        let stop: AsyncStream<Void>.Continuation
+        /// The transfer, once started; cancelling it stops the download with a checkpoint.
+        var task: Task<DownloadResult, any Error>?
         var reason: StopReason?
         var waiters: [CheckedContinuation<Void, Never>] = []
     }
