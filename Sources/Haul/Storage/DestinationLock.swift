@@ -60,8 +60,8 @@ final class DestinationLock: Sendable {
         throw HaulError(.locked, "\(paths.destination) keeps changing owner; another process is downloading it")
     }
 
-    /// The locked partial file, for reading and writing; it shares the lock's open file, so the
-    /// lock holds as long as either is open.
+    /// The locked partial file, for reading and writing. It shares the lock's open file: the lock
+    /// holds until ``unlock()``, or until both are closed.
     func partialFile(io: BlockingIO) throws -> PartialFile {
         let copy = dup(descriptor)
         guard copy >= 0 else { throw POSIX.error("open", path: paths.partial) }
