@@ -58,8 +58,9 @@ struct SegmentPieceTests {
                 let trusted = manifest.trustedRanges(currentBootID: BootIdentity.current, partialSize: 6 << 20)
                 var expected: [Int] = []
                 for range in Manifest.joined(trusted) {
+                    // A range may be too short to hold a whole piece.
                     let first = Int((range.lowerBound + Self.pieceSize - 1) / Self.pieceSize)
-                    expected += Array(first..<Int(range.upperBound / Self.pieceSize))
+                    expected += Array(first..<max(first, Int(range.upperBound / Self.pieceSize)))
                 }
                 #expect(manifest.recordedPieces(within: trusted) == expected)
                 for index in expected {
