@@ -116,9 +116,11 @@ extension TransferSession {
     /// says. With one range the file's length must stay that of its written bytes (a resume on the same
     /// boot keeps what the length says), so only `fallocate` applies there, keeping the length. With
     /// several, the manifest already records each range's own progress, so the length may grow.
+    /// What fits in one block is written in one go anyway: reserving it first would only cost a trip
+    /// to the thread pool per small file.
     func reserveSpace(total: Int64, from offset: Int64, ranges: Int, file: PartialFile) async throws {
         let allocation = configuration.storage.fileAllocation
-        guard allocation != .none, offset < total else { return }
+        guard allocation != .none, total - offset > Int64(configuration.storage.blockSize) else { return }
         if allocation == .fallocate {
             if try await file.reserve(from: offset, upTo: total, keepingSize: ranges <= 1) { return }
             downloader.logger.notice(
