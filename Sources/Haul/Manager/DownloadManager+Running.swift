@@ -78,12 +78,11 @@ extension DownloadManager {
     func schedule() {
         guard let starter else { return }
         var starting: [Entry] = []
-        while jobs.count + starting.count < configuration.maxConcurrentDownloads, let next = waiting.popMax() {
+        while jobs.count < configuration.maxConcurrentDownloads, let next = waiting.popMax() {
             guard var entry = entries[next.id], entry.state == .queued, entry.record.owner == claim.name,
-                entry.record.priority == next.priority, jobs[next.id] == nil,
-                // A download queued twice over is in `waiting` twice.
-                !starting.contains(where: { $0.id == next.id })
+                entry.record.priority == next.priority, jobs[next.id] == nil
             else { continue }
+            jobs[next.id] = Job()
             entry.record.state = DownloadState.running.rawValue
             entry.record.startedAt = Self.now
             entry.record.storedError = nil
@@ -97,12 +96,14 @@ extension DownloadManager {
                 try write(starting.map(\.record))
             } catch {
                 // The database refused: leave the downloads queued rather than run them unrecorded.
-                for entry in starting { waiting.insert(WaitingDownload(priority: entry.record.priority, id: entry.id)) }
+                for entry in starting {
+                    jobs[entry.id] = nil
+                    waiting.insert(WaitingDownload(priority: entry.record.priority, id: entry.id))
+                }
                 starting = []
             }
         }
         for entry in starting {
-            jobs[entry.id] = Job()
             entries[entry.id] = entry
             publish(.stateChanged, entry)
             starter.yield(entry.id)
