@@ -49,29 +49,33 @@ struct StoredDownload: Codable, Sendable, Equatable, FetchableRecord, MutablePer
 
     mutating func didInsert(_ inserted: InsertionSuccess) { id = inserted.rowID }
 
-    /// Every column but `id` and `request`: the manager writes whole records without ever clearing a
-    /// request another process has just made.
-    static let managedColumns: [String] = [
-        "key", "url", "directory", "destination", "overwrite", "checksum", "rateLimit", "priority", "state",
-        "errorCode", "errorMessage", "errorStatus", "bytes", "totalBytes", "bytesPerSecond", "owner", "createdAt",
-        "startedAt", "finishedAt", "updatedAt",
+    /// Every column but `id` and `request`, each with its value: the manager writes whole records
+    /// without ever clearing a request another process has just made. One list, so a column and its
+    /// value cannot drift apart.
+    private static let managedColumns: [(name: String, value: @Sendable (StoredDownload) -> DatabaseValue)] = [
+        ("key", { $0.key.databaseValue }), ("url", { $0.url.databaseValue }),
+        ("directory", { $0.directory.databaseValue }), ("destination", { $0.destination.databaseValue }),
+        ("overwrite", { $0.overwrite.databaseValue }), ("checksum", { $0.checksum.databaseValue }),
+        ("rateLimit", { $0.rateLimit.databaseValue }), ("priority", { $0.priority.databaseValue }),
+        ("state", { $0.state.databaseValue }), ("errorCode", { $0.errorCode.databaseValue }),
+        ("errorMessage", { $0.errorMessage.databaseValue }), ("errorStatus", { $0.errorStatus.databaseValue }),
+        ("bytes", { $0.bytes.databaseValue }), ("totalBytes", { $0.totalBytes.databaseValue }),
+        ("bytesPerSecond", { $0.bytesPerSecond.databaseValue }), ("owner", { $0.owner.databaseValue }),
+        ("createdAt", { $0.createdAt.databaseValue }), ("startedAt", { $0.startedAt.databaseValue }),
+        ("finishedAt", { $0.finishedAt.databaseValue }), ("updatedAt", { $0.updatedAt.databaseValue }),
     ]
 
     /// One prepared statement for every update: a download's record is written several times over
     /// its life, and building the statement from the record each time costs more than running it.
-    static let updateManagedSQL =
-        "UPDATE download SET " + managedColumns.map { "\"\($0)\" = ?" }.joined(separator: ", ") + " WHERE id = ?"
+    private static let updateManagedSQL =
+        "UPDATE download SET " + managedColumns.map { "\"\($0.name)\" = ?" }.joined(separator: ", ")
+        + " WHERE id = ?"
 
     func updateManagedColumns(_ db: Database) throws {
-        let values: [(any DatabaseValueConvertible)?] = [
-            key, url, directory, destination, overwrite, checksum, rateLimit, priority, state,
-            errorCode, errorMessage, errorStatus, bytes, totalBytes, bytesPerSecond, owner, createdAt,
-            startedAt, finishedAt, updatedAt, id,
-        ]
+        let values = Self.managedColumns.map { $0.value(self) } + [id.databaseValue]
         try db.cachedStatement(sql: Self.updateManagedSQL).execute(arguments: StatementArguments(values))
         guard db.changesCount > 0 else {
-            throw RecordError.recordNotFound(
-                databaseTableName: Self.databaseTableName, key: ["id": id?.databaseValue ?? .null])
+            throw RecordError.recordNotFound(databaseTableName: Self.databaseTableName, key: ["id": id.databaseValue])
         }
     }
 
