@@ -11,6 +11,11 @@ public struct DownloadPaths: Sendable, Equatable {
 
     public init(destination: String) { self.destination = destination }
 
+    /// The paths of the file `fileName` in `directory`.
+    public init(directory: String, fileName: String) {
+        self.init(destination: directory.hasSuffix("/") ? directory + fileName : directory + "/" + fileName)
+    }
+
     public var partial: String { destination + Self.partialSuffix }
     public var manifest: String { destination + Self.manifestSuffix }
     public var manifestTemporary: String { destination + Self.manifestSuffix + ".tmp" }

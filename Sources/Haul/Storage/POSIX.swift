@@ -35,8 +35,8 @@ enum POSIX {
         while true {
             let existing = path.withCString { systemOpen($0, flags | O_NOFOLLOW | O_CLOEXEC, 0) }
             if existing >= 0 { return (existing, false) }
-            guard errno == ENOENT || errno == EINTR else { throw error("open", path: path) }
             if errno == EINTR { continue }
+            guard errno == ENOENT else { throw error("open", path: path) }
             let fresh = path.withCString { systemOpen($0, flags | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o644) }
             if fresh >= 0 { return (fresh, true) }
             // Somebody created it in between: open theirs.

@@ -43,10 +43,11 @@ final class PartialIndex: Sendable {
     private static func list(_ directory: String) -> [String: String] {
         var found: [String: (destination: String, updated: Int64)] = [:]
         for name in POSIX.listDirectory(directory) where name.hasSuffix(DownloadPaths.manifestSuffix) {
-            let destination = TransferSession.join(directory, String(name.dropLast(DownloadPaths.manifestSuffix.count)))
-            guard let manifest = try? ManifestStore.load(DownloadPaths(destination: destination)) else { continue }
+            let paths = DownloadPaths(
+                directory: directory, fileName: String(name.dropLast(DownloadPaths.manifestSuffix.count)))
+            guard let manifest = try? ManifestStore.load(paths) else { continue }
             if let best = found[manifest.originalURL], best.updated >= manifest.updatedAt { continue }
-            found[manifest.originalURL] = (destination, manifest.updatedAt)
+            found[manifest.originalURL] = (paths.destination, manifest.updatedAt)
         }
         return found.mapValues(\.destination)
     }

@@ -59,9 +59,8 @@ extension TransferSession {
         }
         let validator = manifest?.validator ?? ResourceValidator()
         // One trip to the thread pool for all of it: for a small file, the trips cost more than the work.
-        let renaming = file != nil && POSIX.exists(paths.partial)
         try await downloader.io.run { [file] in
-            if renaming, let file {
+            if let file, POSIX.exists(paths.partial) {
                 try file.syncDataNow()
                 try POSIX.rename(paths.partial, to: paths.destination)
                 try POSIX.syncDirectory(paths.directory)

@@ -75,13 +75,9 @@ extension TransferSession {
             .flatMap(ContentDisposition.filename)
             .flatMap(FileNaming.sanitize)
         let name = suggested ?? FileNaming.name(fromURLPath: url.url.path)
-        let destination = Self.join(directory, name)
-        try open(DownloadPaths(destination: destination))
-        downloader.partials.note(url.string, at: destination, in: directory)
-    }
-
-    static func join(_ directory: String, _ name: String) -> String {
-        directory.hasSuffix("/") ? directory + name : directory + "/" + name
+        let paths = DownloadPaths(directory: directory, fileName: name)
+        try open(paths)
+        downloader.partials.note(url.string, at: paths.destination, in: directory)
     }
 
     static func createDirectory(_ directory: String) throws {
