@@ -38,14 +38,8 @@ extension HaulTestServer {
         }
     }
 
-    func serve(_ connection: NIOAsyncChannel<HTTPServerRequestPart, HTTPServerResponsePart>) async {
-        let connectionNumber = state.withLock { state in
-            state.openConnections += 1
-            state.connectionsAccepted += 1
-            state.maximumOpenConnections = max(state.maximumOpenConnections, state.openConnections)
-            return state.connectionsAccepted
-        }
-        defer { state.withLock { $0.openConnections -= 1 } }
+    /// Answers the requests of an HTTP/1.1 connection, or the one request of an HTTP/2 stream.
+    func serve(_ connection: HTTPChannel, connection connectionNumber: Int, version: String) async {
         do {
             try await connection.executeThenClose { inbound, _ in
                 var head: HTTPRequestHead?
@@ -56,7 +50,8 @@ extension HaulTestServer {
                     case .end:
                         guard let requestHead = head else { return }
                         let keepOpen = try await respond(
-                            to: requestHead, connection: connectionNumber, channel: connection.channel
+                            to: requestHead, connection: connectionNumber, version: version,
+                            channel: connection.channel
                         )
                         if !keepOpen || !requestHead.isKeepAlive { return }
                         head = nil
@@ -70,11 +65,11 @@ extension HaulTestServer {
 
     /// Answers one request; returns false when the connection must be closed.
     private func respond(
-        to head: HTTPRequestHead, connection: Int, channel: any Channel
+        to head: HTTPRequestHead, connection: Int, version: String, channel: any Channel
     ) async throws -> Bool {
         let request = RecordedRequest(
             method: head.method.rawValue, uri: head.uri, headers: head.headers.map { ($0.name, $0.value) },
-            connection: connection
+            connection: connection, version: version
         )
         let (resource, faults) = state.withLock { state -> (TestResource?, [Fault]) in
             state.requests.append(request)

@@ -1,10 +1,13 @@
 import NIOCore
 import NIOHTTP1
+import NIOHTTP2
 import NIOPosix
+import NIOSSL
 import Synchronization
 
-/// An HTTP/1.1 server on 127.0.0.1 that serves generated files, misbehaves on request, and
-/// remembers what it was asked.
+/// An HTTP server on 127.0.0.1 that serves generated files, misbehaves on request, and remembers
+/// what it was asked. It speaks HTTP/1.1 in the clear, or over TLS with HTTP/2 offered by ALPN
+/// (see ``Transport``).
 ///
 /// ```swift
 /// try await HaulTestServer.withRunning { server in
@@ -20,8 +23,10 @@ public final class HaulTestServer: Sendable {
         public let method: String
         public let uri: String
         public let headers: [(name: String, value: String)]
-        /// Which connection carried it, counting from 1.
+        /// Which connection carried it, counting from 1. HTTP/2 streams carry their connection's number.
         public let connection: Int
+        /// `HTTP/1.1` or `HTTP/2`.
+        public let version: String
 
         public var path: String { String(uri.split(separator: "?", maxSplits: 1).first ?? "") }
 
@@ -42,28 +47,84 @@ public final class HaulTestServer: Sendable {
         var bodyBytesSent: Int64 = 0
     }
 
+    /// How clients reach the server.
+    public enum Transport: Sendable {
+        /// HTTP/1.1 without TLS (`http://`).
+        case plain
+        /// TLS (`https://`) with a certificate signed by ``certificateAuthorityPEM``, offering HTTP/2
+        /// and HTTP/1.1 by ALPN.
+        case tls
+        /// TLS offering only HTTP/1.1.
+        case tlsHTTP1Only
+    }
+
+    /// The certificate authority that signed the server's TLS certificate (PEM): what a client
+    /// must trust to reach a ``Transport/tls`` server.
+    public static let certificateAuthorityPEM = TestCertificates.authorityPEM
+
     let state = Mutex(State())
     /// The port the server listens on.
     public let port: Int
+    public let transport: Transport
 
-    private init(port: Int) { self.port = port }
+    private init(port: Int, transport: Transport) {
+        self.port = port
+        self.transport = transport
+    }
+
+    /// A request/response channel: an HTTP/1.1 connection or one HTTP/2 stream.
+    typealias HTTPChannel = NIOAsyncChannel<HTTPServerRequestPart, HTTPServerResponsePart>
+
+    /// An accepted connection, before TLS has told which protocol it speaks.
+    enum Accepted: Sendable {
+        case http1(HTTPChannel)
+        case negotiated(
+            EventLoopFuture<
+                NIONegotiatedHTTPVersion<
+                    HTTPChannel, (any Channel, NIOHTTP2Handler.AsyncStreamMultiplexer<HTTPChannel>)
+                >
+            >
+        )
+    }
 
     /// Starts a server, runs `body` with it, and stops it when `body` returns or throws.
     public static func withRunning<Result: Sendable>(
+        transport: Transport = .plain,
         _ body: @Sendable (HaulTestServer) async throws -> Result
     ) async throws -> Result {
+        let tls = try transport.tlsContext()
         let channel = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
             .childChannelOption(.socketOption(.tcp_nodelay), value: 1)
             .bind(host: "127.0.0.1", port: 0) { child in
-                child.eventLoop.makeCompletedFuture {
-                    try child.pipeline.syncOperations.configureHTTPServerPipeline(withErrorHandling: true)
-                    return try NIOAsyncChannel<HTTPServerRequestPart, HTTPServerResponsePart>(
-                        wrappingChannelSynchronously: child
-                    )
+                guard let tls else {
+                    return child.eventLoop.makeCompletedFuture {
+                        try child.pipeline.syncOperations.configureHTTPServerPipeline(withErrorHandling: true)
+                        return Accepted.http1(try HTTPChannel(wrappingChannelSynchronously: child))
+                    }
                 }
+                return child.eventLoop.makeCompletedFuture {
+                    try child.pipeline.syncOperations.addHandler(NIOSSLServerHandler(context: tls))
+                }.flatMap {
+                    child.configureAsyncHTTPServerPipeline(
+                        http1ConnectionInitializer: { connection in
+                            connection.eventLoop.makeCompletedFuture {
+                                try HTTPChannel(wrappingChannelSynchronously: connection)
+                            }
+                        },
+                        http2ConnectionInitializer: { connection in
+                            connection.eventLoop.makeSucceededFuture(connection)
+                        },
+                        http2StreamInitializer: { stream in
+                            stream.eventLoop.makeCompletedFuture {
+                                try stream.pipeline.syncOperations.addHandler(HTTP2FramePayloadToHTTP1ServerCodec())
+                                return try HTTPChannel(wrappingChannelSynchronously: stream)
+                            }
+                        }
+                    )
+                }.map { Accepted.negotiated($0) }
             }
-        let server = HaulTestServer(port: channel.channel.localAddress?.port ?? 0)
+        let server = HaulTestServer(port: channel.channel.localAddress?.port ?? 0, transport: transport)
         return try await withThrowingTaskGroup(of: Void.self) { group in
             group.addTask { try await server.accept(channel) }
             do {
@@ -77,16 +138,45 @@ public final class HaulTestServer: Sendable {
         }
     }
 
-    private func accept(
-        _ channel: NIOAsyncChannel<NIOAsyncChannel<HTTPServerRequestPart, HTTPServerResponsePart>, Never>
-    )
-        async throws
-    {
+    private func accept(_ channel: NIOAsyncChannel<Accepted, Never>) async throws {
         try await withThrowingDiscardingTaskGroup { group in
             try await channel.executeThenClose { inbound in
                 for try await connection in inbound {
-                    group.addTask { await self.serve(connection) }
+                    group.addTask { await self.handle(connection) }
                 }
+            }
+        }
+    }
+
+    /// Serves one connection: its requests one after another over HTTP/1.1, or its streams at once over HTTP/2.
+    private func handle(_ accepted: Accepted) async {
+        let number = state.withLock { state in
+            state.openConnections += 1
+            state.connectionsAccepted += 1
+            state.maximumOpenConnections = max(state.maximumOpenConnections, state.openConnections)
+            return state.connectionsAccepted
+        }
+        defer { state.withLock { $0.openConnections -= 1 } }
+        switch accepted {
+        case .http1(let connection):
+            await serve(connection, connection: number, version: "HTTP/1.1")
+        case .negotiated(let negotiation):
+            // A client that refuses the certificate ends here.
+            guard let negotiated = try? await negotiation.get() else { return }
+            switch negotiated {
+            case .http1_1(let connection):
+                await serve(connection, connection: number, version: "HTTP/1.1")
+            case .http2((let connection, let streams)):
+                await withDiscardingTaskGroup { group in
+                    do {
+                        for try await stream in streams.inbound {
+                            group.addTask { await self.serve(stream, connection: number, version: "HTTP/2") }
+                        }
+                    } catch {
+                        // The connection closed.
+                    }
+                }
+                try? await connection.close()
             }
         }
     }
@@ -94,7 +184,9 @@ public final class HaulTestServer: Sendable {
     // MARK: Configuration
 
     /// The URL of `path` on this server. `host` may be `localhost` to reach it as another origin.
-    public func url(_ path: String, host: String = "127.0.0.1") -> String { "http://\(host):\(port)\(path)" }
+    public func url(_ path: String, host: String = "127.0.0.1") -> String {
+        "\(transport == .plain ? "http" : "https")://\(host):\(port)\(path)"
+    }
 
     /// Serves `resource` at `path`.
     public func add(_ path: String, _ resource: TestResource) {
@@ -135,4 +227,25 @@ public final class HaulTestServer: Sendable {
 
     /// Body bytes written to all connections so far.
     public var bodyBytesSent: Int64 { state.withLock { $0.bodyBytesSent } }
+}
+
+extension HaulTestServer.Transport {
+    /// The server's TLS context, or nil for plain HTTP.
+    func tlsContext() throws -> NIOSSLContext? {
+        let protocols: [String]
+        switch self {
+        case .plain: return nil
+        case .tls: protocols = NIOHTTP2SupportedALPNProtocols
+        case .tlsHTTP1Only: protocols = ["http/1.1"]
+        }
+        var configuration = TLSConfiguration.makeServerConfiguration(
+            certificateChain: [
+                .certificate(try NIOSSLCertificate(bytes: Array(TestCertificates.serverPEM.utf8), format: .pem))
+            ],
+            privateKey: .privateKey(
+                try NIOSSLPrivateKey(bytes: Array(TestCertificates.serverKeyPEM.utf8), format: .pem))
+        )
+        configuration.applicationProtocols = protocols
+        return try NIOSSLContext(configuration: configuration)
+    }
 }

@@ -70,6 +70,15 @@ struct TransferOptions: ParsableArguments {
     @Flag(help: "Follow redirects from https to http.")
     var allowInsecureRedirects = false
 
+    @Option(
+        name: .customLong("ca-cert"),
+        help: ArgumentHelp(
+            "Also trust the certificate authorities in this PEM file for https (repeatable).", valueName: "file"))
+    var caCertificates: [String] = []
+
+    @Flag(name: .customLong("no-http2"), help: "Speak HTTP/1.1 even to servers that offer HTTP/2.")
+    var noHTTP2 = false
+
     func validate() throws {
         guard jobs >= 1 else { throw ValidationError("--jobs must be 1 or more") }
         guard (1...64).contains(connections) else { throw ValidationError("--connections must be from 1 to 64") }
@@ -83,6 +92,13 @@ struct TransferOptions: ParsableArguments {
         _ = try Self.rate(limitRate, option: "--limit-rate")
         _ = try Self.rate(totalLimitRate, option: "--total-limit-rate")
         _ = try Self.rate(keepFree, option: "--keep-free")
+        for path in caCertificates {
+            do {
+                try DownloaderConfiguration.TLS.checkCertificateFile(path)
+            } catch let error as HaulError {
+                throw ValidationError("--ca-cert: \(error.message)")
+            }
+        }
         guard DownloaderConfiguration.FileAllocation(rawValue: fileAllocation) != nil else {
             let modes = DownloaderConfiguration.FileAllocation.allCases.map(\.rawValue).joined(separator: ", ")
             throw ValidationError("--file-allocation must be one of \(modes), not \"\(fileAllocation)\"")
@@ -126,6 +142,8 @@ struct TransferOptions: ParsableArguments {
         configuration.segmentation.connections = connections
         configuration.storage.fileAllocation = DownloaderConfiguration.FileAllocation(rawValue: fileAllocation) ?? .none
         configuration.segmentation.minimumSplit = (try? Self.rate(minSplitSize, option: "")) ?? (1 << 20)
+        configuration.tls.trustedCertificateFiles = caCertificates
+        configuration.tls.allowHTTP2 = !noHTTP2
         return configuration
     }
 }

@@ -137,6 +137,46 @@ struct GetCommandTests {
         }
     }
 
+    @Test func httpsNeedsATrustedAuthorityAndSpeaksHTTP2UnlessTold() async throws {
+        try await HaulTestServer.withRunning(transport: .tls) { server in
+            let resource = TestResource(name: "secure", size: 300_000)
+            server.add("/secure.bin", resource)
+            let directory = try makeTemporaryDirectory()
+            defer { try? FileManager.default.removeItem(atPath: directory) }
+            let authority = directory + "/authority.pem"
+            #expect(
+                FileManager.default.createFile(
+                    atPath: authority, contents: Data(HaulTestServer.certificateAuthorityPEM.utf8)))
+
+            let untrusted = try await HaulProcess.run(["get", server.url("/secure.bin"), "-d", directory, "-q"])
+            #expect(untrusted.status == 7)
+            #expect(untrusted.errors.hasPrefix("haul: error: TLS with 127.0.0.1 failed"))
+            #expect(untrusted.errors.split(separator: "\n").count == 1)
+            #expect(server.requests.isEmpty)
+
+            let missing = try await HaulProcess.run([
+                "get", server.url("/secure.bin"), "-d", directory, "--ca-cert", directory + "/nope.pem",
+            ])
+            #expect(missing.status == 64)
+            #expect(missing.errors.contains("--ca-cert: cannot read the certificate file \(directory)/nope.pem"))
+
+            let trusted = try await HaulProcess.run([
+                "get", server.url("/secure.bin"), "-d", directory, "-q", "--ca-cert", authority,
+            ])
+            #expect(trusted.status == 0, "\(trusted.errors)")
+            #expect(contents(directory + "/secure.bin") == resource.content)
+            #expect(server.requests.map(\.version) == ["HTTP/2"])
+
+            let http1 = try await HaulProcess.run([
+                "get", server.url("/secure.bin"), "-o", directory + "/again.bin", "-q", "--ca-cert", authority,
+                "--no-http2",
+            ])
+            #expect(http1.status == 0, "\(http1.errors)")
+            #expect(contents(directory + "/again.bin") == resource.content)
+            #expect(server.requests.map(\.version) == ["HTTP/2", "HTTP/1.1"])
+        }
+    }
+
     @Test func checksumMismatchExitsWith16AndTheRightChecksumFinishesFromDisk() async throws {
         try await HaulTestServer.withRunning { server in
             let resource = TestResource(name: "summed", size: 200_000)

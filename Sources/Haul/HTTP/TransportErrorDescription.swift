@@ -27,6 +27,20 @@ enum TransportErrorDescription {
         return "transfer from \(host) failed: \(describeCause(error))"
     }
 
+    /// A TLS failure in a few words: BoringSSL's reason code rather than the whole error chain.
+    static func describeTLS(_ error: any Error, host: String) -> String {
+        let text = "\(error)"
+        guard let marker = text.range(of: "OPENSSL_internal:") else {
+            return "TLS with \(host) failed: \(text)"
+        }
+        let reason = text[marker.upperBound...].prefix { $0 != " " && $0 != "]" && $0 != ")" }
+        if reason == "CERTIFICATE_VERIFY_FAILED" {
+            return "TLS with \(host) failed: its certificate could not be verified (not valid for \(host), "
+                + "expired, or signed by no trusted authority)"
+        }
+        return "TLS with \(host) failed: \(reason)"
+    }
+
     /// Errors that only happen while a connection is being set up.
     private static let connectErrors: Set<Int32> = [ECONNREFUSED, EHOSTUNREACH, ENETUNREACH, EADDRNOTAVAIL]
 

@@ -2,6 +2,7 @@ import AsyncHTTPClient
 import Logging
 import NIOCore
 import NIOPosix
+import NIOSSL
 
 #if canImport(FoundationEssentials)
     import FoundationEssentials
@@ -44,7 +45,14 @@ public final class Downloader: Sendable {
             ),
             decompression: .disabled
         )
-        clientConfiguration.httpVersion = .automatic
+        clientConfiguration.httpVersion = configuration.tls.allowHTTP2 ? .automatic : .http1Only
+        var tls = TLSConfiguration.makeClientConfiguration()
+        tls.additionalTrustRoots = configuration.tls.trustedCertificateFiles.map { .file($0) }
+        // Haul closes a connection when it has what it asked for from an open-ended or cut-short range
+        // (it checks lengths itself, so a truncation is never taken for the end). Waiting there for the
+        // server's close_notify would read, and discard, the rest of the response for up to 5 s.
+        tls.shutdownTimeout = .zero
+        clientConfiguration.tlsConfiguration = tls
         // Haul retries with its own backoff and reports each attempt; a refused connection should reach it at once.
         clientConfiguration.connectionPool.retryConnectionEstablishment = false
         clientConfiguration.connectionPool.concurrentHTTP1ConnectionsPerHostSoftLimit =

@@ -98,8 +98,22 @@ public struct DownloaderConfiguration: Sendable {
         public init() {}
     }
 
+    /// How https connections are made.
+    public struct TLS: Sendable {
+        /// PEM files of certificate authorities to trust in addition to the system's, e.g. a
+        /// company's own authority. A file that cannot be read fails the download with
+        /// ``HaulError/Code/tls`` (``DownloaderConfiguration/TLS/checkCertificateFile(_:)`` checks one beforehand).
+        public var trustedCertificateFiles: [String] = []
+        /// Speak HTTP/2 with servers that offer it (by ALPN, over https): the downloads and
+        /// connections to one host then share one connection. `false` keeps to HTTP/1.1.
+        public var allowHTTP2: Bool = true
+
+        public init() {}
+    }
+
     public var retry = Retry()
     public var segmentation = Segmentation()
+    public var tls = TLS()
     /// The most connections open to one host at once over all downloads of a downloader; requests
     /// beyond it wait for a connection to be free (connections are kept alive and reused). `nil`:
     /// as many as one download uses (``Segmentation/connections``), and at least 8. The download

@@ -278,7 +278,7 @@ struct TransferSession {
         }
         let typeName = String(reflecting: type(of: error))
         if typeName.contains("NIOSSL") || typeName.contains("TLS") {
-            return HaulError(.tls, "TLS with \(host) failed: \(error)", underlying: error)
+            return HaulError(.tls, TransportErrorDescription.describeTLS(error, host: host), underlying: error)
         }
         let message = TransportErrorDescription.describe(error, url: url)
         return RetryableFailure(error: HaulError(.network, message, underlying: error))

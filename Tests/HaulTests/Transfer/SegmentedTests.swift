@@ -90,9 +90,11 @@ func pauseWhenRanges(
         }
     }
 
-    @Test("a version switch seen by one segment restarts the download; no mixed file")
-    func versionSwitchOnOneSegment() async throws {
-        try await HaulTestServer.withRunning { server in
+    @Test(
+        "a version switch seen by one segment restarts the download; no mixed file",
+        arguments: [HaulTestServer.Transport.plain, .tls])
+    func versionSwitchOnOneSegment(transport: HaulTestServer.Transport) async throws {
+        try await HaulTestServer.withRunning(transport: transport) { server in
             try await withTemporaryDirectory { directory in
                 var resource = TestResource(name: "switching", size: 4 * 1024 * 1024)
                 server.add("/switching", resource)
@@ -100,7 +102,8 @@ func pauseWhenRanges(
                 // The third request (a segment) finds version 2.
                 server.script("/switching", [[], [], [.switchVersion(to: 2)]])
                 let log = EventLog()
-                try await withDownloader(segmentedConfiguration()) { downloader in
+                let configuration = try reaching(server, segmentedConfiguration(), in: directory)
+                try await withDownloader(configuration) { downloader in
                     try await downloader.download(
                         DownloadRequest(url: server.url("/switching"), destination: .file(directory + "/switching")),
                         observing: log.record)
@@ -108,20 +111,24 @@ func pauseWhenRanges(
                 resource.version = 2
                 #expect(try readFile(directory + "/switching") == resource.content)
                 #expect(log.restartKinds == ["remoteChanged"])
+                expectEveryRequestOnOneConnectionOverTLS(server)
             }
         }
     }
 
-    @Test("a connection that closes early is retried from where it stopped")
-    func connectionClosesEarly() async throws {
-        try await HaulTestServer.withRunning { server in
+    @Test(
+        "a connection that closes early is retried from where it stopped",
+        arguments: [HaulTestServer.Transport.plain, .tls])
+    func connectionClosesEarly(transport: HaulTestServer.Transport) async throws {
+        try await HaulTestServer.withRunning(transport: transport) { server in
             try await withTemporaryDirectory { directory in
                 let resource = TestResource(name: "dropped", size: 4 * 1024 * 1024)
                 server.add("/dropped", resource)
                 server.setStandingFaults("/dropped", [.throttle(bytesPerSecond: 2 << 20)])
                 server.script("/dropped", [[], [.closeAfter(bytes: 100_000)]])
                 let log = EventLog()
-                try await withDownloader(segmentedConfiguration()) { downloader in
+                let configuration = try reaching(server, segmentedConfiguration(), in: directory)
+                try await withDownloader(configuration) { downloader in
                     try await downloader.download(
                         DownloadRequest(url: server.url("/dropped"), destination: .file(directory + "/dropped")),
                         observing: log.record)
@@ -129,24 +136,29 @@ func pauseWhenRanges(
                 #expect(try readFile(directory + "/dropped") == resource.content)
                 #expect(log.retries.count >= 1)
                 #expect(log.restartKinds.isEmpty)
+                expectEveryRequestOnOneConnectionOverTLS(server)
             }
         }
     }
 
-    @Test("a stalled connection's range is taken over and the file completes long before the stall ends")
-    func stalledRangeIsTakenOver() async throws {
-        try await HaulTestServer.withRunning { server in
+    @Test(
+        "a stalled connection's range is taken over and the file completes long before the stall ends",
+        arguments: [HaulTestServer.Transport.plain, .tls])
+    func stalledRangeIsTakenOver(transport: HaulTestServer.Transport) async throws {
+        try await HaulTestServer.withRunning(transport: transport) { server in
             try await withTemporaryDirectory { directory in
                 let resource = TestResource(name: "stalled", size: 4 * 1024 * 1024)
                 server.add("/stalled", resource)
                 server.script("/stalled", [[], [.stall(afterBytes: 64 * 1024, seconds: 60)]])
                 let started = ContinuousClock.now
-                try await withDownloader(segmentedConfiguration(stall: .seconds(60))) { downloader in
+                let configuration = try reaching(server, segmentedConfiguration(stall: .seconds(60)), in: directory)
+                try await withDownloader(configuration) { downloader in
                     try await downloader.download(
                         DownloadRequest(url: server.url("/stalled"), destination: .file(directory + "/stalled")))
                 }
                 #expect(ContinuousClock.now - started < .seconds(20))
                 #expect(try readFile(directory + "/stalled") == resource.content)
+                expectEveryRequestOnOneConnectionOverTLS(server)
             }
         }
     }
