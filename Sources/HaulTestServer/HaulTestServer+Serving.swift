@@ -71,8 +71,9 @@ extension HaulTestServer {
             method: head.method.rawValue, uri: head.uri, headers: head.headers.map { ($0.name, $0.value) },
             connection: connection, version: version
         )
-        let (resource, faults) = state.withLock { state -> (TestResource?, [Fault]) in
+        let (index, resource, faults) = state.withLock { state -> (Int, TestResource?, [Fault]) in
             state.requests.append(request)
+            state.bodyBytesSentPerRequest.append(0)
             var faults: [Fault] = []
             if var steps = state.scripts[request.path], !steps.isEmpty {
                 faults = steps.removeFirst()
@@ -82,7 +83,7 @@ extension HaulTestServer {
             for case .switchVersion(let version) in faults {
                 state.resources[request.path]?.version = version
             }
-            return (state.resources[request.path], faults)
+            return (state.requests.count - 1, state.resources[request.path], faults)
         }
         var reply = makeReply(for: head, resource: resource, faults: faults)
         for case .omitHeader(let name) in faults { reply.headers.remove(name: name) }
@@ -92,7 +93,7 @@ extension HaulTestServer {
                 reply.headers.add(name: "X-Flood-\(index)", value: String(repeating: "x", count: 64))
             }
         }
-        try await send(reply, isHead: head.method == .HEAD, channel: channel)
+        try await send(reply, isHead: head.method == .HEAD, request: index, channel: channel)
         return !faults.contains {
             if case .closeAfter = $0 { true } else if case .shortBody = $0 { true } else { false }
         }
@@ -200,7 +201,7 @@ extension HaulTestServer {
 
     /// Writes the reply straight to the channel and waits for each part to reach the socket, so a fault
     /// that closes the connection after N bytes really delivers those N bytes first.
-    private func send(_ reply: Reply, isHead: Bool, channel: any Channel) async throws {
+    private func send(_ reply: Reply, isHead: Bool, request: Int, channel: any Channel) async throws {
         func write(_ part: HTTPServerResponsePart) async throws {
             try await channel.writeAndFlush(part).get()
         }
@@ -262,7 +263,10 @@ extension HaulTestServer {
                 try await write(.body(.byteBuffer(buffer)))
                 position += count
                 sent += count
-                state.withLock { $0.bodyBytesSent += count }
+                state.withLock {
+                    $0.bodyBytesSent += count
+                    $0.bodyBytesSentPerRequest[request] += count
+                }
                 if let rate {
                     let due = Duration.seconds(Double(sent) / Double(rate))
                     let elapsed = clock.now - start

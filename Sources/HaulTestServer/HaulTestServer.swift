@@ -45,6 +45,8 @@ public final class HaulTestServer: Sendable {
         var maximumOpenConnections = 0
         var connectionsAccepted = 0
         var bodyBytesSent: Int64 = 0
+        /// Indexed like `requests`.
+        var bodyBytesSentPerRequest: [Int64] = []
     }
 
     /// How clients reach the server.
@@ -227,6 +229,11 @@ public final class HaulTestServer: Sendable {
 
     /// Body bytes written to all connections so far.
     public var bodyBytesSent: Int64 { state.withLock { $0.bodyBytesSent } }
+
+    /// Body bytes written in answer to one request, counted in the order of `requests`.
+    public func bodyBytesSent(answering request: Int) -> Int64 {
+        state.withLock { $0.bodyBytesSentPerRequest[request] }
+    }
 }
 
 extension HaulTestServer.Transport {
