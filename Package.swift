@@ -31,6 +31,7 @@ let package = Package(
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
+                .product(name: "NIOHTTP2", package: "swift-nio-http2"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "HeapModule", package: "swift-collections"),
@@ -71,7 +72,11 @@ let package = Package(
         ),
         .testTarget(
             name: "HaulTests",
-            dependencies: ["Haul", "HaulTestServer", .product(name: "Crypto", package: "swift-crypto")]
+            dependencies: [
+                "Haul", "HaulTestServer",
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "NIOEmbedded", package: "swift-nio"),
+            ]
         ),
         .testTarget(
             name: "haulTests",

@@ -57,6 +57,7 @@ public final class Downloader: Sendable {
         clientConfiguration.connectionPool.retryConnectionEstablishment = false
         clientConfiguration.connectionPool.concurrentHTTP1ConnectionsPerHostSoftLimit =
             configuration.connectionsPerHost ?? max(8, configuration.segmentation.connections)
+        clientConfiguration.http2StreamChannelDebugInitializer = { HTTP2BodyCoalescer.install(on: $0) }
         self.client = HTTPClient(eventLoopGroupProvider: .singleton, configuration: clientConfiguration)
     }
 
