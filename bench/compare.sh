@@ -7,6 +7,8 @@
 #   bench/compare.sh [SIZE_MIB]              1. one file (default 4096 MiB), unthrottled
 #   bench/compare.sh --throttled [SIZE_MIB]  2. one file (default 1024 MiB), nginx limits each connection to 20 MB/s
 #   bench/compare.sh --many [COUNT]          3. COUNT files of 16 KiB (default 2000), 16 at a time
+#   bench/compare.sh --https [SIZE_MIB]      4. one file (default 1024 MiB) over TLS, HTTP/2 where the tool speaks it
+#   bench/compare.sh --https-many [COUNT]    5. as 3, over TLS with HTTP/2
 #   RUNS=5 bench/compare.sh 1024
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
@@ -15,6 +17,8 @@ mode=single
 case "${1:-}" in
     --throttled) mode=throttled; shift ;;
     --many) mode=many; shift ;;
+    --https) mode=https; shift ;;
+    --https-many) mode=https-many; shift ;;
 esac
 runs="${RUNS:-3}"
 bench_install
@@ -28,18 +32,35 @@ mkdir -p "$out"
 declare -a labels commands
 add() { labels+=("$1"); commands+=("$2"); }
 
+curl_label="curl -o"
 case "$mode" in
-    single | throttled)
+    single | throttled | https)
         if [ "$mode" = single ]; then size="${1:-4096}"; else size="${1:-1024}"; fi
         bench_file "compare.bin" "$size"
         path="compare.bin"
         [ "$mode" = throttled ] && path="slow/compare.bin"
         url="$BASE_URL/$path"
+        [ "$mode" = https ] && url="$TLS_URL/$path"
         target="$out/compare.bin"
         units="$size"
         unit="MiB/s"
         haul="$HAUL get $url -o $target -q --state-dir $state"
-        if [ "$mode" = single ]; then
+        if [ "$mode" = https ]; then
+            title="One ${size} MiB file over TLS on loopback (HTTP/2 for haul and curl)"
+            aria="aria2c -q --ca-certificate=$CA_CERT --allow-overwrite=true --file-allocation=none -d $out -o compare.bin"
+            haul="$haul --ca-cert $CA_CERT"
+            add "haul get -x 1" "$haul -x 1"
+            add "haul get (default -x 4)" "$haul"
+            add "haul get -x 4 --no-http2" "$haul --no-http2"
+            add "haul get -x 8 --no-http2" "$haul -x 8 --no-http2"
+            add "curl -o" "curl -sS --http2 --cacert $CA_CERT -o $target $url"
+            add "curl -o && sync" "curl -sS --http2 --cacert $CA_CERT -o $target $url && sync $target"
+            add "wget -O" "wget -q --ca-certificate=$CA_CERT -O $target $url"
+            add "aria2c -x1" "$aria -x1 $url"
+            add "aria2c -x8 -s8" "$aria -x8 -s8 $url"
+            add "axel -n 8 -k" "axel -q -k -n 8 -o $target $url"
+            aria_label="aria2c -x1"
+        elif [ "$mode" = single ]; then
             title="One ${size} MiB file over loopback"
             add "haul get -x 1" "$haul -x 1"
             add "haul get (default -x 4)" "$haul"
@@ -62,24 +83,37 @@ case "$mode" in
         check() { cmp -s "$target" "$DATA_DIR/www/compare.bin"; }
         clean() { rm -rf "$out"/compare.bin* "$state"; }
         ;;
-    many)
+    many | https-many)
         count="${1:-2000}"
+        base="$BASE_URL"
+        tls=""
+        if [ "$mode" = https-many ]; then
+            base="$TLS_URL"
+            tls="yes"
+        fi
         mkdir -p "$DATA_DIR/www/many"
         for i in $(seq "$count"); do
             [ -f "$DATA_DIR/www/many/f$i" ] || head -c 16384 /dev/urandom > "$DATA_DIR/www/many/f$i"
         done
-        seq "$count" | sed "s|^|$BASE_URL/many/f|" > "$DATA_DIR/many.txt"
+        seq "$count" | sed "s|^|$base/many/f|" > "$DATA_DIR/many.txt"
         sed 's|^\(.*\)$|url = "\1"|' "$DATA_DIR/many.txt" > "$DATA_DIR/many.curl"
         title="$count files of 16 KiB, 16 at a time"
+        haul_tls="" curl_tls="" aria_tls="" wget_tls=""
+        if [ -n "$tls" ]; then
+            title="$title, over TLS (HTTP/2 for haul and curl)"
+            haul_tls="--ca-cert $CA_CERT" curl_tls="--cacert $CA_CERT"
+            aria_tls="--ca-certificate=$CA_CERT" wget_tls="--ca-certificate=$CA_CERT"
+        fi
         units="$count"
         unit="files/s"
         target="$out/many"
-        add "haul get -i -j 16" "$HAUL get -i $DATA_DIR/many.txt -j 16 -d $target -q --state-dir $state"
-        add "curl -Z --parallel-max 16" "mkdir -p $target && cd $target && curl -sS -Z --parallel-max 16 --remote-name-all -K $DATA_DIR/many.curl"
-        add "curl -Z && sync" "mkdir -p $target && cd $target && curl -sS -Z --parallel-max 16 --remote-name-all -K $DATA_DIR/many.curl && sync -f ."
-        add "aria2c -i -j 16" "aria2c -q -i $DATA_DIR/many.txt -j 16 --allow-overwrite=true --file-allocation=none -d $target"
-        add "wget -i" "wget -q -i $DATA_DIR/many.txt -P $target"
+        add "haul get -i -j 16" "$HAUL get -i $DATA_DIR/many.txt -j 16 -d $target -q --state-dir $state $haul_tls"
+        add "curl -Z --parallel-max 16" "mkdir -p $target && cd $target && curl -sS $curl_tls -Z --parallel-max 16 --remote-name-all -K $DATA_DIR/many.curl"
+        add "curl -Z && sync" "mkdir -p $target && cd $target && curl -sS $curl_tls -Z --parallel-max 16 --remote-name-all -K $DATA_DIR/many.curl && sync -f ."
+        add "aria2c -i -j 16" "aria2c -q $aria_tls -i $DATA_DIR/many.txt -j 16 --allow-overwrite=true --file-allocation=none -d $target"
+        add "wget -i" "wget -q $wget_tls -i $DATA_DIR/many.txt -P $target"
         aria_label="aria2c -i -j 16"
+        curl_label="curl -Z --parallel-max 16"
         check() { diff -rq "$target" "$DATA_DIR/www/many" >/dev/null; }
         # The previous run's files are moved aside, not deleted, until the end: on ext4 without a
         # journal, inodes freed in the last minute are skipped one by one when a file is created,
@@ -115,9 +149,9 @@ for index in "${!labels[@]}"; do
     median_rss[$label]=$rss
 done
 clean
-[ "$mode" = many ] && rm -rf "$trash"
+[ -n "${trash:-}" ] && rm -rf "$trash"
 
-curl_rate=$(echo "$units / ${median_wall["curl -o"]:-${median_wall["curl -Z --parallel-max 16"]}}" | bc -l)
+curl_rate=$(echo "$units / ${median_wall[$curl_label]}" | bc -l)
 aria_rate=$(echo "$units / ${median_wall[$aria_label]}" | bc -l)
 echo "$title, median of $runs runs ($(nproc) cores, $(date -u +%Y-%m-%d))"
 echo

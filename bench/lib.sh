@@ -5,7 +5,11 @@ BENCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT_DIR="$(cd "$BENCH_DIR/.." && pwd)"
 DATA_DIR="${HAUL_BENCH_DATA:-$BENCH_DIR/data}"
 PORT="${HAUL_BENCH_PORT:-8089}"
+TLS_PORT="${HAUL_BENCH_TLS_PORT:-8489}"
 BASE_URL="http://127.0.0.1:$PORT"
+# The same files over TLS with HTTP/2 offered by ALPN; clients trust $CA_CERT.
+TLS_URL="https://127.0.0.1:$TLS_PORT"
+CA_CERT="$DATA_DIR/tls/authority.pem"
 
 # Installs the peers and nginx with apt when they are missing.
 bench_install() {
@@ -31,9 +35,25 @@ bench_file() {
     fi
 }
 
-# Starts nginx on 127.0.0.1:$PORT serving $DATA_DIR/www; `/slow/` is limited to 20 MB/s per connection.
+# A certificate authority and a server certificate for 127.0.0.1 it signed, made once.
+bench_certificates() {
+    local dir="$DATA_DIR/tls"
+    [ -f "$dir/server.pem" ] && return
+    mkdir -p "$dir"
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 3650 \
+        -subj "/CN=Haul bench authority" -keyout "$dir/authority.key" -out "$dir/authority.pem" 2>/dev/null
+    openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj "/CN=127.0.0.1" \
+        -keyout "$dir/server.key" -out "$dir/server.csr" 2>/dev/null
+    printf 'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n' > "$dir/server.ext"
+    openssl x509 -req -in "$dir/server.csr" -CA "$dir/authority.pem" -CAkey "$dir/authority.key" \
+        -CAcreateserial -days 3650 -extfile "$dir/server.ext" -out "$dir/server.pem" 2>/dev/null
+}
+
+# Starts nginx on 127.0.0.1:$PORT serving $DATA_DIR/www, and on $TLS_PORT the same over TLS with
+# HTTP/2; `/slow/` is limited to 20 MB/s per connection (per stream over HTTP/2).
 bench_start_nginx() {
     mkdir -p "$DATA_DIR/nginx/logs" "$DATA_DIR/www"
+    bench_certificates
     cat > "$DATA_DIR/nginx/nginx.conf" <<CONF
 worker_processes 1;
 pid $DATA_DIR/nginx/nginx.pid;
@@ -46,6 +66,10 @@ http {
     keepalive_requests 100000;
     server {
         listen 127.0.0.1:$PORT;
+        listen 127.0.0.1:$TLS_PORT ssl http2;
+        ssl_certificate $DATA_DIR/tls/server.pem;
+        ssl_certificate_key $DATA_DIR/tls/server.key;
+        http2_max_concurrent_streams 128;
         root $DATA_DIR/www;
         location /slow/ { alias $DATA_DIR/www/; limit_rate 20m; }
     }
@@ -54,6 +78,8 @@ CONF
     bench_stop_nginx
     nginx -c "$DATA_DIR/nginx/nginx.conf" -p "$DATA_DIR/nginx"
     for _ in $(seq 50); do curl -sf -o /dev/null "$BASE_URL/" -r 0-0 2>/dev/null && break; sleep 0.1; done
+    curl -s --cacert "$CA_CERT" --http2 -o /dev/null -w '%{http_version}' "$TLS_URL/" | grep -q '^2' \
+        || { echo "nginx does not serve HTTP/2 over TLS" >&2; return 1; }
 }
 
 bench_stop_nginx() {
