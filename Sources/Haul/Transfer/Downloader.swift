@@ -31,6 +31,8 @@ public final class Downloader: Sendable {
     let io: BlockingIO
     /// The unfinished downloads in the directories this downloader has saved into.
     let partials = PartialIndex()
+    /// Shares directory flushes among downloads finishing in the same directory.
+    let directoryFlusher = DirectoryFlusher()
 
     /// - Parameter logger: Haul logs nothing unless given a logger.
     public init(configuration: DownloaderConfiguration = .init(), logger: Logger? = nil) {

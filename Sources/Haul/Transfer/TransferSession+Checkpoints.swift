@@ -59,13 +59,22 @@ extension TransferSession {
         }
         let validator = manifest?.validator ?? ResourceValidator()
         // One trip to the thread pool for all of it: for a small file, the trips cost more than the work.
-        try await downloader.io.run { [file] in
+        // The directory flush is shared with downloads finishing beside this one; the manifest goes only
+        // after it, so a crash never leaves the partial data without its manifest.
+        let flusher = downloader.directoryFlusher
+        let hasManifest = !manifestUnwritten
+        let queued = try await downloader.io.run { [file] () throws -> UInt64? in
             if let file, POSIX.exists(paths.partial) {
                 try file.syncDataNow()
                 try POSIX.rename(paths.partial, to: paths.destination)
-                try POSIX.syncDirectory(paths.directory)
+                if let ticket = try flusher.flushOrQueue(paths.directory) { return ticket }
             }
-            try ManifestStore.remove(paths)
+            if hasManifest { try ManifestStore.remove(paths) }
+            return nil
+        }
+        if let queued {
+            try await flusher.waitForFlush(of: paths.directory, ticket: queued, io: downloader.io)
+            if hasManifest { try await downloader.io.run { try ManifestStore.remove(paths) } }
         }
         // A session that found the file already complete created an empty partial file to lock.
         if completedEarlier != nil, let lock, lock.created { lock.removePartial() }
