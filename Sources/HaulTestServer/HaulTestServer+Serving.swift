@@ -73,7 +73,7 @@ extension HaulTestServer {
         )
         let (index, resource, faults) = state.withLock { state -> (Int, TestResource?, [Fault]) in
             state.requests.append(request)
-            state.bodyBytesSentPerRequest.append(0)
+            state.bodyBytesSent.append(0)
             var faults: [Fault] = []
             if var steps = state.scripts[request.path], !steps.isEmpty {
                 faults = steps.removeFirst()
@@ -263,10 +263,7 @@ extension HaulTestServer {
                 try await write(.body(.byteBuffer(buffer)))
                 position += count
                 sent += count
-                state.withLock {
-                    $0.bodyBytesSent += count
-                    $0.bodyBytesSentPerRequest[request] += count
-                }
+                state.withLock { $0.bodyBytesSent[request] += count }
                 if let rate {
                     let due = Duration.seconds(Double(sent) / Double(rate))
                     let elapsed = clock.now - start

@@ -44,9 +44,8 @@ public final class HaulTestServer: Sendable {
         var openConnections = 0
         var maximumOpenConnections = 0
         var connectionsAccepted = 0
-        var bodyBytesSent: Int64 = 0
-        /// Indexed like `requests`.
-        var bodyBytesSentPerRequest: [Int64] = []
+        /// Body bytes written in answer to each request, indexed like `requests`.
+        var bodyBytesSent: [Int64] = []
     }
 
     /// How clients reach the server.
@@ -228,11 +227,11 @@ public final class HaulTestServer: Sendable {
     public var connectionsAccepted: Int { state.withLock { $0.connectionsAccepted } }
 
     /// Body bytes written to all connections so far.
-    public var bodyBytesSent: Int64 { state.withLock { $0.bodyBytesSent } }
+    public var bodyBytesSent: Int64 { state.withLock { $0.bodyBytesSent.reduce(0, +) } }
 
     /// Body bytes written in answer to one request, counted in the order of `requests`.
     public func bodyBytesSent(answering request: Int) -> Int64 {
-        state.withLock { $0.bodyBytesSentPerRequest[request] }
+        state.withLock { $0.bodyBytesSent[request] }
     }
 }
 

@@ -60,13 +60,10 @@ func expectEveryRequestOnOneConnectionOverTLS(
                 let resource = TestResource(name: "multiplexed", size: 6 * 1024 * 1024 + 77)
                 server.add("/multiplexed", resource)
                 server.setStandingFaults("/multiplexed", [.throttle(bytesPerSecond: 2 << 20)])
-                let configuration = try trustingTestServer(segmentedConfiguration(), in: directory)
-                let destination = directory + "/multiplexed"
-                try await withDownloader(configuration) { downloader in
-                    try await downloader.download(
-                        DownloadRequest(url: server.url("/multiplexed"), destination: .file(destination)))
-                }
-                #expect(try readFile(destination) == resource.content)
+                try await download(
+                    server, "/multiplexed", to: directory + "/multiplexed",
+                    configuration: try trustingTestServer(segmentedConfiguration(), in: directory))
+                #expect(try readFile(directory + "/multiplexed") == resource.content)
                 let requests = server.requests(for: "/multiplexed")
                 #expect(requests.count >= 4)
                 #expect(requests.first?.header("Range") == "bytes=0-")
@@ -117,11 +114,9 @@ func expectEveryRequestOnOneConnectionOverTLS(
                 let resource = TestResource(name: "tls1", size: 4 * 1024 * 1024)
                 server.add("/tls1", resource)
                 server.setStandingFaults("/tls1", [.throttle(bytesPerSecond: 2 << 20)])
-                let configuration = try trustingTestServer(segmentedConfiguration(), in: directory)
-                try await withDownloader(configuration) { downloader in
-                    try await downloader.download(
-                        DownloadRequest(url: server.url("/tls1"), destination: .file(directory + "/tls1")))
-                }
+                try await download(
+                    server, "/tls1", to: directory + "/tls1",
+                    configuration: try trustingTestServer(segmentedConfiguration(), in: directory))
                 #expect(try readFile(directory + "/tls1") == resource.content)
                 // The first request asked for everything and was cut at the end of its range, the first
                 // quarter: closing it must not wait for the server to send the rest of the file (TLS
@@ -196,7 +191,11 @@ func expectEveryRequestOnOneConnectionOverTLS(
     func badCertificateFile() async throws {
         try await withTemporaryDirectory { directory in
             let missing = directory + "/missing.pem"
-            #expect(throws: HaulError.self) { try DownloaderConfiguration.TLS.checkCertificateFile(missing) }
+            let unreadable = #expect(throws: HaulError.self) {
+                try DownloaderConfiguration.TLS.checkCertificateFile(missing)
+            }
+            #expect(unreadable?.code == .invalidArgument)
+            #expect(unreadable?.message == "cannot read the certificate file \(missing)")
             let garbage = directory + "/garbage.pem"
             try writeFile(garbage, Array("not a certificate\n".utf8))
             do {

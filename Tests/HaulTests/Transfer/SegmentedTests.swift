@@ -102,12 +102,9 @@ func pauseWhenRanges(
                 // The third request (a segment) finds version 2.
                 server.script("/switching", [[], [], [.switchVersion(to: 2)]])
                 let log = EventLog()
-                let configuration = try reaching(server, segmentedConfiguration(), in: directory)
-                try await withDownloader(configuration) { downloader in
-                    try await downloader.download(
-                        DownloadRequest(url: server.url("/switching"), destination: .file(directory + "/switching")),
-                        observing: log.record)
-                }
+                try await download(
+                    server, "/switching", to: directory + "/switching", log: log,
+                    configuration: try reaching(server, segmentedConfiguration(), in: directory))
                 resource.version = 2
                 #expect(try readFile(directory + "/switching") == resource.content)
                 #expect(log.restartKinds == ["remoteChanged"])
@@ -127,12 +124,9 @@ func pauseWhenRanges(
                 server.setStandingFaults("/dropped", [.throttle(bytesPerSecond: 2 << 20)])
                 server.script("/dropped", [[], [.closeAfter(bytes: 100_000)]])
                 let log = EventLog()
-                let configuration = try reaching(server, segmentedConfiguration(), in: directory)
-                try await withDownloader(configuration) { downloader in
-                    try await downloader.download(
-                        DownloadRequest(url: server.url("/dropped"), destination: .file(directory + "/dropped")),
-                        observing: log.record)
-                }
+                try await download(
+                    server, "/dropped", to: directory + "/dropped", log: log,
+                    configuration: try reaching(server, segmentedConfiguration(), in: directory))
                 #expect(try readFile(directory + "/dropped") == resource.content)
                 #expect(log.retries.count >= 1)
                 #expect(log.restartKinds.isEmpty)
@@ -151,11 +145,9 @@ func pauseWhenRanges(
                 server.add("/stalled", resource)
                 server.script("/stalled", [[], [.stall(afterBytes: 64 * 1024, seconds: 60)]])
                 let started = ContinuousClock.now
-                let configuration = try reaching(server, segmentedConfiguration(stall: .seconds(60)), in: directory)
-                try await withDownloader(configuration) { downloader in
-                    try await downloader.download(
-                        DownloadRequest(url: server.url("/stalled"), destination: .file(directory + "/stalled")))
-                }
+                try await download(
+                    server, "/stalled", to: directory + "/stalled",
+                    configuration: try reaching(server, segmentedConfiguration(stall: .seconds(60)), in: directory))
                 #expect(ContinuousClock.now - started < .seconds(20))
                 #expect(try readFile(directory + "/stalled") == resource.content)
                 expectEveryRequestOnOneConnectionOverTLS(server)
