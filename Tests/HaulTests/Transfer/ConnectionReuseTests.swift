@@ -111,7 +111,7 @@ func expectEveryRequestOnOneConnectionOverTLS(
     func tlsWithoutHTTP2() async throws {
         try await HaulTestServer.withRunning(transport: .tlsHTTP1Only) { server in
             try await withTemporaryDirectory { directory in
-                let resource = TestResource(name: "tls1", size: 4 * 1024 * 1024)
+                let resource = TestResource(name: "tls1", size: 8 * 1024 * 1024)
                 server.add("/tls1", resource)
                 server.setStandingFaults("/tls1", [.throttle(bytesPerSecond: 2 << 20)])
                 try await download(
@@ -119,10 +119,12 @@ func expectEveryRequestOnOneConnectionOverTLS(
                     configuration: try trustingTestServer(segmentedConfiguration(), in: directory))
                 #expect(try readFile(directory + "/tls1") == resource.content)
                 // The first request asked for everything and was cut at the end of its range, the first
-                // quarter: closing it must not wait for the server to send the rest of the file (TLS
-                // would wait for its close_notify). Half the file leaves room for a slow machine.
+                // quarter (1 s at the throttled rate): closing it must not wait for the server to send
+                // the rest of the file, as TLS would for its close_notify. What the server sends past
+                // the quarter depends on how soon a loaded machine gets to the close; the whole file
+                // would take three more seconds.
                 #expect(server.requests.first?.header("Range") == "bytes=0-")
-                #expect(server.bodyBytesSent(answering: 0) < resource.size / 2)
+                #expect(server.bodyBytesSent(answering: 0) < resource.size)
                 #expect(server.requests.allSatisfy { $0.version == "HTTP/1.1" })
                 #expect(server.maximumOpenConnections >= 4)
             }
