@@ -46,6 +46,28 @@ final class SegmentTable: Sendable {
         self.state = Mutex(State(segments: segments))
     }
 
+    /// Cuts the rest of the first segment into `parts` ranges of equal length (on 64 KiB boundaries, none
+    /// shorter than `minimumSplit`), left unowned for the connections to claim in order. The connections
+    /// of a fresh download start with their final ranges, so each asks for exactly what it fetches,
+    /// rather than halving the largest range once per connection, which leaves uneven ranges for a
+    /// number of connections that is not a power of two and cuts short the early requests.
+    func split(into parts: Int) {
+        state.withLock { state in
+            guard let first = state.segments.first, state.segments.count == 1 else { return }
+            let count = Int64(max(1, min(parts, Int(first.remaining / minimumSplit))))
+            guard count > 1 else { return }
+            let length = first.remaining / count
+            var bounds = (1..<count).map { (first.position + $0 * length) / 65_536 * 65_536 }
+            bounds = bounds.filter { $0 > first.position && $0 < first.end }
+            guard !bounds.isEmpty else { return }
+            state.segments[0].end = bounds[0]
+            for (index, start) in bounds.enumerated() {
+                let end = index + 1 < bounds.count ? bounds[index + 1] : first.end
+                state.segments.append(Segment(start: start, end: end, written: 0, durable: 0, owner: nil))
+            }
+        }
+    }
+
     /// Gives `worker` a range: an unowned unfinished segment (the earliest), else half of the largest
     /// remaining one, else the rest of a stalled one; `nil` when there is nothing left for it.
     func claim(worker: Int, now: ContinuousClock.Instant = .now) -> Assignment? {
@@ -82,6 +104,14 @@ final class SegmentTable: Sendable {
 
     /// The current end of a segment: where its connection must stop.
     func end(of index: Int) -> Int64 { state.withLock { $0.segments[index].end } }
+
+    /// `assignment` as it stands now: its range may have been cut short since it was claimed (the
+    /// connection asks for what is still its own); `nil` when nothing of it is left.
+    func current(_ assignment: Assignment) -> Assignment? {
+        let end = end(of: assignment.index)
+        guard end > assignment.from else { return nil }
+        return Assignment(index: assignment.index, from: assignment.from, to: min(end, assignment.to))
+    }
 
     /// Records bytes written up to `position`; returns whether the segment is complete.
     @discardableResult

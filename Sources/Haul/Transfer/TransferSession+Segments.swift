@@ -36,6 +36,7 @@ extension TransferSession {
             [SegmentTable.Segment(start: 0, end: total, written: plan.writeStart, durable: durable, owner: nil)],
             minimumSplit: configuration.segmentation.minimumSplit,
             stallTakeover: configuration.segmentation.stallTakeover)
+        table.split(into: configuration.segmentation.connections)
         guard let first = table.claim(worker: 0) else { return try await finish(totalBytes: total) }
         // Every connection gets its range before any byte is written out of order, and the manifest
         // records those ranges first: a manifest of one range means "the file's size is what is
@@ -195,7 +196,7 @@ extension TransferSession {
         let table = context.table
         table.join()
         while !Task.isCancelled, table.failure == nil, !table.isComplete {
-            guard let assignment = pending?.1 ?? table.claim(worker: worker) else {
+            guard let claimed = pending?.1 ?? table.claim(worker: worker) else {
                 // Nothing to take now; a range may become worth taking over later.
                 do {
                     try await Task.sleep(for: .milliseconds(200))
@@ -206,6 +207,9 @@ extension TransferSession {
             }
             let body = pending.flatMap { $0.0 }
             pending = nil
+            // A range not yet asked for is asked for as it stands now (another connection may have
+            // taken over its tail since it was claimed); one that is all taken over is done.
+            guard let assignment = body == nil ? table.current(claimed) : claimed else { continue }
             let before = table.segments[assignment.index].written
             do {
                 if let body {

@@ -72,6 +72,26 @@ func pauseWhenRanges(
         }
     }
 
+    @Test("each connection of a fresh download asks for exactly its share of the file")
+    func equalRangesAskedForExactly() async throws {
+        try await HaulTestServer.withRunning { server in
+            try await withTemporaryDirectory { directory in
+                let resource = TestResource(name: "thirds", size: 6 * 1024 * 1024 + 123)
+                server.add("/thirds", resource)
+                server.setStandingFaults("/thirds", [.throttle(bytesPerSecond: 2 << 20)])
+                try await download(
+                    server, "/thirds", to: directory + "/thirds",
+                    configuration: segmentedConfiguration(connections: 3))
+                #expect(try readFile(directory + "/thirds") == resource.content)
+                // Thirds on 64 KiB boundaries: no request asks for more than its connection fetches
+                // (which would cut it short, and close it) and none is left with twice the others' share.
+                let ranges = server.requests(for: "/thirds").compactMap { $0.header("Range") }
+                #expect(ranges.first == "bytes=0-")
+                #expect(Set(ranges.dropFirst().prefix(2)) == ["bytes=2097152-4194303", "bytes=4194304-6291578"])
+            }
+        }
+    }
+
     @Test("one connection is used when the server ignores ranges")
     func fallsBackToOneConnection() async throws {
         try await HaulTestServer.withRunning { server in
