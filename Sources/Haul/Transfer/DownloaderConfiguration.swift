@@ -90,7 +90,8 @@ public struct DownloaderConfiguration: Sendable {
         /// answers `206` with the total length and a strong validator, the file is fetched in ranges
         /// over this many connections; otherwise one connection fetches it.
         public var connections: Int = 1
-        /// No range is split into pieces smaller than this.
+        /// No range is split into pieces smaller than this (ranges are cut on 64 KiB boundaries, so
+        /// less than 64 KiB counts as 64 KiB).
         public var minimumSplit: Int64 = 1 << 20
         /// A range whose connection has received nothing for this long is taken over by an idle connection.
         public var stallTakeover: Duration = .seconds(3)

@@ -36,12 +36,16 @@ final class SegmentTable: Sendable {
         var connections = 0
     }
 
+    /// Ranges start on multiples of this.
+    static let boundary: Int64 = 65_536
+    /// No range is cut shorter than this (at least ``boundary``).
     let minimumSplit: Int64
     let stallTakeover: Duration
     private let state: Mutex<State>
 
     init(_ segments: [Segment], minimumSplit: Int64, stallTakeover: Duration = .seconds(3)) {
-        self.minimumSplit = max(1, minimumSplit)
+        // Ranges are cut on 64 KiB boundaries: a smaller minimum could cut one to nothing.
+        self.minimumSplit = max(Self.boundary, minimumSplit)
         self.stallTakeover = stallTakeover
         self.state = Mutex(State(segments: segments))
     }
@@ -56,10 +60,10 @@ final class SegmentTable: Sendable {
             guard let first = state.segments.first, state.segments.count == 1 else { return }
             let count = Int64(max(1, min(parts, Int(first.remaining / minimumSplit))))
             guard count > 1 else { return }
+            // Each range is at least `minimumSplit`, so at least one boundary long: the cuts, rounded
+            // down to a boundary, stay in order and past the bytes already written.
             let length = first.remaining / count
-            var bounds = (1..<count).map { (first.position + $0 * length) / 65_536 * 65_536 }
-            bounds = bounds.filter { $0 > first.position && $0 < first.end }
-            guard !bounds.isEmpty else { return }
+            let bounds = (1..<count).map { (first.position + $0 * length) / Self.boundary * Self.boundary }
             state.segments[0].end = bounds[0]
             for (index, start) in bounds.enumerated() {
                 let end = index + 1 < bounds.count ? bounds[index + 1] : first.end
@@ -88,7 +92,7 @@ final class SegmentTable: Sendable {
             let split: Int64
             if segment.remaining >= 2 * minimumSplit {
                 // Half of what is left, on a 64 KiB boundary.
-                split = (segment.position + segment.remaining / 2) / 65_536 * 65_536
+                split = (segment.position + segment.remaining / 2) / Self.boundary * Self.boundary
             } else if now - segment.lastProgress >= stallTakeover {
                 split = segment.position
             } else {
@@ -108,9 +112,10 @@ final class SegmentTable: Sendable {
     /// `assignment` as it stands now: its range may have been cut short since it was claimed (the
     /// connection asks for what is still its own); `nil` when nothing of it is left.
     func current(_ assignment: Assignment) -> Assignment? {
+        // Ranges only shrink from the end, so the segment's end is never past the one claimed.
         let end = end(of: assignment.index)
         guard end > assignment.from else { return nil }
-        return Assignment(index: assignment.index, from: assignment.from, to: min(end, assignment.to))
+        return Assignment(index: assignment.index, from: assignment.from, to: end)
     }
 
     /// Records bytes written up to `position`; returns whether the segment is complete.

@@ -38,6 +38,16 @@ struct SegmentTableTests {
         #expect(ranges(small) == [0..<mebibyte + 65_536])
     }
 
+    @Test func aMinimumBelowTheBoundaryCountsAsOneBoundary() throws {
+        // 256 KiB with a minimum of 1 byte, 64 connections asked for: four ranges of 64 KiB, none empty.
+        let table = table(total: 262_144, minimumSplit: 1)
+        table.split(into: 64)
+        #expect(ranges(table) == [0..<65_536, 65_536..<131_072, 131_072..<196_608, 196_608..<262_144])
+        // Halving what is left never cuts a range to nothing: 64 KiB is not split again.
+        let claims = (0..<5).compactMap { table.claim(worker: $0) }
+        #expect(claims.count == 4)
+    }
+
     @Test func aRangeIsAskedForAsItStandsWhenItsRequestGoesOut() throws {
         let mebibyte: Int64 = 1 << 20
         let table = table(total: 8 * mebibyte)
