@@ -95,6 +95,12 @@ public struct DownloaderConfiguration: Sendable {
         public var minimumSplit: Int64 = 1 << 20
         /// A range whose connection has received nothing for this long is taken over by an idle connection.
         public var stallTakeover: Duration = .seconds(3)
+        /// Start with one connection and open more, up to ``connections``, only while they add
+        /// throughput (where one connection is the bottleneck: a per-connection limit, a long or lossy
+        /// path). `false` opens all of them as soon as the server shows it serves ranges.
+        public var adaptive: Bool = false
+        /// How long the rate is measured before and after adding connections.
+        var rampWindow: Duration = .milliseconds(500)
 
         public init() {}
     }

@@ -3,8 +3,8 @@
 /// Speed is the slope over a sliding window of recent samples, which reacts within seconds and does
 /// not jump with every chunk; the reported byte count never decreases and never passes the total.
 struct ProgressMeter {
-    private var samples: [(time: ContinuousClock.Instant, bytes: Int64)] = []
-    private var lastReport: ContinuousClock.Instant?
+    private var samples: [(time: Moment, bytes: Int64)] = []
+    private var lastReport: Moment?
     private var lastBytes: Int64
     private let window: Duration
     private let interval: Duration
@@ -18,7 +18,7 @@ struct ProgressMeter {
     }
 
     /// Records `bytes` at `now`; returns a report when one is due (or when `force` is set).
-    mutating func record(_ bytes: Int64, at now: ContinuousClock.Instant, force: Bool = false) -> DownloadProgress? {
+    mutating func record(_ bytes: Int64, at now: Moment, force: Bool = false) -> DownloadProgress? {
         let bytes = min(max(bytes, lastBytes), totalBytes ?? Int64.max)
         lastBytes = bytes
         if let lastReport, !force, now - lastReport < interval { return nil }
@@ -28,7 +28,7 @@ struct ProgressMeter {
         return report(at: now)
     }
 
-    private func report(at now: ContinuousClock.Instant) -> DownloadProgress {
+    private func report(at now: Moment) -> DownloadProgress {
         var speed = 0.0
         if let first = samples.first, let last = samples.last {
             let seconds = (last.time - first.time).seconds

@@ -145,7 +145,7 @@ struct ResourceValidatorTests {
 struct ProgressMeterTests {
     @Test func reportsAreMonotonicCappedAndThrottled() {
         var meter = ProgressMeter(startingAt: 100, totalBytes: 1000, interval: .milliseconds(100))
-        let start = ContinuousClock.now
+        let start = Moment.zero
         let first = meter.record(200, at: start)
         #expect(first?.bytes == 200)
         #expect(meter.record(300, at: start + .milliseconds(10)) == nil)
@@ -155,98 +155,6 @@ struct ProgressMeterTests {
         #expect(third?.bytes == 1000)
         #expect(third?.fraction == 1)
         #expect((third?.bytesPerSecond ?? 0) > 0)
-    }
-}
-
-struct ResponseClassifierTests {
-    func manifest(total: Int64? = 1000, etag: String? = "\"v1\"") -> Manifest {
-        Manifest(
-            originalURL: "http://h/f", finalURL: "http://h/f",
-            validator: ResourceValidator(etag: etag, lastModified: nil, date: nil), totalLength: total,
-            acceptsRanges: true,
-            contentEncoding: nil, bootID: nil, now: 0
-        )
-    }
-
-    func headers(_ pairs: [(String, String)]) -> HTTPHeaders { HTTPHeaders(pairs) }
-
-    @Test func acceptsAnExactPartialAnswer() {
-        let plan = ResumePlan(resumeOffset: 400, overlap: 0, ifRange: "\"v1\"", stored: manifest())
-        let action = ResponseClassifier.classify(
-            status: 206,
-            headers: headers([("Content-Range", "bytes 400-999/1000"), ("ETag", "\"v1\""), ("Content-Length", "600")]),
-            plan: plan, now: 0
-        )
-        guard case .stream(let stream) = action else {
-            Issue.record("expected stream, got \(action)")
-            return
-        }
-        #expect(stream.writeStart == 400 && stream.bodyStart == 400 && stream.totalLength == 1000)
-    }
-
-    @Test(arguments: [
-        [("Content-Range", "bytes 401-999/1000")],
-        [("Content-Range", "bytes 400-998/1000")],
-        [("Content-Range", "bytes 400-1999/2000")],
-        [("Content-Range", "bytes 400-999/1000"), ("ETag", "\"v2\"")],
-        [("Content-Range", "bytes 400-999/1000"), ("Content-Length", "10")],
-        [("Content-Range", "bytes 400-999/1000"), ("Content-Encoding", "gzip")],
-        [("Content-Type", "multipart/byteranges; boundary=x")],
-        [],
-    ])
-    func restartsOnAnyMismatch(pairs: [(String, String)]) {
-        let plan = ResumePlan(resumeOffset: 400, overlap: 0, ifRange: "\"v1\"", stored: manifest())
-        let action = ResponseClassifier.classify(status: 206, headers: headers(pairs), plan: plan, now: 0)
-        guard case .restart = action else {
-            Issue.record("expected restart for \(pairs), got \(action)")
-            return
-        }
-    }
-
-    @Test func fullAnswerToARangeStartsOver() {
-        let plan = ResumePlan(resumeOffset: 400, overlap: 0, ifRange: "\"v1\"", stored: manifest())
-        let action = ResponseClassifier.classify(
-            status: 200, headers: headers([("ETag", "\"v2\"")]), plan: plan, now: 0)
-        guard case .stream(let stream) = action else {
-            Issue.record("expected stream, got \(action)")
-            return
-        }
-        #expect(stream.startsOver)
-        #expect(stream.restartReason == .remoteChanged("ETag changed from \"v1\" to \"v2\""))
-    }
-
-    @Test func rangeNotSatisfiableIsSuccessOnlyWhenItConfirmsTheStoredFile() {
-        let complete = ResumePlan(resumeOffset: 1000, overlap: 0, ifRange: "\"v1\"", stored: manifest())
-        #expect(
-            ResponseClassifier.classify(
-                status: 416, headers: headers([("Content-Range", "bytes */1000")]), plan: complete, now: 0)
-                == .alreadyComplete
-        )
-        let longer = ResumePlan(resumeOffset: 1200, overlap: 0, ifRange: "\"v1\"", stored: manifest(total: 1200))
-        guard
-            case .restart = ResponseClassifier.classify(
-                status: 416, headers: headers([("Content-Range", "bytes */1000")]), plan: longer, now: 0)
-        else {
-            Issue.record("a shorter remote file must restart")
-            return
-        }
-    }
-
-    @Test func statusesAreRetriedOrFailed() {
-        #expect(
-            ResponseClassifier.classify(status: 503, headers: headers([("Retry-After", "7")]), plan: .fresh, now: 0)
-                == .retry(status: 503, retryAfter: 7)
-        )
-        #expect(
-            ResponseClassifier.classify(status: 429, headers: headers([]), plan: .fresh, now: 0)
-                == .retry(status: 429, retryAfter: nil))
-        guard
-            case .fail(.httpStatus, _, 404) = ResponseClassifier.classify(
-                status: 404, headers: headers([]), plan: .fresh, now: 0)
-        else {
-            Issue.record("404 must fail")
-            return
-        }
     }
 }
 

@@ -26,7 +26,7 @@ struct TransferSession {
     let url: DownloadURL
     let observe: @Sendable (DownloadEvent) -> Void
     var configuration: DownloaderConfiguration { downloader.configuration }
-    let clock = ContinuousClock()
+    let clock = TransferClock.continuous
 
     var paths: DownloadPaths?
     var lock: DestinationLock?
@@ -43,7 +43,7 @@ struct TransferSession {
     var restarts = 0
     var bytesFetched: Int64 = 0
     var resumedFrom: Int64?
-    var lastCheckpoint: ContinuousClock.Instant
+    var lastCheckpoint: Moment
     /// The hash of the partial file's first `offset` bytes, kept between attempts of this call so a
     /// retry does not read the prefix again.
     var prefixHash: (offset: Int64, hasher: StreamingHasher)?
@@ -147,7 +147,7 @@ struct TransferSession {
             rangeProbeRefused = true
             return nil
         }
-        let action = ResponseClassifier.classify(
+        let action = LegacyResponseClassifier.classify(
             status: Int(response.status.code), headers: response.headers, plan: plan,
             now: Int64(Date().timeIntervalSince1970)
         )

@@ -408,7 +408,7 @@ enum SegmentResponse: Equatable {
             if let type = headers.first(name: "content-type"), type.lowercased().hasPrefix("multipart/byteranges") {
                 return .restart(.multipartResponse)
             }
-            if let coding = ResponseClassifier.contentCoding(headers) { return .restart(.contentEncoded(coding)) }
+            if let coding = LegacyResponseClassifier.contentCoding(headers) { return .restart(.contentEncoded(coding)) }
             let header = headers.first(name: "content-range") ?? "missing"
             guard let range = ContentRange(header), range.first == from, range.last == to - 1 else {
                 return .restart(.invalidContentRange("asked for bytes \(from)-\(to - 1), got Content-Range \(header)"))

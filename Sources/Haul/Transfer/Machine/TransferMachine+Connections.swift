@@ -1,0 +1,422 @@
+import NIOHTTP1
+
+#if canImport(FoundationEssentials)
+    import FoundationEssentials
+#else
+    import Foundation
+#endif
+
+/// The rules for connections: answers, progress, going on past a range, failures, stalls,
+/// take-overs and the next range to claim.
+extension TransferMachine {
+    mutating func received(_ head: ResponseHead, on connection: Int, now: Moment) -> [TransferAction] {
+        guard connections.indices.contains(connection),
+            case .requesting(let ask, let segment, _) = connections[connection].state
+        else { return [.drop(connection: connection)] }
+        let verdict = ResponseClassifier.classify(status: head.status, headers: head.headers, ask: ask, now: head.date)
+        switch phase {
+        case .probing:
+            return firstAnswer(verdict, ask: ask, head: head, on: connection, now: now)
+        case .transferring:
+            guard let segment else {
+                connections[connection].state = .idle
+                return [.drop(connection: connection)] + resumeWork(now: now)
+            }
+            return rangeAnswer(verdict, ask: ask, segment: segment, on: connection, now: now)
+        default:
+            connections[connection].state = .idle
+            return [.drop(connection: connection)] + finishStopping(now: now)
+        }
+    }
+
+    /// Handles the answer to a range request of a file fetched in ranges.
+    private mutating func rangeAnswer(
+        _ verdict: ResponseVerdict, ask: RangeAsk, segment: Int, on connection: Int, now: Moment
+    ) -> [TransferAction] {
+        switch verdict {
+        case .accept(let facts):
+            guard let table, table.owner(of: segment) == connection, !table.segments[segment].isComplete,
+                table.segments[segment].position == ask.writeStart
+            else {
+                // Another connection took the range while the request was out.
+                connections[connection].state = .idle
+                return [.drop(connection: connection)] + resumeWork(now: now)
+            }
+            connections[connection].state = .receiving(ask, segment: segment, lastByte: now, progressed: false)
+            return [
+                .receive(
+                    connection: connection,
+                    ReceivePlan(
+                        segment: segment, bodyStart: facts.bodyStart, writeStart: facts.writeStart,
+                        limit: table.segments[segment].end, answerEnd: ask.to ?? facts.totalLength,
+                        contentDigests: facts.contentDigests))
+            ]
+        case .restart(let reason):
+            connections[connection].state = .idle
+            return [.drop(connection: connection)] + restart(reason, now: now)
+        case .retry(let status, let retryAfter):
+            return [.drop(connection: connection)]
+                + failed(connection, Self.retryable(status: status, retryAfter: retryAfter), now: now)
+        case .fail(let code, let message, let status):
+            connections[connection].state = .idle
+            return [.drop(connection: connection)] + fail(HaulError(code, message, status: status), now: now)
+        case .alreadyComplete, .probeRefused:
+            // Never an answer to a range: the classifier restarts those.
+            connections[connection].state = .idle
+            return [.drop(connection: connection)]
+                + restart(.rangeNotSatisfiable("416 to bytes \(ask.from)-"), now: now)
+        }
+    }
+
+    static func retryable(status: Int, retryAfter: Int64?) -> TransferFailure {
+        let phrase = HTTPResponseStatus(statusCode: status).reasonPhrase
+        return .retryable(
+            HaulError(.httpStatus, "the server answered \(status) \(phrase)", status: status),
+            retryAfter: retryAfter.map { .seconds($0) })
+    }
+
+    // MARK: Progress
+
+    mutating func wrote(_ connection: Int, segment: Int, upTo: Int64, pieces: [Int: String], now: Moment)
+        -> [TransferAction]
+    {
+        guard var table, table.segments.indices.contains(segment) else { return [] }
+        table.advance(segment, to: upTo, now: now)
+        self.table = table
+        record(pieces)
+        unsavedProgress = true
+        if connections.indices.contains(connection),
+            case .receiving(let ask, let current, _, _) = connections[connection].state
+        {
+            connections[connection].state = .receiving(ask, segment: current, lastByte: now, progressed: true)
+        }
+        guard phase == .transferring else { return [] }
+        var actions: [TransferAction] = []
+        if let progress = meter?.record(table.written, at: now) { actions.append(.report(.progress(progress))) }
+        if table.isComplete { return actions + stop(then: .verify, now: now) }
+        ramp.begin(at: now, bytes: table.written)
+        actions += checkpointIfDue(now: now)
+        if let allowed = ramp.update(now: now, bytes: table.written) {
+            actions.append(.log("the rate still rises with more connections: now up to \(allowed)"))
+            actions += startConnections(now: now)
+        }
+        return actions
+    }
+
+    /// A connection reached the end of its range while its answer goes on: it continues into the next
+    /// range when no other connection delivers that one, so a download whose other connections are
+    /// refused, stalled or told to wait still finishes at the speed of the one that works.
+    mutating func reachedLimit(_ connection: Int, at offset: Int64, now: Moment) -> [TransferAction] {
+        guard phase == .transferring, var table, connections.indices.contains(connection),
+            case .receiving(let ask, let segment, _, let progressed) = connections[connection].state,
+            offset >= table.segments[segment].end, ask.isOpenEnded || (ask.to ?? .max) > offset,
+            let next = table.successor(of: segment)
+        else { return [.proceed(connection: connection, nil)] }
+        if let owner = table.owner(of: next), owner != connection, case .receiving = connections[owner].state,
+            now - table.segments[next].lastProgress < settings.stallTakeover
+        {
+            // Its connection delivers it: stop here and take other work.
+            return [.proceed(connection: connection, nil)]
+        }
+        let displaced = table.handOver(next, to: connection, now: now)
+        self.table = table
+        connections[connection].state = .receiving(ask, segment: next, lastByte: now, progressed: progressed)
+        let range = table.segments[next]
+        var actions: [TransferAction] = [
+            .proceed(connection: connection, Continuation(segment: next, skipTo: range.position, limit: range.end)),
+            .log(
+                "connection \(connection) goes on into bytes \(range.position)-\(range.end - 1): no other delivers them"
+            ),
+        ]
+        if let displaced, connections[displaced].isBusy {
+            connections[displaced].state = .stopping(.replaced)
+            actions.append(.abandon(connection: displaced))
+        }
+        return actions
+    }
+
+    // MARK: Ends and failures
+
+    mutating func ended(_ connection: Int, _ end: ConnectionEnd, now: Moment) -> [TransferAction] {
+        guard connections.indices.contains(connection) else { return [] }
+        guard phase == .probing || phase == .transferring else {
+            // The download is stopping (or past it): whatever the request did no longer matters.
+            table?.releaseAll(of: connection)
+            if connections[connection].state != .retired { connections[connection].state = .idle }
+            return finishStopping(now: now)
+        }
+        var actions: [TransferAction] = []
+        switch (connections[connection].state, end) {
+        case (.stopping(.stalled), _):
+            let seconds = Int(settings.stallTimeout.seconds)
+            let host = URL(string: finalURL)?.host.map { " from \($0)" } ?? ""
+            actions = failed(
+                connection, .retryable(HaulError(.timedOut, "no data\(host) for \(seconds) s"), retryAfter: nil),
+                now: now)
+        case (.stopping, _):
+            connections[connection].state = .idle
+        case (.receiving(_, let segment, _, _), .finished(let offset)):
+            actions = finishedReceiving(connection, segment: segment, at: offset, now: now)
+        case (.receiving, .failed(let failure)), (.requesting, .failed(let failure)):
+            actions = failed(connection, failure, now: now)
+        case (.receiving, _), (.requesting, _):
+            table?.releaseAll(of: connection)
+            connections[connection].state = .idle
+        case (.idle, _), (.waiting, _), (.retired, _):
+            break
+        }
+        return actions + afterConnectionChange(now: now)
+    }
+
+    private mutating func finishedReceiving(_ connection: Int, segment: Int, at offset: Int64, now: Moment)
+        -> [TransferAction]
+    {
+        guard var table else {
+            connections[connection].state = .idle
+            return []
+        }
+        if table.segments[segment].end == RangeTable.unknownEnd, offset >= table.segments[segment].position {
+            // A body of unknown length ends where the file does.
+            table.setLength(offset)
+            manifest?.totalLength = offset
+            self.table = table
+        }
+        if table.segments[segment].isComplete || table.owner(of: segment) != connection {
+            connections[connection].failures = 0
+            connections[connection].state = .idle
+            return []
+        }
+        let end = table.segments[segment].end
+        let message =
+            table.isSingle
+            ? "the connection ended after \(ByteCount.format(offset)) of \(ByteCount.format(end))"
+            : "a connection ended at byte \(offset) of a range that runs to \(end)"
+        return failed(connection, .retryable(HaulError(.network, message), retryAfter: nil), now: now)
+    }
+
+    /// A connection's attempt failed: retry it after a delay, retire it when the others can go on
+    /// without it, or end the download.
+    mutating func failed(_ connection: Int, _ failure: TransferFailure, now: Moment) -> [TransferAction] {
+        var progressed = false
+        var segment: Int?
+        if case .receiving(_, let current, _, let wrote) = connections[connection].state {
+            progressed = wrote
+            segment = current
+        }
+        table?.releaseAll(of: connection)
+        connections[connection].state = .idle
+        switch failure {
+        case .fatal(let error):
+            return fail(error, now: now)
+        case .cancelled:
+            return []
+        case .overlapMismatch:
+            return restart(.remoteChanged("the bytes before the resume point differ from the partial file"), now: now)
+        case .bodyDigestMismatch(let detail, let from):
+            var actions: [TransferAction] = []
+            if let segment, var table {
+                // The body is not what the server says it sent: what it added is fetched again.
+                table.cut(segment, to: from)
+                self.table = table
+                manifest?.forgetPieces(from: from, to: table.segments[segment].end)
+                if table.isSingle { actions.append(.cut(to: from)) }
+            }
+            let error = HaulError(.checksumMismatch, "the response body failed its Content-Digest (\(detail))")
+            return actions + retry(connection, error, retryAfter: nil, progressed: false, now: now)
+        case .retryable(let error, let retryAfter):
+            return retry(connection, error, retryAfter: retryAfter, progressed: progressed, now: now)
+        }
+    }
+
+    private mutating func retry(
+        _ connection: Int, _ error: HaulError, retryAfter: Duration?, progressed: Bool, now: Moment
+    ) -> [TransferAction] {
+        if progressed { connections[connection].failures = 0 }
+        connections[connection].failures += 1
+        let failures = connections[connection].failures
+        let decision = settings.retry.decide(failures: failures, retryAfter: retryAfter, random: random.nextUnit())
+        // What arrived before the failure is stored now.
+        var actions = checkpointIfDue(now: now, force: true)
+        switch decision {
+        case .retry(let delay):
+            connections[connection].state = .waiting(until: now + delay)
+            actions += [
+                .report(.retrying(attempt: failures, delay: delay, error: error)),
+                .log("connection \(connection): \(error.message); retry \(failures) in \(delay)"),
+            ]
+        case .exhausted, .waitTooLong:
+            let final = RetryPolicy.finalError(error, decision)
+            guard othersCanContinue(without: connection) else { return actions + fail(final, now: now) }
+            connections[connection].state = .retired
+            actions.append(.log("connection \(connection) retires (\(final.message)); the others fetch its ranges"))
+        }
+        return actions
+    }
+
+    /// Whether other connections can finish the download if `connection` leaves.
+    private func othersCanContinue(without connection: Int) -> Bool {
+        guard phase == .transferring, rangesAllowed else { return false }
+        return connections.indices.contains { index in
+            index != connection && index < ramp.allowed && connections[index].state != .retired
+        }
+    }
+
+    /// After a connection's request ended: finish a stop, or give the freed connection work.
+    private mutating func afterConnectionChange(now: Moment) -> [TransferAction] {
+        if case .stopping = phase { return finishStopping(now: now) }
+        if phase == .transferring, table?.isComplete == true { return stop(then: .verify, now: now) }
+        return resumeWork(now: now)
+    }
+
+    // MARK: Time
+
+    mutating func timer(now: Moment) -> [TransferAction] {
+        var actions: [TransferAction] = []
+        for index in connections.indices {
+            switch connections[index].state {
+            case .requesting(_, _, let since) where now - since >= settings.stallTimeout:
+                connections[index].state = .stopping(.stalled)
+                actions += [.abandon(connection: index), .log("connection \(index): no answer; stalled")]
+            case .receiving(_, _, let lastByte, let progressed) where now - lastByte >= settings.stallTimeout:
+                if progressed { connections[index].failures = 0 }
+                connections[index].state = .stopping(.stalled)
+                actions += [.abandon(connection: index), .log("connection \(index): no data; stalled")]
+            case .waiting(let until) where now >= until:
+                connections[index].state = .idle
+            default:
+                break
+            }
+        }
+        if phase == .transferring, let table {
+            actions += checkpointIfDue(now: now)
+            if let allowed = ramp.update(now: now, bytes: table.written) {
+                actions.append(.log("the rate still rises with more connections: now up to \(allowed)"))
+            }
+        }
+        return actions + resumeWork(now: now)
+    }
+
+    /// Stores a checkpoint when one is due (or now, when `force`d and there is progress to store).
+    mutating func checkpointIfDue(now: Moment, force: Bool = false) -> [TransferAction] {
+        guard checkpointWanted, var record = manifest, let table else { return [] }
+        guard force || now - lastCheckpoint >= settings.checkpointInterval else { return [] }
+        let durable = now - lastDurable >= settings.durableCheckpointInterval
+        record.segments = table.manifestSegments
+        checkpointInFlight = true
+        durableCapture = durable ? table.segments : nil
+        lastCheckpoint = now
+        if durable { lastDurable = now }
+        unsavedProgress = false
+        return [.checkpoint(Checkpoint(manifest: record, durable: durable))]
+    }
+
+    /// Whether progress waits to be stored and a checkpoint may be stored now.
+    var checkpointWanted: Bool {
+        (phase == .transferring || phase == .probing) && unsavedProgress && !checkpointInFlight && manifest != nil
+            && table?.isComplete == false
+    }
+
+    /// When an idle connection could take over a range that made no progress, if one can.
+    var nextTakeover: Moment? {
+        guard rangesAllowed, let table,
+            connections.indices.contains(where: { $0 < ramp.allowed && connections[$0].state == .idle })
+        else { return nil }
+        return table.segments.filter { $0.owner != nil && !$0.isComplete }.map {
+            $0.lastProgress + settings.stallTakeover
+        }
+        .min()
+    }
+
+    // MARK: Giving connections work
+
+    /// Gives idle connections work: the next request of a file written in order, or ranges to fetch.
+    mutating func resumeWork(now: Moment) -> [TransferAction] {
+        switch phase {
+        case .probing:
+            // The first request failed, and its wait is over: ask again.
+            guard !connections.contains(where: { $0.isBusy || $0.isWaiting }),
+                connections.contains(where: { $0.state == .idle })
+            else { return [] }
+            return probe(now: now)
+        case .transferring:
+            guard let table else { return [] }
+            if table.isSingle, !table.segments[0].isComplete, table.owner(of: 0) == nil {
+                // The file is written in order: the next request asks for the rest, as the first did,
+                // once the wait after the last failure is over.
+                guard !connections.contains(where: { $0.isBusy || $0.isWaiting }),
+                    connections.contains(where: { $0.state == .idle })
+                else { return [] }
+                return probe(now: now)
+            }
+            return startConnections(now: now)
+        default:
+            return []
+        }
+    }
+
+    /// Gives every idle connection the download may use a range to fetch.
+    mutating func startConnections(now: Moment) -> [TransferAction] {
+        guard phase == .transferring, rangesAllowed, var table, !table.isComplete, let record = manifest,
+            let ifRange = record.validator.ifRangeValue, let total = table.totalLength
+        else { return [] }
+        let expected = RangeAsk.Expected(validator: record.validator, totalLength: total)
+        let wasSingle = table.isSingle
+        let endsBefore = table.segments.map(\.end)
+        var sends: [TransferAction] = []
+        var stops: [TransferAction] = []
+        for index in connections.indices where index < ramp.allowed && connections[index].state == .idle {
+            guard let claim = table.claim(connection: index, now: now, stallTakeover: settings.stallTakeover) else {
+                break
+            }
+            if let displaced = claim.displaced, connections[displaced].isBusy {
+                connections[displaced].state = .stopping(.replaced)
+                stops += [
+                    .abandon(connection: displaced),
+                    .log(
+                        "connection \(index) takes over bytes \(claim.from)-\(claim.to - 1) from stalled connection \(displaced)"
+                    ),
+                ]
+            }
+            let ask = RangeAsk.range(from: claim.from, to: claim.to, ifRange: ifRange, expected: expected)
+            connections[index].state = .requesting(ask, segment: claim.segment, since: now)
+            sends.append(.send(connection: index, ask))
+        }
+        self.table = table
+        var actions: [TransferAction] = []
+        if wasSingle && !table.isSingle {
+            // The manifest records the ranges before any byte is written out of order: one range
+            // means "the file's size is what is kept", which holds only for a file written in order.
+            var layout = record
+            layout.segments = table.manifestSegments
+            manifest = layout
+            actions.append(
+                .prepareFile(
+                    FilePreparation(
+                        manifest: layout, startsOver: false, storesLayout: true, neededBytes: nil,
+                        reservation: (total, 0, table.segments.count))))
+        }
+        for (index, end) in endsBefore.enumerated() where table.segments[index].end != end {
+            if let owner = table.owner(of: index), case .receiving = connections[owner].state {
+                actions.append(.setLimit(connection: owner, table.segments[index].end))
+            }
+        }
+        return actions + stops + sends
+    }
+}
+
+extension TransferMachine.Connection {
+    var isWaiting: Bool {
+        if case .waiting = state { true } else { false }
+    }
+}
+
+extension Manifest {
+    /// Forgets the hashes of the pieces that overlap `from..<to`: their bytes are fetched again.
+    mutating func forgetPieces(from: Int64, to: Int64) {
+        guard pieceSize > 0, from < to else { return }
+        let first = Int(from / pieceSize)
+        let last = Int(min((to - 1) / pieceSize, Int64(pieces.count - 1)))
+        guard first <= last else { return }
+        for index in first...last { pieces[index] = nil }
+    }
+}

@@ -1,0 +1,650 @@
+/// The state of one download, as a plain value: events in (``TransferEvent``), actions out
+/// (``TransferAction``). It does no I/O and reads no clock; its I/O shell (``TransferDriver``)
+/// carries out the actions and reports what happens.
+///
+/// One engine serves every download: a download is a set of ranges over one file (``RangeTable``),
+/// and one connection is the case of one range. The first request streams the file from byte 0;
+/// when the server shows it serves ranges of one validated version, more connections fetch other
+/// ranges, each writing at its own offsets. Every answer is judged by one classifier, every failure
+/// by one retry policy, and a connection that the server keeps refusing retires while the others
+/// (the first request among them, which goes on past its own range when nobody delivers the next)
+/// finish the file. When nothing works, the download fails with the error, its data kept.
+struct TransferMachine: Sendable {
+    /// The phases of a download.
+    enum Phase: Equatable, Sendable {
+        /// Nothing has happened yet.
+        case created
+        /// The stored bytes of a resumed download are being checked.
+        case resuming
+        /// The first request is out: what the file is, and whether it comes in ranges, is not known.
+        case probing
+        /// The first answer arrived; the destination it names is being opened.
+        case choosingDestination
+        /// Connections fetch the ranges.
+        case transferring
+        /// Connections are stopping; then the download goes on as `then` says.
+        case stopping(then: AfterStop)
+        /// The partial data is being discarded, for this reason.
+        case restarting(RestartReason)
+        /// The complete file is being checked.
+        case verifying
+        /// The complete file is being renamed into place.
+        case finishing
+        /// The last checkpoint of a cancelled download is being stored.
+        case pausing
+        /// The last checkpoint of a failed download is being stored.
+        case failing
+        /// Cancelled; the data and its manifest are kept.
+        case paused
+        /// Failed with ``TransferMachine/error``; the data and its manifest are kept.
+        case failed
+        /// The file is complete under its final name.
+        case completed
+
+        /// Whether the download is over.
+        var isTerminal: Bool { self == .paused || self == .failed || self == .completed }
+    }
+
+    /// What a download does once its connections have stopped.
+    enum AfterStop: Equatable, Sendable {
+        case restart(RestartReason)
+        case verify
+        case pause
+        case fail
+    }
+
+    /// One connection of the download and what it is doing.
+    struct Connection: Equatable, Sendable {
+        enum State: Equatable, Sendable {
+            /// Free to take a range.
+            case idle
+            /// `ask` was sent for `segment` (`nil` before the file's ranges are known).
+            case requesting(RangeAsk, segment: Int?, since: Moment)
+            /// Writing the answer's body into `segment`; `progressed` once a byte was written.
+            case receiving(RangeAsk, segment: Int, lastByte: Moment, progressed: Bool)
+            /// Waiting before the next attempt.
+            case waiting(until: Moment)
+            /// Told to stop; its request has not ended yet.
+            case stopping(StopCause)
+            /// Left the download: the server keeps refusing it.
+            case retired
+        }
+
+        /// Why a connection was told to stop.
+        enum StopCause: Equatable, Sendable {
+            /// Nothing arrived for the stall timeout: the attempt counts as failed.
+            case stalled
+            /// Another connection took its range.
+            case replaced
+            /// The download is pausing, restarting, failing or complete.
+            case shutdown
+        }
+
+        var state: State = .idle
+        /// Failed attempts in a row.
+        var failures = 0
+
+        /// Whether a request of this connection is under way.
+        var isBusy: Bool {
+            switch state {
+            case .requesting, .receiving, .stopping: true
+            case .idle, .waiting, .retired: false
+            }
+        }
+    }
+
+    let settings: Settings
+    /// The URL the caller asked for.
+    let originalURL: String
+    /// The kernel boot this process runs in (what decides whether written bytes are trusted).
+    let bootID: String?
+    var phase: Phase = .created
+    /// Why the download failed, once ``phase`` is `failed` (or `failing`).
+    var error: HaulError?
+    /// The download's record: validator, length, ranges, piece hashes.
+    var manifest: Manifest?
+    /// The ranges and who fetches them, once the file is known.
+    var table: RangeTable?
+    var connections: [Connection]
+    var ramp: ConnectionRamp
+    /// Restarts from byte 0 in this call.
+    var restarts = 0
+    /// The bytes kept from earlier sessions, once known.
+    var resumedFrom: Int64?
+    /// The URL the bytes come from, after redirects.
+    var finalURL: String
+    /// Whether the destination is known (a directory download names it from the first answer).
+    var destinationKnown = false
+    /// Whether a fresh request asks for `bytes=0-`; a server that refused that (`416`) is asked without.
+    var probesRanges = true
+    /// Whether the file may be fetched in ranges by several connections.
+    var rangesAllowed = false
+    /// The first answer, while its destination is being opened.
+    var pendingAnswer: (connection: Int, ask: RangeAsk, head: ResponseHead, facts: ResponseFacts)?
+    /// A cancellation that arrived while the file was being checked.
+    var cancelRequested = false
+    var meter: ProgressMeter?
+    var lastCheckpoint = Moment.zero
+    var lastDurable = Moment.zero
+    /// Whether written bytes are not in a stored checkpoint yet.
+    var unsavedProgress = false
+    /// The ranges as a durable checkpoint in flight captured them (`nil` when none is in flight, or
+    /// the one in flight is not durable and `checkpointInFlight` says so).
+    var durableCapture: [RangeTable.Segment]?
+    var checkpointInFlight = false
+    var random: SplitMix64
+
+    init(settings: Settings, url: String, bootID: String?, now: Moment, seed: UInt64 = .random(in: 0...UInt64.max)) {
+        self.settings = settings
+        self.originalURL = url
+        self.finalURL = url
+        self.bootID = bootID
+        self.connections = Array(repeating: Connection(), count: max(1, settings.connections))
+        self.ramp = ConnectionRamp(
+            maximum: settings.connections, adaptive: settings.adaptive, window: settings.rampWindow)
+        self.lastCheckpoint = now
+        self.lastDurable = now
+        self.random = SplitMix64(seed: seed)
+    }
+
+    /// Takes one event; returns what the shell must do, in order.
+    mutating func handle(_ event: TransferEvent, now: Moment) -> [TransferAction] {
+        switch event {
+        case .start(let found): return start(found, now: now)
+        case .storedDataChecked(let data): return resume(data, now: now)
+        case .destinationChosen(let found): return destinationChosen(found, now: now)
+        case .head(let connection, let head): return received(head, on: connection, now: now)
+        case .wrote(let connection, let segment, let upTo, let pieces):
+            return wrote(connection, segment: segment, upTo: upTo, pieces: pieces, now: now)
+        case .reachedLimit(let connection, let offset): return reachedLimit(connection, at: offset, now: now)
+        case .ended(let connection, let end): return ended(connection, end, now: now)
+        case .timer: return timer(now: now)
+        case .cancel: return cancel(now: now)
+        case .checkpointed(let pieces): return checkpointed(pieces, now: now)
+        case .discarded: return discarded(now: now)
+        case .verified(let verification): return verified(verification, now: now)
+        case .finished:
+            guard phase == .finishing else { return [] }
+            phase = .completed
+            return []
+        case .failed(let error): return fail(error, now: now)
+        }
+    }
+
+    /// When the machine next needs a ``TransferEvent/timer`` event, if ever.
+    var nextDeadline: Moment? {
+        guard !phase.isTerminal else { return nil }
+        var deadlines: [Moment] = []
+        for connection in connections {
+            switch connection.state {
+            case .requesting(_, _, let since): deadlines.append(since + settings.stallTimeout)
+            case .receiving(_, _, let lastByte, _): deadlines.append(lastByte + settings.stallTimeout)
+            case .waiting(let until): deadlines.append(until)
+            case .idle, .stopping, .retired: break
+            }
+        }
+        guard phase == .transferring else { return deadlines.min() }
+        if unsavedProgress && !checkpointInFlight { deadlines.append(lastCheckpoint + settings.checkpointInterval) }
+        if let decision = ramp.nextDecision { deadlines.append(decision) }
+        if let takeover = nextTakeover { deadlines.append(takeover) }
+        return deadlines.min()
+    }
+
+    /// The outcome, once the download is over: the error it failed with, the cancellation, or success.
+    var outcome: Result<Void, HaulError>? {
+        switch phase {
+        case .completed: .success(())
+        case .failed: .failure(error ?? HaulError(.fileSystem, "the download failed"))
+        case .paused: .failure(HaulError(.cancelled, "download cancelled", underlying: CancellationError()))
+        default: nil
+        }
+    }
+
+    // MARK: Starting and resuming
+
+    private mutating func start(_ found: FoundDownload, now: Moment) -> [TransferAction] {
+        guard phase == .created else { return [] }
+        switch found {
+        case .nothing:
+            destinationKnown = true
+            return probe(now: now)
+        case .unnamed:
+            return probe(now: now)
+        case .stored(let stored, let partialSize):
+            destinationKnown = true
+            return check(stored, partialSize: partialSize)
+        case .complete(let total):
+            destinationKnown = true
+            resumedFrom = total
+            phase = .finishing
+            return [.finish(totalBytes: total)]
+        case .untrusted(let reason):
+            destinationKnown = true
+            phase = .restarting(reason)
+            return [.log("starting over: \(reason)"), .discard]
+        }
+    }
+
+    /// Asks the shell to check what of a stored download can be kept.
+    private mutating func check(_ stored: Manifest, partialSize: Int64) -> [TransferAction] {
+        var trusted = stored
+        if stored.segments.count == 1 {
+            let prefix = stored.trustedPrefix(currentBootID: bootID, partialSize: partialSize)
+            trusted.segments[0].written = prefix
+            trusted.segments[0].durable = min(stored.segments[0].durable, prefix)
+        } else {
+            for index in trusted.segments.indices {
+                let kept = stored.trustedLength(
+                    of: stored.segments[index], currentBootID: bootID, partialSize: partialSize)
+                trusted.segments[index].written = kept
+                trusted.segments[index].durable = min(stored.segments[index].durable, kept)
+            }
+        }
+        manifest = trusted
+        finalURL = stored.finalURL
+        phase = .resuming
+        return [.checkStoredData(trusted)]
+    }
+
+    /// Continues a stored download from the bytes that survived the check.
+    private mutating func resume(_ data: StoredData, now: Moment) -> [TransferAction] {
+        guard phase == .resuming, var stored = manifest else { return [] }
+        stored.segments = data.segments
+        stored.pieces = data.pieces
+        manifest = stored
+        guard stored.segments.count > 1 else { return resumeInOrder(stored, now: now) }
+        guard let total = stored.totalLength, stored.contentEncoding == nil, stored.validator.ifRangeValue != nil else {
+            return restart(.untrustedPartial("a manifest of several segments without a strong validator"), now: now)
+        }
+        let table = RangeTable(
+            manifest: stored.segments, totalLength: total, minimumSplit: settings.minimumSplit, now: now)
+        resumedFrom = table.written
+        rangesAllowed = true
+        ramp = ConnectionRamp(maximum: settings.connections, adaptive: false)
+        meter = ProgressMeter(startingAt: table.written, totalBytes: total, interval: settings.progressInterval)
+        if table.isComplete {
+            self.table = table
+            return beginVerifying(now: now)
+        }
+        self.table = table
+        phase = .transferring
+        var actions: [TransferAction] = [
+            .prepareFile(
+                FilePreparation(
+                    manifest: stored, startsOver: false, storesLayout: false, neededBytes: total - table.written,
+                    reservation: (total, 0, table.segments.count))),
+            .started(
+                StartFacts(
+                    url: stored.finalURL, totalBytes: total, resumedFrom: table.written, resumable: true,
+                    validator: stored.validator)),
+        ]
+        actions += startConnections(now: now)
+        return actions
+    }
+
+    /// Continues a file stored in order from its start.
+    private mutating func resumeInOrder(_ stored: Manifest, now: Moment) -> [TransferAction] {
+        let trusted = stored.segments.first?.written ?? 0
+        if let total = stored.totalLength, trusted == total {
+            // Every byte is already on disk: the previous session ended just before the rename.
+            resumedFrom = total
+            table = RangeTable(
+                totalLength: total, written: total, durable: stored.segments[0].durable,
+                minimumSplit: settings.minimumSplit, now: now)
+            return beginVerifying(now: now)
+        }
+        return probe(now: now)
+    }
+
+    /// Sends the first request of an attempt in order: the rest of the stored bytes, or the file.
+    mutating func probe(now: Moment) -> [TransferAction] {
+        phase = .probing
+        let ask: RangeAsk
+        let stored = manifest
+        let written =
+            table?.isSingle == false ? nil : (table?.segments.first?.written ?? stored?.segments.first?.written)
+        if let stored, let written, written > 0 {
+            switch ResumePlan.resuming(
+                stored, trusted: written, trustUnvalidated: settings.trustUnvalidatedResume,
+                overlapCheckBytes: settings.overlapCheckBytes)
+            {
+            case .success(let plan):
+                ask = .resume(
+                    plan, expected: RangeAsk.Expected(validator: stored.validator, totalLength: stored.totalLength))
+            case .failure(let box):
+                return restart(box.reason, now: now)
+            }
+        } else {
+            ask = .fresh(probesRanges: probesRanges && settings.connections > 1)
+        }
+        let connection = connections.firstIndex { $0.state == .idle } ?? 0
+        connections[connection].state = .requesting(ask, segment: nil, since: now)
+        return [.send(connection: connection, ask)]
+    }
+
+    // MARK: The first answer
+
+    /// Handles the answer to the first request of an attempt.
+    mutating func firstAnswer(
+        _ verdict: ResponseVerdict, ask: RangeAsk, head: ResponseHead, on connection: Int, now: Moment
+    ) -> [TransferAction] {
+        switch verdict {
+        case .accept(let facts):
+            guard destinationKnown else {
+                phase = .choosingDestination
+                pendingAnswer = (connection, ask, head, facts)
+                return [.chooseDestination(connection: connection)]
+            }
+            return beginTransfer(facts, ask: ask, head: head, on: connection, now: now)
+        case .alreadyComplete:
+            connections[connection].state = .idle
+            resumedFrom = ask.writeStart
+            table = RangeTable(
+                totalLength: ask.expected?.totalLength, written: ask.writeStart,
+                durable: table?.segments.first?.durable ?? 0, minimumSplit: settings.minimumSplit, now: now)
+            return [.drop(connection: connection)] + beginVerifying(now: now)
+        case .probeRefused:
+            connections[connection].state = .idle
+            probesRanges = false
+            return [.drop(connection: connection), .log("the server refused bytes=0-; asking without a range")]
+                + probe(now: now)
+        case .restart(let reason):
+            connections[connection].state = .idle
+            return [.drop(connection: connection)] + restart(reason, now: now)
+        case .retry(let status, let retryAfter):
+            return [.drop(connection: connection)]
+                + failed(connection, Self.retryable(status: status, retryAfter: retryAfter), now: now)
+        case .fail(let code, let message, let status):
+            connections[connection].state = .idle
+            return [.drop(connection: connection)] + fail(HaulError(code, message, status: status), now: now)
+        }
+    }
+
+    private mutating func destinationChosen(_ found: FoundDownload, now: Moment) -> [TransferAction] {
+        guard phase == .choosingDestination, let pending = pendingAnswer else { return [] }
+        pendingAnswer = nil
+        destinationKnown = true
+        switch found {
+        case .nothing, .unnamed, .untrusted:
+            phase = .probing
+            return beginTransfer(pending.facts, ask: pending.ask, head: pending.head, on: pending.connection, now: now)
+        case .stored, .complete:
+            // The name the server gave holds a download of this URL that started after the directory
+            // was listed: resume it rather than write over it.
+            connections[pending.connection].state = .idle
+            phase = .created
+            return [.drop(connection: pending.connection)] + start(found, now: now)
+        }
+    }
+
+    /// Starts writing the first accepted answer, and the other connections when ranges are allowed.
+    private mutating func beginTransfer(
+        _ facts: ResponseFacts, ask: RangeAsk, head: ResponseHead, on connection: Int, now: Moment
+    ) -> [TransferAction] {
+        var actions: [TransferAction] = []
+        finalURL = head.finalURL
+        var record: Manifest
+        if facts.startsOver {
+            if let reason = facts.replaces {
+                restarts += 1
+                guard restarts <= settings.maximumRestarts else {
+                    connections[connection].state = .idle
+                    return [.drop(connection: connection)]
+                        + fail(Self.tooManyRestarts(restarts, reason), now: now)
+                }
+                actions += [.log("starting over: \(reason)"), .report(.restarted(reason))]
+            }
+            record = Manifest(
+                originalURL: originalURL, finalURL: head.finalURL, validator: facts.validator,
+                totalLength: facts.totalLength, acceptsRanges: facts.acceptsRanges,
+                contentEncoding: facts.contentEncoding, bootID: bootID, now: head.date, pieceSize: settings.pieceSize)
+            resumedFrom = 0
+        } else {
+            record =
+                manifest
+                ?? Manifest(
+                    originalURL: originalURL, finalURL: head.finalURL, validator: facts.validator,
+                    totalLength: facts.totalLength, acceptsRanges: true, contentEncoding: nil, bootID: bootID,
+                    now: head.date, pieceSize: settings.pieceSize)
+            record.finalURL = head.finalURL
+            record.validator = facts.validator
+            if resumedFrom == nil { resumedFrom = facts.writeStart }
+        }
+        let total = record.totalLength ?? facts.totalLength
+        let previousDurable = self.table?.segments.first?.durable ?? record.segments.first?.durable ?? 0
+        let durable = min(previousDurable, facts.writeStart)
+        var table = RangeTable(
+            totalLength: total, written: facts.writeStart, durable: facts.startsOver ? 0 : durable,
+            minimumSplit: settings.minimumSplit, now: now)
+        rangesAllowed = allowsRanges(facts, total: total)
+        ramp = ConnectionRamp(maximum: settings.connections, adaptive: settings.adaptive, window: settings.rampWindow)
+        if !rangesAllowed { ramp.stop() }
+        let split = rangesAllowed && !ramp.isRamping && table.split(into: settings.connections, now: now)
+        _ = table.handOver(0, to: connection, now: now)
+        record.segments = table.manifestSegments
+        manifest = record
+        self.table = table
+        phase = .transferring
+        unsavedProgress = false
+        meter = ProgressMeter(startingAt: table.written, totalBytes: total, interval: settings.progressInterval)
+        connections[connection].state = .receiving(ask, segment: 0, lastByte: now, progressed: false)
+        let resumable =
+            facts.acceptsRanges && facts.contentEncoding == nil
+            && (!facts.validator.isEmpty || settings.trustUnvalidatedResume)
+        actions += [
+            .prepareFile(
+                FilePreparation(
+                    manifest: record, startsOver: facts.startsOver, storesLayout: split,
+                    neededBytes: total.map { $0 - facts.writeStart },
+                    reservation: total.map { ($0, facts.writeStart, table.segments.count) })),
+            .started(
+                StartFacts(
+                    url: head.finalURL, totalBytes: total, resumedFrom: facts.writeStart, resumable: resumable,
+                    validator: facts.validator)),
+            .receive(
+                connection: connection,
+                ReceivePlan(
+                    segment: 0, bodyStart: facts.bodyStart, writeStart: facts.writeStart,
+                    limit: table.segments[0].end, answerEnd: ask.to ?? total, contentDigests: facts.contentDigests)),
+        ]
+        if split { actions.append(.log("fetching \(table.segments.count) ranges over as many connections")) }
+        return actions + startConnections(now: now)
+    }
+
+    /// Whether the rest of the file may come over several connections: a `206` with the total
+    /// length and a validator usable in `If-Range`, no coding, no per-body digest, and enough left.
+    private func allowsRanges(_ facts: ResponseFacts, total: Int64?) -> Bool {
+        guard settings.connections > 1, facts.isPartialResponse, let total, facts.validator.ifRangeValue != nil,
+            facts.contentEncoding == nil, facts.writeStart == facts.bodyStart, facts.contentDigests.isEmpty
+        else { return false }
+        return total - facts.writeStart >= 2 * max(RangeTable.boundary, settings.minimumSplit)
+    }
+
+    // MARK: Ending
+
+    /// Starts the download over from byte 0, once every connection has stopped.
+    mutating func restart(_ reason: RestartReason, now: Moment) -> [TransferAction] {
+        stop(then: .restart(reason), now: now)
+    }
+
+    /// Ends the download with `error`, once every connection has stopped and the progress is stored.
+    mutating func fail(_ error: HaulError, now: Moment) -> [TransferAction] {
+        switch phase {
+        case .paused, .failed, .completed:
+            return []
+        case .pausing:
+            // The last checkpoint of a pause failed: that is what the caller hears about.
+            self.error = error
+            phase = .failed
+            return []
+        case .failing:
+            phase = .failed
+            return []
+        case .restarting:
+            self.error = error
+            phase = .failed
+            return []
+        default:
+            if self.error == nil { self.error = error }
+            return stop(then: .fail, now: now)
+        }
+    }
+
+    private mutating func cancel(now: Moment) -> [TransferAction] {
+        switch phase {
+        case .created:
+            phase = .paused
+            return []
+        case .verifying, .restarting:
+            cancelRequested = true
+            return []
+        case .finishing, .pausing, .failing, .paused, .failed, .completed:
+            return []
+        case .choosingDestination:
+            guard let pending = pendingAnswer else { return stop(then: .pause, now: now) }
+            pendingAnswer = nil
+            connections[pending.connection].state = .idle
+            return [.drop(connection: pending.connection)] + stop(then: .pause, now: now)
+        case .resuming, .probing, .transferring, .stopping:
+            return stop(then: .pause, now: now)
+        }
+    }
+
+    /// Stops every connection, then goes on as `next` says. A pause wins over everything, a failure
+    /// over a restart, a restart over completion.
+    mutating func stop(then next: AfterStop, now: Moment) -> [TransferAction] {
+        if case .stopping(let current) = phase {
+            let rank: (AfterStop) -> Int = {
+                switch $0 {
+                case .verify: 0
+                case .restart: 1
+                case .fail: 2
+                case .pause: 3
+                }
+            }
+            if rank(next) > rank(current) { phase = .stopping(then: next) }
+        } else {
+            phase = .stopping(then: next)
+        }
+        var actions: [TransferAction] = []
+        for index in connections.indices {
+            switch connections[index].state {
+            case .requesting, .receiving:
+                connections[index].state = .stopping(.shutdown)
+                actions.append(.abandon(connection: index))
+            case .waiting:
+                connections[index].state = .idle
+            case .idle, .stopping, .retired:
+                break
+            }
+        }
+        return actions + finishStopping(now: now)
+    }
+
+    /// Once no connection is busy, does what the stop was for.
+    mutating func finishStopping(now: Moment) -> [TransferAction] {
+        guard case .stopping(let next) = phase, !connections.contains(where: \.isBusy) else { return [] }
+        switch next {
+        case .restart(let reason):
+            phase = .restarting(reason)
+            return [.log("starting over: \(reason)"), .discard]
+        case .verify:
+            return beginVerifying(now: now)
+        case .pause:
+            return storeLastCheckpoint(durable: true, then: .pausing, else: .paused)
+        case .fail:
+            return storeLastCheckpoint(durable: false, then: .failing, else: .failed)
+        }
+    }
+
+    private mutating func storeLastCheckpoint(durable: Bool, then storing: Phase, else done: Phase) -> [TransferAction]
+    {
+        guard var record = manifest, let table else {
+            phase = done
+            return []
+        }
+        record.segments = table.manifestSegments
+        phase = storing
+        checkpointInFlight = true
+        durableCapture = durable ? table.segments : nil
+        return [.checkpoint(Checkpoint(manifest: record, durable: durable))]
+    }
+
+    private mutating func discarded(now: Moment) -> [TransferAction] {
+        guard case .restarting(let reason) = phase else { return [] }
+        manifest = nil
+        table = nil
+        resumedFrom = nil
+        meter = nil
+        rangesAllowed = false
+        unsavedProgress = false
+        if cancelRequested {
+            phase = .paused
+            return []
+        }
+        restarts += 1
+        guard restarts <= settings.maximumRestarts else {
+            error = Self.tooManyRestarts(restarts, reason)
+            phase = .failed
+            return []
+        }
+        return [.report(.restarted(reason))] + probe(now: now)
+    }
+
+    static func tooManyRestarts(_ restarts: Int, _ reason: RestartReason) -> HaulError {
+        HaulError(.remoteChanged, "gave up after \(restarts - 1) restarts: \(reason)")
+    }
+
+    private mutating func beginVerifying(now: Moment) -> [TransferAction] {
+        guard let table, let total = table.totalLength ?? manifest?.totalLength else {
+            return fail(HaulError(.protocolViolation, "the file's length is not known"), now: now)
+        }
+        phase = .verifying
+        var actions: [TransferAction] = []
+        if let progress = meter?.record(table.written, at: now, force: true) {
+            actions.append(.report(.progress(progress)))
+        }
+        return actions + [.verify(totalBytes: total, validator: manifest?.validator ?? ResourceValidator())]
+    }
+
+    private mutating func verified(_ verification: Verification, now: Moment) -> [TransferAction] {
+        guard phase == .verifying, let total = table?.totalLength ?? manifest?.totalLength else { return [] }
+        switch verification {
+        case .matches:
+            if cancelRequested { return storeLastCheckpoint(durable: true, then: .pausing, else: .paused) }
+            phase = .finishing
+            return [.finish(totalBytes: total)]
+        case .checksumMismatch(let error):
+            self.error = error
+            return storeLastCheckpoint(durable: false, then: .failing, else: .failed)
+        case .digestMismatch(let detail):
+            phase = .restarting(.digestMismatch(detail))
+            return [.log("starting over: the file does not match the server's digest (\(detail))"), .discard]
+        }
+    }
+
+    private mutating func checkpointed(_ pieces: [Int: String], now: Moment) -> [TransferAction] {
+        checkpointInFlight = false
+        if let captured = durableCapture { table?.markDurable(captured) }
+        durableCapture = nil
+        record(pieces)
+        switch phase {
+        case .pausing: phase = .paused
+        case .failing: phase = .failed
+        default: break
+        }
+        return []
+    }
+
+    /// Records piece hashes in the manifest.
+    mutating func record(_ pieces: [Int: String]) {
+        guard !pieces.isEmpty, var record = manifest else { return }
+        for (index, hash) in pieces {
+            if record.pieces.count <= index {
+                record.pieces += Array(repeating: nil, count: index + 1 - record.pieces.count)
+            }
+            record.pieces[index] = hash
+        }
+        manifest = record
+    }
+}

@@ -1,0 +1,87 @@
+/// How many connections a download may use now: all it is allowed at once when the caller asked
+/// for a number, else one at first and more only while they add throughput.
+///
+/// Adaptive ramping measures the download's rate over a window, doubles the connections, lets the
+/// new ones settle for a window (a request's round trip, a TCP slow start), measures again, and goes
+/// on while the rate rose by at least a quarter of what the added connections would add at the old
+/// rate per connection. Where one connection is the bottleneck (a per-connection limit, a long or
+/// lossy path) each step nearly doubles the rate and the download reaches its maximum within a few
+/// windows; where it is not (a fast local server, a shared bottleneck), the rate stays flat and no
+/// more connections are opened, so the download is never slower than one connection.
+struct ConnectionRamp: Sendable {
+    private enum Stage: Equatable, Sendable {
+        /// Waiting for the first bytes before measuring.
+        case idle
+        /// Measuring the rate with the current connections, since `since` when `bytes` were written.
+        case measuring(since: Moment, bytes: Int64)
+        /// Letting newly added connections start before measuring.
+        case settling(until: Moment)
+        /// No more connections will be added.
+        case done
+    }
+
+    /// The most connections the download may use.
+    let maximum: Int
+    /// The connections the download may use now.
+    private(set) var allowed: Int
+    let window: Duration
+    private var stage: Stage
+    /// The rate measured before the last increase, in bytes per second, and the connections then.
+    private var before: (rate: Double, connections: Int)?
+
+    /// - Parameters:
+    ///   - adaptive: start with one connection and add more while they help; otherwise use all at once.
+    init(maximum: Int, adaptive: Bool, window: Duration = .milliseconds(500)) {
+        self.maximum = max(1, maximum)
+        self.window = window
+        let ramps = adaptive && self.maximum > 1
+        allowed = ramps ? 1 : self.maximum
+        stage = ramps ? .idle : .done
+    }
+
+    /// Whether connections may still be added.
+    var isRamping: Bool { stage != .done }
+
+    /// Starts measuring, once the first connection delivers; `bytes` is the download's written count.
+    mutating func begin(at now: Moment, bytes: Int64) {
+        guard stage == .idle else { return }
+        stage = .measuring(since: now, bytes: bytes)
+    }
+
+    /// Stops adding connections (the file is about to be complete, or cannot be split further).
+    mutating func stop() { stage = .done }
+
+    /// When ``update(now:bytes:)`` has something to decide next.
+    var nextDecision: Moment? {
+        switch stage {
+        case .measuring(let since, _): since + window
+        case .settling(let until): until
+        case .idle, .done: nil
+        }
+    }
+
+    /// Moves the ramp on; returns the new number of allowed connections when it grew.
+    mutating func update(now: Moment, bytes: Int64) -> Int? {
+        switch stage {
+        case .idle, .done:
+            return nil
+        case .settling(let until):
+            if now >= until { stage = .measuring(since: now, bytes: bytes) }
+            return nil
+        case .measuring(let since, let start):
+            guard now - since >= window else { return nil }
+            let rate = Double(bytes - start) / (now - since).seconds
+            if let before {
+                let added = Double(allowed - before.connections) / Double(before.connections)
+                guard rate >= before.rate * (1 + 0.25 * added) else {
+                    stage = .done
+                    return nil
+                }
+            }
+            before = (rate, allowed)
+            allowed = min(maximum, allowed * 2)
+            stage = allowed == maximum ? .done : .settling(until: now + window)
+            return allowed
+        }
+    }
+}
