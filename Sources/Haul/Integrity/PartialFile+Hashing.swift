@@ -30,3 +30,12 @@ extension PartialFile {
         return (progress.hasher, progress.completed)
     }
 }
+
+extension PartialFile {
+    /// Continues `hasher`, which has seen the file's first `hasher.count` bytes, up to `length`.
+    func hash(continuing hasher: StreamingHasher, upTo length: Int64) async throws -> StreamingHasher {
+        try await readSequentially(from: hasher.count, upTo: length, into: hasher) { hasher, bytes in
+            hasher.update(bytes)
+        }
+    }
+}

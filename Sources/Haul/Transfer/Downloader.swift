@@ -26,25 +26,35 @@ import NIOSSL
 /// ``HaulError/Code/cancelled``.
 public final class Downloader: Sendable {
     public let configuration: DownloaderConfiguration
-    let client: HTTPClient
+    /// One HTTP client per connection of a download (see ``ConnectionLanes``).
+    let lanes: ConnectionLanes
     let logger: Logger
+    /// Where the rules about time (retry delays, stalls, take-overs, checkpoints, rates) read it.
+    let clock: TransferClock
     let io: BlockingIO
     /// The unfinished downloads in the directories this downloader has saved into.
     let partials = PartialIndex()
     /// Shares directory flushes among downloads finishing in the same directory.
     let directoryFlusher = DirectoryFlusher()
 
-    /// - Parameter logger: Haul logs nothing unless given a logger.
-    public init(configuration: DownloaderConfiguration = .init(), logger: Logger? = nil) {
+    /// - Parameters:
+    ///   - logger: Haul logs nothing unless given a logger; retries, restarts, redirects, take-overs
+    ///     and connections that retire are logged at debug level.
+    ///   - clock: the clock the rules about time follow: retry delays, stall detection, take-overs,
+    ///     checkpoint intervals, rate limits, progress reports. The continuous clock unless a test
+    ///     gives its own.
+    public init(
+        configuration: DownloaderConfiguration = .init(), logger: Logger? = nil,
+        clock: any Clock<Duration> = ContinuousClock()
+    ) {
         self.configuration = configuration
         self.logger = logger ?? Logger(label: "haul", factory: { _ in SwiftLogNoOpLogHandler() })
+        self.clock = TransferClock(clock)
         self.io = .shared
+        // Stalls are detected by the transfer's own clock (`timeouts.stall`), not by the client.
         var clientConfiguration = HTTPClient.Configuration(
             redirectConfiguration: .disallow,
-            timeout: .init(
-                connect: TimeAmount(configuration.timeouts.connect),
-                read: TimeAmount(configuration.timeouts.stall)
-            ),
+            timeout: .init(connect: TimeAmount(configuration.timeouts.connect), read: nil),
             decompression: .disabled
         )
         clientConfiguration.httpVersion = configuration.tls.allowHTTP2 ? .automatic : .http1Only
@@ -60,12 +70,15 @@ public final class Downloader: Sendable {
         clientConfiguration.connectionPool.concurrentHTTP1ConnectionsPerHostSoftLimit =
             configuration.connectionsPerHost ?? max(8, configuration.segmentation.connections)
         clientConfiguration.http2StreamChannelDebugInitializer = { HTTP2BodyCoalescer.install(on: $0) }
-        self.client = HTTPClient(eventLoopGroupProvider: .singleton, configuration: clientConfiguration)
+        let lanesConfiguration = clientConfiguration
+        self.lanes = ConnectionLanes(count: configuration.segmentation.connections) {
+            HTTPClient(eventLoopGroupProvider: .singleton, configuration: lanesConfiguration)
+        }
     }
 
     /// Closes the connections. Call it once no download is running any more.
     public func shutdown() async throws {
-        try await client.shutdown()
+        try await lanes.shutdown()
     }
 
     /// Downloads `request.url`, resuming a partial download of the same destination when there is one.
@@ -79,15 +92,10 @@ public final class Downloader: Sendable {
     ) async throws -> DownloadResult {
         do {
             let url = try DownloadURL(request.url)
-            var session = try TransferSession(downloader: self, request: request, url: url, observe: observe)
-            do {
-                let result = try await session.run()
-                observe(.completed(result))
-                return result
-            } catch {
-                session.release()
-                throw error
-            }
+            try HTTPFetcher.checkHeaders(request.headers)
+            let result = try await TransferDriver.run(downloader: self, request: request, url: url, observe: observe)
+            observe(.completed(result))
+            return result
         } catch let error as HaulError {
             observe(.failed(error))
             throw error

@@ -9,33 +9,45 @@ import Synchronization
 public final class RateLimiter: Sendable {
     private struct Bucket {
         var tokens: Double
-        var updated: ContinuousClock.Instant
+        var updated: Moment
     }
 
     /// Bytes per second.
     public let bytesPerSecond: Int64
     private let burst: Double
     private let bucket: Mutex<Bucket>
+    private let clock: TransferClock
 
-    /// - Parameter bytesPerSecond: the rate; at least 1.
-    public init(bytesPerSecond: Int64) {
+    /// - Parameters:
+    ///   - bytesPerSecond: the rate; at least 1.
+    ///   - clock: the clock the rate is measured by (the continuous clock unless a test gives its own).
+    public convenience init(bytesPerSecond: Int64, clock: any Clock<Duration> = ContinuousClock()) {
+        self.init(bytesPerSecond: bytesPerSecond, clock: TransferClock(clock))
+    }
+
+    init(bytesPerSecond: Int64, clock: TransferClock) {
         self.bytesPerSecond = max(1, bytesPerSecond)
         // A twentieth of a second of credit: smooth, yet no stop-and-go for every network buffer.
         self.burst = max(16 * 1024, Double(self.bytesPerSecond) / 20)
-        self.bucket = Mutex(Bucket(tokens: 0, updated: .now))
+        self.clock = clock
+        self.bucket = Mutex(Bucket(tokens: 0, updated: clock.now))
     }
 
     /// Accounts for `count` bytes, sleeping as long as the rate requires.
     public func take(_ count: Int) async throws {
-        let wait = bucket.withLock { bucket -> Duration in
-            let now = ContinuousClock.now
-            let elapsed = (now - bucket.updated).seconds
+        let wait = debit(count, at: clock.now)
+        if wait > .zero { try await clock.sleep(for: wait) }
+    }
+
+    /// Accounts for `count` bytes taken at `now`; returns how long the taker must wait.
+    func debit(_ count: Int, at now: Moment) -> Duration {
+        bucket.withLock { bucket -> Duration in
+            let elapsed = max(0, (now - bucket.updated).seconds)
             bucket.tokens = min(burst, bucket.tokens + elapsed * Double(bytesPerSecond))
-            bucket.updated = now
+            bucket.updated = max(now, bucket.updated)
             bucket.tokens -= Double(count)
             guard bucket.tokens < 0 else { return .zero }
             return .nanoseconds(Int64(-bucket.tokens / Double(bytesPerSecond) * 1e9))
         }
-        if wait > .zero { try await Task.sleep(for: wait) }
     }
 }

@@ -1,39 +1,7 @@
-import Haul
 import HaulTestServer
-import Synchronization
 import Testing
 
-/// Progress samples with the time they were observed, to measure a rate inside the transfer
-/// (without connection setup and the final flush). Several downloads may report to one probe, each
-/// under its own name: a sample is then the bytes of all of them together.
-final class RateProbe: Sendable {
-    private struct State {
-        var bytesByDownload: [String: Int64] = [:]
-        var samples: [(ContinuousClock.Instant, Int64)] = []
-    }
-    private let state = Mutex(State())
-
-    func record(_ event: DownloadEvent) { record(event, of: "") }
-
-    func record(_ event: DownloadEvent, of download: String) {
-        guard case .progress(let progress) = event else { return }
-        state.withLock { state in
-            state.bytesByDownload[download] = progress.bytes
-            state.samples.append((.now, state.bytesByDownload.values.reduce(0, +)))
-        }
-    }
-
-    /// Bytes per second over the last `window` of the transfer.
-    func rate(over window: Duration) -> Double {
-        state.withLock { state in
-            let samples = state.samples
-            guard let last = samples.last, let first = samples.first(where: { last.0 - $0.0 <= window }),
-                last.0 > first.0
-            else { return 0 }
-            return Double(last.1 - first.1) / (last.0 - first.0).secondsValue
-        }
-    }
-}
+@testable import Haul
 
 struct ByteRateTests {
     @Test(arguments: [
@@ -50,42 +18,102 @@ struct ByteRateTests {
     }
 }
 
+/// The token bucket's rule, on a controlled clock: no real time passes.
+struct RateLimiterRuleTests {
+    /// Takes `chunk`-byte pieces as fast as the limiter lets them through, for `duration` of the
+    /// limiter's time, from `takers` downloads in turn; returns the bytes that went through.
+    func transfer(
+        _ limiter: RateLimiter, chunk: Int, takers: Int = 1, for duration: Duration
+    ) -> (bytes: Int64, byTaker: [Int64]) {
+        var now = Moment.zero
+        var clocks = Array(repeating: Moment.zero, count: takers)
+        var byTaker = Array(repeating: Int64(0), count: takers)
+        var bytes: Int64 = 0
+        while true {
+            // The taker that may take next is the one whose wait ends first.
+            let taker = clocks.indices.min { clocks[$0] < clocks[$1] }!
+            now = max(now, clocks[taker])
+            guard now < Moment(duration) else { break }
+            let wait = limiter.debit(chunk, at: now)
+            bytes += Int64(chunk)
+            byTaker[taker] += Int64(chunk)
+            clocks[taker] = now + wait
+        }
+        return (bytes, byTaker)
+    }
+
+    @Test(arguments: [4096, 16_384, 65_536])
+    func aDownloadHoldsItsLimitWithinOnePercentOverTenSeconds(chunk: Int) {
+        let rate: Int64 = 2_000_000
+        let limiter = RateLimiter(bytesPerSecond: rate, clock: ManualClock())
+        let (bytes, _) = transfer(limiter, chunk: chunk, for: .seconds(10))
+        let measured = Double(bytes) / 10
+        #expect(abs(measured - Double(rate)) / Double(rate) < 0.01, "measured \(measured) B/s")
+    }
+
+    @Test func aSharedLimiterPacesSeveralDownloadsTogether() {
+        let rate: Int64 = 2_000_000
+        let limiter = RateLimiter(bytesPerSecond: rate, clock: ManualClock())
+        let (bytes, byTaker) = transfer(limiter, chunk: 16_384, takers: 2, for: .seconds(10))
+        let measured = Double(bytes) / 10
+        // Together they hold the limit (bytes counted twice would halve it), and they share it.
+        #expect(abs(measured - Double(rate)) / Double(rate) < 0.01, "measured \(measured) B/s")
+        #expect(abs(Double(byTaker[0] - byTaker[1])) < Double(bytes) * 0.05)
+    }
+
+    @Test func theFirstBurstIsATwentiethOfASecond() {
+        let limiter = RateLimiter(bytesPerSecond: 2_000_000, clock: ManualClock())
+        // The bucket starts empty, refills at the rate, and holds at most 100 kB.
+        #expect(limiter.debit(100_000, at: .zero) == .milliseconds(50))
+        #expect(limiter.debit(100_000, at: Moment(.seconds(60))) == .zero)
+        #expect(limiter.debit(100_000, at: Moment(.seconds(60))) == .milliseconds(50))
+    }
+
+    @Test func aTakerSleepsOnTheLimitersClock() async throws {
+        let clock = ManualClock()
+        let limiter = RateLimiter(bytesPerSecond: 1000, clock: clock)
+        let taken = Task { try await limiter.take(2000) }
+        try await clock.waitForSleepers()
+        #expect(clock.requestedSleeps == [.seconds(2)])
+        clock.advance(by: .seconds(2))
+        try await taken.value
+    }
+}
+
 @Suite(.timeLimit(.minutes(1)))
 struct RateLimitTests {
-    @Test func aDownloadHoldsItsLimitWithinFivePercentOverTenSeconds() async throws {
+    /// The real path end to end, briefly: a limited download cannot go faster than its limit.
+    @Test func aLimitedDownloadTakesAtLeastItsSizeOverItsRate() async throws {
         try await HaulTestServer.withRunning { server in
-            let rate: Int64 = 2_000_000
-            // 14 s of transfer, measured over its last 10 s.
-            let resource = TestResource(name: "limited", size: 14 * rate)
+            let rate: Int64 = 4_000_000
+            let resource = TestResource(name: "limited", size: rate)
             server.add("/f", resource)
             try await withTemporaryDirectory { directory in
-                let probe = RateProbe()
+                let clock = ContinuousClock()
+                let start = clock.now
                 try await withDownloader { downloader in
                     try await downloader.download(
                         DownloadRequest(
-                            url: server.url("/f"), destination: .file(directory + "/f"), bytesPerSecondLimit: rate),
-                        observing: probe.record
-                    )
+                            url: server.url("/f"), destination: .file(directory + "/f"), bytesPerSecondLimit: rate))
                 }
-                let measured = probe.rate(over: .seconds(10))
-                #expect(abs(measured - Double(rate)) / Double(rate) < 0.05, "measured \(measured) B/s")
+                // Less the bucket's first burst (a twentieth of a second).
+                #expect((clock.now - start).secondsValue >= 0.9)
                 #expect(try readFile(directory + "/f") == resource.content)
             }
         }
     }
 
-    @Test func aSharedLimiterPacesSeveralDownloadsTogether() async throws {
+    /// A limiter given to a downloader paces all its downloads together, end to end.
+    @Test func aSharedLimiterHoldsSeveralDownloadsToItsRate() async throws {
         try await HaulTestServer.withRunning { server in
-            let rate: Int64 = 2_000_000
+            let rate: Int64 = 4_000_000
             let resources = [
-                "a": TestResource(name: "shared-a", size: 4 * rate),
-                "b": TestResource(name: "shared-b", size: 4 * rate),
+                "a": TestResource(name: "shared-a", size: rate), "b": TestResource(name: "shared-b", size: rate),
             ]
             for (name, resource) in resources { server.add("/\(name)", resource) }
             var configuration = testConfiguration()
             configuration.sharedRateLimiter = RateLimiter(bytesPerSecond: rate)
             try await withTemporaryDirectory { directory in
-                let probe = RateProbe()
                 let clock = ContinuousClock()
                 let start = clock.now
                 try await withDownloader(configuration) { downloader in
@@ -94,24 +122,15 @@ struct RateLimitTests {
                             group.addTask {
                                 try await downloader.download(
                                     DownloadRequest(
-                                        url: server.url("/\(name)"), destination: .file(directory + "/\(name)")),
-                                    observing: { probe.record($0, of: name) }
-                                )
+                                        url: server.url("/\(name)"), destination: .file(directory + "/\(name)")))
                             }
                         }
                         try await group.waitForAll()
                     }
                 }
-                // Together the two downloads move 16 MB: at 2 MB/s that takes 8 s, never less. Their joint
-                // rate over the last 5 s (past the bucket's first burst, and past a slow start on a machine
-                // busy with the other tests) is the limit; bytes counted twice would halve it.
-                let elapsed = (clock.now - start).secondsValue
-                #expect(elapsed >= 8 * 0.95, "16 MB in \(elapsed) s")
-                let measured = probe.rate(over: .seconds(5))
-                #expect(abs(measured - Double(rate)) / Double(rate) < 0.05, "measured \(measured) B/s")
-                for name in ["a", "b"] {
-                    #expect(try readFile(directory + "/\(name)") == resources[name]?.content)
-                }
+                // 8 MB at 4 MB/s together: two seconds at the least.
+                #expect((clock.now - start).secondsValue >= 1.9)
+                for name in ["a", "b"] { #expect(try readFile(directory + "/\(name)") == resources[name]?.content) }
             }
         }
     }

@@ -58,6 +58,7 @@ struct ResumeValidationTests {
                 _ = try await download(server, "/f", to: destination, log: log)
                 #expect(try readFile(destination) == resource.content)
                 let requests = server.requests(for: "/f")
+                print("DEBUG", requests.map { "\($0.header("range") ?? "-") \($0.header("if-range") ?? "-")" }, log.all)
                 #expect(requests.count == 3)
                 #expect(requests[1].header("range") == "bytes=\(stored)-")
                 #expect(requests[2].header("range") == nil)

@@ -128,7 +128,7 @@ func pauseWhenRanges(
                 resource.version = 2
                 #expect(try readFile(directory + "/switching") == resource.content)
                 #expect(log.restartKinds == ["remoteChanged"])
-                expectEveryRequestOnOneConnectionOverTLS(server)
+                expectHTTP2OverTLS(server)
             }
         }
     }
@@ -150,7 +150,7 @@ func pauseWhenRanges(
                 #expect(try readFile(directory + "/dropped") == resource.content)
                 #expect(log.retries.count >= 1)
                 #expect(log.restartKinds.isEmpty)
-                expectEveryRequestOnOneConnectionOverTLS(server)
+                expectHTTP2OverTLS(server)
             }
         }
     }
@@ -170,7 +170,7 @@ func pauseWhenRanges(
                     configuration: try reaching(server, segmentedConfiguration(stall: .seconds(60)), in: directory))
                 #expect(ContinuousClock.now - started < .seconds(20))
                 #expect(try readFile(directory + "/stalled") == resource.content)
-                expectEveryRequestOnOneConnectionOverTLS(server)
+                expectHTTP2OverTLS(server)
             }
         }
     }

@@ -20,8 +20,8 @@ enum TransferAction: Sendable {
     case finish(totalBytes: Int64)
 
     // The network.
-    /// Send `ask` on `connection`.
-    case send(connection: Int, RangeAsk)
+    /// Send `ask` on the request's connection.
+    case send(RequestTag, RangeAsk)
     /// Write the body of the answer `connection` received.
     case receive(connection: Int, ReceivePlan)
     /// Close the answer `connection` received without writing it.

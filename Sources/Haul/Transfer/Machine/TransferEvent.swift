@@ -14,6 +14,17 @@ enum FoundDownload: Sendable {
     case untrusted(RestartReason)
 }
 
+/// One request of one connection: events of a request that is no longer the connection's current one
+/// (an answer dropped, a request abandoned) are told apart by the serial number.
+struct RequestTag: Hashable, Sendable, CustomStringConvertible {
+    /// The connection (0 for the first).
+    let connection: Int
+    /// Counts the requests of a download.
+    let serial: Int
+
+    var description: String { "connection \(connection) request \(serial)" }
+}
+
 /// The final (non-redirect) answer a connection received.
 struct ResponseHead: Sendable {
     let status: Int
@@ -73,14 +84,14 @@ enum TransferEvent: Sendable {
     case storedDataChecked(StoredData)
     /// The destination named by the first answer was opened.
     case destinationChosen(FoundDownload)
-    /// A connection received the head of its answer.
-    case head(connection: Int, ResponseHead)
-    /// A connection wrote its range's bytes up to `upTo`, completing the pieces in `pieces`.
-    case wrote(connection: Int, segment: Int, upTo: Int64, pieces: [Int: String])
-    /// A connection reached the end of its range while its answer goes on.
-    case reachedLimit(connection: Int, at: Int64)
-    /// A connection's request is over.
-    case ended(connection: Int, ConnectionEnd)
+    /// A request received the head of its answer.
+    case head(RequestTag, ResponseHead)
+    /// A request wrote its range's bytes up to `upTo`, completing the pieces in `pieces`.
+    case wrote(RequestTag, segment: Int, upTo: Int64, pieces: [Int: String])
+    /// A request reached the end of its range while its answer goes on.
+    case reachedLimit(RequestTag, at: Int64)
+    /// A request is over.
+    case ended(RequestTag, ConnectionEnd)
     /// The time asked for by ``TransferMachine/nextDeadline`` has come.
     case timer
     /// The caller cancelled the download: it pauses, keeping its data.

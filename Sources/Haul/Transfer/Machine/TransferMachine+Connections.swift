@@ -42,7 +42,8 @@ extension TransferMachine {
                 connections[connection].state = .idle
                 return [.drop(connection: connection)] + resumeWork(now: now)
             }
-            connections[connection].state = .receiving(ask, segment: segment, lastByte: now, progressed: false)
+            connections[connection].state = .receiving(
+                .init(ask: ask, segment: segment, lastByte: now, checksBody: !facts.contentDigests.isEmpty))
             return [
                 .receive(
                     connection: connection,
@@ -77,18 +78,19 @@ extension TransferMachine {
 
     // MARK: Progress
 
-    mutating func wrote(_ connection: Int, segment: Int, upTo: Int64, pieces: [Int: String], now: Moment)
+    mutating func wrote(_ request: RequestTag, segment: Int, upTo: Int64, pieces: [Int: String], now: Moment)
         -> [TransferAction]
     {
+        // Bytes written are bytes stored, even when they come from a request that is no longer current.
         guard var table, table.segments.indices.contains(segment) else { return [] }
         table.advance(segment, to: upTo, now: now)
         self.table = table
         record(pieces)
         unsavedProgress = true
-        if connections.indices.contains(connection),
-            case .receiving(let ask, let current, _, _) = connections[connection].state
-        {
-            connections[connection].state = .receiving(ask, segment: current, lastByte: now, progressed: true)
+        if isCurrent(request), case .receiving(var receiving) = connections[request.connection].state {
+            receiving.lastByte = now
+            receiving.progressed = true
+            connections[request.connection].state = .receiving(receiving)
         }
         guard phase == .transferring else { return [] }
         var actions: [TransferAction] = []
@@ -108,9 +110,10 @@ extension TransferMachine {
     /// refused, stalled or told to wait still finishes at the speed of the one that works.
     mutating func reachedLimit(_ connection: Int, at offset: Int64, now: Moment) -> [TransferAction] {
         guard phase == .transferring, var table, connections.indices.contains(connection),
-            case .receiving(let ask, let segment, _, let progressed) = connections[connection].state,
-            offset >= table.segments[segment].end, ask.isOpenEnded || (ask.to ?? .max) > offset,
-            let next = table.successor(of: segment)
+            case .receiving(var receiving) = connections[connection].state,
+            offset >= table.segments[receiving.segment].end,
+            receiving.ask.isOpenEnded || (receiving.ask.to ?? .max) > offset,
+            let next = table.successor(of: receiving.segment)
         else { return [.proceed(connection: connection, nil)] }
         if let owner = table.owner(of: next), owner != connection, case .receiving = connections[owner].state,
             now - table.segments[next].lastProgress < settings.stallTakeover
@@ -120,7 +123,9 @@ extension TransferMachine {
         }
         let displaced = table.handOver(next, to: connection, now: now)
         self.table = table
-        connections[connection].state = .receiving(ask, segment: next, lastByte: now, progressed: progressed)
+        receiving.segment = next
+        receiving.lastByte = now
+        connections[connection].state = .receiving(receiving)
         let range = table.segments[next]
         var actions: [TransferAction] = [
             .proceed(connection: connection, Continuation(segment: next, skipTo: range.position, limit: range.end)),
@@ -139,6 +144,12 @@ extension TransferMachine {
 
     mutating func ended(_ connection: Int, _ end: ConnectionEnd, now: Moment) -> [TransferAction] {
         guard connections.indices.contains(connection) else { return [] }
+        if phase == .stopping(then: .verify), case .receiving = connections[connection].state,
+            case .failed(.bodyDigestMismatch) = end
+        {
+            // The bytes that completed the file failed their digest: they are fetched again.
+            phase = .transferring
+        }
         guard phase == .probing || phase == .transferring else {
             // The download is stopping (or past it): whatever the request did no longer matters.
             table?.releaseAll(of: connection)
@@ -155,8 +166,8 @@ extension TransferMachine {
                 now: now)
         case (.stopping, _):
             connections[connection].state = .idle
-        case (.receiving(_, let segment, _, _), .finished(let offset)):
-            actions = finishedReceiving(connection, segment: segment, at: offset, now: now)
+        case (.receiving(let receiving), .finished(let offset)):
+            actions = finishedReceiving(connection, segment: receiving.segment, at: offset, now: now)
         case (.receiving, .failed(let failure)), (.requesting, .failed(let failure)):
             actions = failed(connection, failure, now: now)
         case (.receiving, _), (.requesting, _):
@@ -199,9 +210,9 @@ extension TransferMachine {
     mutating func failed(_ connection: Int, _ failure: TransferFailure, now: Moment) -> [TransferAction] {
         var progressed = false
         var segment: Int?
-        if case .receiving(_, let current, _, let wrote) = connections[connection].state {
-            progressed = wrote
-            segment = current
+        if case .receiving(let receiving) = connections[connection].state {
+            progressed = receiving.progressed
+            segment = receiving.segment
         }
         table?.releaseAll(of: connection)
         connections[connection].state = .idle
@@ -277,8 +288,8 @@ extension TransferMachine {
             case .requesting(_, _, let since) where now - since >= settings.stallTimeout:
                 connections[index].state = .stopping(.stalled)
                 actions += [.abandon(connection: index), .log("connection \(index): no answer; stalled")]
-            case .receiving(_, _, let lastByte, let progressed) where now - lastByte >= settings.stallTimeout:
-                if progressed { connections[index].failures = 0 }
+            case .receiving(let receiving) where now - receiving.lastByte >= settings.stallTimeout:
+                if receiving.progressed { connections[index].failures = 0 }
                 connections[index].state = .stopping(.stalled)
                 actions += [.abandon(connection: index), .log("connection \(index): no data; stalled")]
             case .waiting(let until) where now >= until:
@@ -378,8 +389,7 @@ extension TransferMachine {
                 ]
             }
             let ask = RangeAsk.range(from: claim.from, to: claim.to, ifRange: ifRange, expected: expected)
-            connections[index].state = .requesting(ask, segment: claim.segment, since: now)
-            sends.append(.send(connection: index, ask))
+            sends.append(send(ask, on: index, segment: claim.segment, now: now))
         }
         self.table = table
         var actions: [TransferAction] = []

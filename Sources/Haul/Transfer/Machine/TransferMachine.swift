@@ -60,14 +60,28 @@ struct TransferMachine: Sendable {
             case idle
             /// `ask` was sent for `segment` (`nil` before the file's ranges are known).
             case requesting(RangeAsk, segment: Int?, since: Moment)
-            /// Writing the answer's body into `segment`; `progressed` once a byte was written.
-            case receiving(RangeAsk, segment: Int, lastByte: Moment, progressed: Bool)
+            /// Writing the answer's body.
+            case receiving(Receiving)
             /// Waiting before the next attempt.
             case waiting(until: Moment)
             /// Told to stop; its request has not ended yet.
             case stopping(StopCause)
             /// Left the download: the server keeps refusing it.
             case retired
+        }
+
+        /// A connection writing its answer's body.
+        struct Receiving: Equatable, Sendable {
+            let ask: RangeAsk
+            /// The range it writes now.
+            var segment: Int
+            /// When its last bytes were written.
+            var lastByte: Moment
+            /// Whether it wrote a byte in this request.
+            var progressed = false
+            /// Whether the body must match a `Content-Digest` when it ends: the file is not complete
+            /// before that is known.
+            var checksBody = false
         }
 
         /// Why a connection was told to stop.
@@ -83,6 +97,8 @@ struct TransferMachine: Sendable {
         var state: State = .idle
         /// Failed attempts in a row.
         var failures = 0
+        /// The serial number of the connection's current request.
+        var serial = 0
 
         /// Whether a request of this connection is under way.
         var isBusy: Bool {
@@ -133,6 +149,8 @@ struct TransferMachine: Sendable {
     var durableCapture: [RangeTable.Segment]?
     var checkpointInFlight = false
     var random: SplitMix64
+    /// The serial number of the last request sent.
+    var lastSerial = 0
 
     init(settings: Settings, url: String, bootID: String?, now: Moment, seed: UInt64 = .random(in: 0...UInt64.max)) {
         self.settings = settings
@@ -153,11 +171,17 @@ struct TransferMachine: Sendable {
         case .start(let found): return start(found, now: now)
         case .storedDataChecked(let data): return resume(data, now: now)
         case .destinationChosen(let found): return destinationChosen(found, now: now)
-        case .head(let connection, let head): return received(head, on: connection, now: now)
-        case .wrote(let connection, let segment, let upTo, let pieces):
-            return wrote(connection, segment: segment, upTo: upTo, pieces: pieces, now: now)
-        case .reachedLimit(let connection, let offset): return reachedLimit(connection, at: offset, now: now)
-        case .ended(let connection, let end): return ended(connection, end, now: now)
+        case .head(let request, let head):
+            guard isCurrent(request) else { return [.drop(connection: request.connection)] }
+            return received(head, on: request.connection, now: now)
+        case .wrote(let request, let segment, let upTo, let pieces):
+            return wrote(request, segment: segment, upTo: upTo, pieces: pieces, now: now)
+        case .reachedLimit(let request, let offset):
+            guard isCurrent(request) else { return [.proceed(connection: request.connection, nil)] }
+            return reachedLimit(request.connection, at: offset, now: now)
+        case .ended(let request, let end):
+            guard isCurrent(request) else { return [] }
+            return ended(request.connection, end, now: now)
         case .timer: return timer(now: now)
         case .cancel: return cancel(now: now)
         case .checkpointed(let pieces): return checkpointed(pieces, now: now)
@@ -178,7 +202,7 @@ struct TransferMachine: Sendable {
         for connection in connections {
             switch connection.state {
             case .requesting(_, _, let since): deadlines.append(since + settings.stallTimeout)
-            case .receiving(_, _, let lastByte, _): deadlines.append(lastByte + settings.stallTimeout)
+            case .receiving(let receiving): deadlines.append(receiving.lastByte + settings.stallTimeout)
             case .waiting(let until): deadlines.append(until)
             case .idle, .stopping, .retired: break
             }
@@ -216,6 +240,8 @@ struct TransferMachine: Sendable {
         case .complete(let total):
             destinationKnown = true
             resumedFrom = total
+            table = RangeTable(
+                totalLength: total, written: total, durable: total, minimumSplit: settings.minimumSplit, now: now)
             phase = .finishing
             return [.finish(totalBytes: total)]
         case .untrusted(let reason):
@@ -318,8 +344,20 @@ struct TransferMachine: Sendable {
             ask = .fresh(probesRanges: probesRanges && settings.connections > 1)
         }
         let connection = connections.firstIndex { $0.state == .idle } ?? 0
-        connections[connection].state = .requesting(ask, segment: nil, since: now)
-        return [.send(connection: connection, ask)]
+        return [send(ask, on: connection, segment: nil, now: now)]
+    }
+
+    /// Sends `ask` on `connection` for range `segment`, as its next request.
+    mutating func send(_ ask: RangeAsk, on connection: Int, segment: Int?, now: Moment) -> TransferAction {
+        lastSerial += 1
+        connections[connection].serial = lastSerial
+        connections[connection].state = .requesting(ask, segment: segment, since: now)
+        return .send(RequestTag(connection: connection, serial: lastSerial), ask)
+    }
+
+    /// Whether `request` is its connection's current request (events of earlier ones are late).
+    func isCurrent(_ request: RequestTag) -> Bool {
+        connections.indices.contains(request.connection) && connections[request.connection].serial == request.serial
     }
 
     // MARK: The first answer
@@ -427,7 +465,8 @@ struct TransferMachine: Sendable {
         phase = .transferring
         unsavedProgress = false
         meter = ProgressMeter(startingAt: table.written, totalBytes: total, interval: settings.progressInterval)
-        connections[connection].state = .receiving(ask, segment: 0, lastByte: now, progressed: false)
+        connections[connection].state = .receiving(
+            .init(ask: ask, segment: 0, lastByte: now, checksBody: !facts.contentDigests.isEmpty))
         let resumable =
             facts.acceptsRanges && facts.contentEncoding == nil
             && (!facts.validator.isEmpty || settings.trustUnvalidatedResume)
@@ -529,6 +568,9 @@ struct TransferMachine: Sendable {
         var actions: [TransferAction] = []
         for index in connections.indices {
             switch connections[index].state {
+            case .receiving(let receiving) where receiving.checksBody && next == .verify:
+                // Its body must still pass its digest: wait for its end.
+                break
             case .requesting, .receiving:
                 connections[index].state = .stopping(.shutdown)
                 actions.append(.abandon(connection: index))
@@ -559,7 +601,8 @@ struct TransferMachine: Sendable {
 
     private mutating func storeLastCheckpoint(durable: Bool, then storing: Phase, else done: Phase) -> [TransferAction]
     {
-        guard var record = manifest, let table else {
+        // With no byte written there is nothing to keep (a manifest already stored stays as it is).
+        guard var record = manifest, let table, table.written > 0 else {
             phase = done
             return []
         }

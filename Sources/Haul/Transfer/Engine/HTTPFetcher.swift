@@ -1,0 +1,119 @@
+import AsyncHTTPClient
+import Logging
+import NIOCore
+import NIOHTTP1
+
+/// Sends the requests of one download, following redirects by hand so credentials never leave their
+/// origin, and tells what a transport failure means for the transfer.
+struct HTTPFetcher: Sendable {
+    let url: DownloadURL
+    let request: DownloadRequest
+    let clients: ConnectionLanes
+    let configuration: DownloaderConfiguration
+    let logger: Logger
+
+    /// Sends `ask` on connection `connection`; returns the final (non-redirect) answer and its URL.
+    func fetch(_ ask: RangeAsk, connection: Int) async throws -> (HTTPClientResponse, DownloadURL) {
+        var current = url
+        var headers = request.headers.map { ($0.name, $0.value) }
+        if !headers.contains(where: { $0.0.lowercased() == "user-agent" }) {
+            headers.append(("User-Agent", configuration.userAgent))
+        }
+        headers.append(("Accept-Encoding", "identity"))
+        headers += ask.headers
+        var visited: Set<String> = [current.string]
+        let redirects = configuration.redirects
+        let client = clients.client(for: connection)
+        for _ in 0...redirects.maximum {
+            var outgoing = HTTPClientRequest(url: current.string)
+            outgoing.method = .GET
+            for (name, value) in headers { outgoing.headers.add(name: name, value: value) }
+            let response: HTTPClientResponse
+            do {
+                response = try await client.execute(outgoing, deadline: .distantFuture)
+            } catch {
+                throw FetchFailure(error: error, url: current)
+            }
+            guard [301, 302, 303, 307, 308].contains(response.status.code),
+                let location = response.headers.first(name: "location")
+            else { return (response, current) }
+            _ = try? await response.body.collect(upTo: 64 * 1024)
+
+            let next: DownloadURL
+            (next, headers) = try RedirectPolicy.follow(
+                location: location, from: current, headers: headers, allowHTTPSToHTTP: redirects.allowHTTPSToHTTP
+            )
+            guard visited.insert(next.string).inserted else {
+                throw HaulError(.redirectRefused, "redirect loop at \(next.string)")
+            }
+            logger.debug("redirected", metadata: ["from": "\(current.string)", "to": "\(next.string)"])
+            current = next
+        }
+        throw HaulError(.redirectRefused, "more than \(redirects.maximum) redirects from \(url.string)")
+    }
+
+    /// What a failure of a request or of its body means for the transfer.
+    func failure(_ error: any Error) -> TransferFailure {
+        if error is CancellationError || Task.isCancelled { return .cancelled }
+        if let error = error as? HaulError { return .fatal(error) }
+        var url = self.url
+        var cause = error
+        if let failure = error as? FetchFailure {
+            url = failure.url
+            cause = failure.error
+            if cause is CancellationError { return .cancelled }
+        }
+        let host = url.url.host ?? url.string
+        if let clientError = cause as? HTTPClientError {
+            switch clientError {
+            case .readTimeout:
+                let seconds = Int(configuration.timeouts.stall.seconds)
+                return .retryable(
+                    HaulError(.timedOut, "no data from \(host) for \(seconds) s", underlying: cause), retryAfter: nil)
+            case .connectTimeout:
+                return .retryable(
+                    HaulError(.timedOut, "connecting to \(host) timed out", underlying: cause), retryAfter: nil)
+            case .cancelled:
+                return .cancelled
+            case .invalidURL, .emptyHost, .emptyScheme:
+                return .fatal(HaulError(.invalidURL, "not a valid URL: \(url.string)", underlying: cause))
+            case .remoteConnectionClosed:
+                return .retryable(
+                    HaulError(.network, "\(host) closed the connection", underlying: cause), retryAfter: nil)
+            default:
+                return .retryable(
+                    HaulError(.network, "transfer from \(host) failed: \(clientError)", underlying: cause),
+                    retryAfter: nil)
+            }
+        }
+        let typeName = String(reflecting: type(of: cause))
+        if typeName.contains("NIOSSL") || typeName.contains("TLS") {
+            return .fatal(HaulError(.tls, TransportErrorDescription.describeTLS(cause, host: host), underlying: cause))
+        }
+        let message = TransportErrorDescription.describe(cause, url: url)
+        return .retryable(HaulError(.network, message, underlying: cause), retryAfter: nil)
+    }
+
+    /// Checks the caller's request headers: no line breaks, and none that Haul manages itself.
+    static func checkHeaders(_ headers: [(name: String, value: String)]) throws {
+        let reserved = ["range", "if-range", "accept-encoding", "host", "content-length", "transfer-encoding"]
+        for header in headers {
+            let name = header.name.lowercased()
+            guard !name.isEmpty, name.utf8.allSatisfy({ $0 > 0x20 && $0 < 0x7F && $0 != UInt8(ascii: ":") }) else {
+                throw HaulError(.invalidArgument, "invalid header name \"\(header.name)\"")
+            }
+            guard !header.value.utf8.contains(where: { $0 == 0x0A || $0 == 0x0D || $0 == 0 }) else {
+                throw HaulError(.invalidArgument, "header \(header.name) contains a line break")
+            }
+            guard !reserved.contains(name) else {
+                throw HaulError(.invalidArgument, "header \(header.name) is managed by Haul and cannot be set")
+            }
+        }
+    }
+}
+
+/// A request that failed in the HTTP client, with the URL it was sent to.
+struct FetchFailure: Error {
+    let error: any Error
+    let url: DownloadURL
+}

@@ -1,0 +1,366 @@
+import AsyncHTTPClient
+import Logging
+import Synchronization
+
+#if canImport(FoundationEssentials)
+    import FoundationEssentials
+#else
+    import Foundation
+#endif
+
+/// Runs one download: carries out the ``TransferMachine``'s actions and feeds it what happens. All
+/// decisions are the machine's; this shell only sends requests, writes bodies (``RangeReceiver``),
+/// touches files (``TransferFiles``) and keeps time.
+///
+/// Events reach the machine one at a time through one stream: connections report their answers,
+/// writes and ends; a timer task wakes the machine at its next deadline; cancelling the calling task
+/// pauses the download.
+final class TransferDriver {
+    /// What the driver's event stream carries.
+    private enum Event: Sendable {
+        case machine(TransferEvent)
+        /// A request's answer arrived; it waits for the verdict.
+        case answer(RequestTag, ResponseHead, Reply<Verdict>)
+        /// A request reached the end of its range; it waits to hear whether to go on.
+        case limit(RequestTag, at: Int64, Reply<Continuation?>)
+    }
+
+    /// What a connection does with its answer.
+    enum Verdict: Sendable {
+        case receive(ReceivePlan, RangeReceiver)
+        case drop
+    }
+
+    private var machine: TransferMachine
+    private let files: TransferFiles
+    private let fetcher: HTTPFetcher
+    private let clock: TransferClock
+    private let observe: @Sendable (DownloadEvent) -> Void
+    private let logger: Logger
+    private let rateLimiters: [RateLimiter]
+    private let events: AsyncStream<Event>
+    private let post: AsyncStream<Event>.Continuation
+    private let fetched = ByteCounter()
+    private var tasks: [Int: Task<Void, Never>] = [:]
+    private var limits: [Int: StreamLimit] = [:]
+    private var heads: [Int: ResponseHead] = [:]
+    /// The request whose answer each connection is waiting on a verdict for.
+    private var answering: [Int: RequestTag] = [:]
+    private var verdicts: [Int: Reply<Verdict>] = [:]
+    private var continuations: [Int: Reply<Continuation?>] = [:]
+    private var timer: (deadline: Moment, task: Task<Void, Never>)?
+    private var checkpointTask: Task<Void, Never>?
+
+    private init(
+        downloader: Downloader, request: DownloadRequest, url: DownloadURL, files: TransferFiles,
+        observe: @escaping @Sendable (DownloadEvent) -> Void, events: AsyncStream<Event>,
+        post: AsyncStream<Event>.Continuation
+    ) {
+        let configuration = downloader.configuration
+        self.machine = TransferMachine(
+            settings: TransferMachine.Settings(configuration), url: url.string, bootID: BootIdentity.current,
+            now: downloader.clock.now)
+        self.files = files
+        self.fetcher = HTTPFetcher(
+            url: url, request: request, clients: downloader.lanes, configuration: configuration,
+            logger: downloader.logger)
+        self.clock = downloader.clock
+        self.observe = observe
+        self.logger = downloader.logger
+        self.rateLimiters = [
+            request.bytesPerSecondLimit.map { RateLimiter(bytesPerSecond: $0, clock: downloader.clock) },
+            configuration.sharedRateLimiter,
+        ].compactMap { $0 }
+        self.events = events
+        self.post = post
+    }
+
+    /// Runs a download until it is complete, fails, or the calling task is cancelled (a pause: the
+    /// data and its manifest stay).
+    static func run(
+        downloader: Downloader, request: DownloadRequest, url: DownloadURL,
+        observe: @escaping @Sendable (DownloadEvent) -> Void
+    ) async throws -> DownloadResult {
+        let (events, post) = AsyncStream<Event>.makeStream()
+        // The download runs in a task of its own: a cancelled task's stream iteration would end at
+        // once, where a pause must first stop the connections and store a checkpoint.
+        let download = Task { () -> Result<DownloadResult, HaulError> in
+            let files = TransferFiles(downloader: downloader, request: request, url: url)
+            do {
+                let found = try files.open()
+                let driver = TransferDriver(
+                    downloader: downloader, request: request, url: url, files: files, observe: observe,
+                    events: events, post: post)
+                return .success(try await driver.run(found))
+            } catch {
+                files.release()
+                return .failure(haulError(error))
+            }
+        }
+        let outcome = await withTaskCancellationHandler {
+            await download.value
+        } onCancel: {
+            post.yield(.machine(.cancel))
+        }
+        return try outcome.get()
+    }
+
+    private func run(_ found: FoundDownload) async throws -> DownloadResult {
+        await loop(found)
+        switch machine.outcome {
+        case nil:
+            throw HaulError(.fileSystem, "the download stopped without an outcome")
+        case .success:
+            return DownloadResult(
+                destination: files.paths?.destination ?? "", url: fetcher.url.string,
+                bytes: machine.table?.totalLength ?? machine.manifest?.totalLength ?? 0, bytesFetched: fetched.total,
+                resumedFrom: machine.resumedFrom ?? 0, restarts: machine.restarts,
+                validator: machine.manifest?.validator ?? ResourceValidator())
+        case .failure(let error) where error.code == .cancelled:
+            let detail = files.paths.map { ": the partial file \($0.partial) is kept" } ?? ""
+            throw HaulError(.cancelled, "download cancelled\(detail)", underlying: CancellationError())
+        case .failure(let error):
+            throw error
+        }
+    }
+
+    private func loop(_ found: FoundDownload) async {
+        await perform(.start(found))
+        if !machine.phase.isTerminal {
+            rearmTimer()
+            for await event in events {
+                switch event {
+                case .machine(let event):
+                    await perform(event)
+                case .answer(let request, let head, let reply):
+                    heads[request.connection] = head
+                    answering[request.connection] = request
+                    verdicts[request.connection] = reply
+                    await perform(.head(request, head))
+                case .limit(let request, let offset, let reply):
+                    continuations[request.connection] = reply
+                    await perform(.reachedLimit(request, at: offset))
+                }
+                if machine.phase.isTerminal { break }
+                rearmTimer()
+            }
+        }
+        timer?.task.cancel()
+        for task in tasks.values { task.cancel() }
+        for task in tasks.values { await task.value }
+        await checkpointTask?.value
+        post.finish()
+    }
+
+    /// Gives the machine an event, then carries out what it asks, feeding back the results of what
+    /// the shell does at once (checks, file changes, verification).
+    private func perform(_ event: TransferEvent) async {
+        var pending = machine.handle(event, now: clock.now)[...]
+        while let action = pending.popFirst() {
+            do {
+                if let result = try await execute(action) {
+                    pending = machine.handle(result, now: clock.now)[...] + pending
+                }
+            } catch {
+                // What was planned after the failed step no longer holds; requests it would have sent
+                // never started.
+                for case .send(let request, _) in pending {
+                    post.yield(.machine(.ended(request, .dropped)))
+                }
+                pending = machine.handle(.failed(Self.haulError(error)), now: clock.now)[...]
+            }
+        }
+    }
+
+    /// Carries out one action; returns the event it results in when the shell completes it at once.
+    private func execute(_ action: TransferAction) async throws -> TransferEvent? {
+        switch action {
+        case .checkStoredData(let manifest):
+            return .storedDataChecked(try await files.checkStoredData(manifest))
+        case .chooseDestination(let connection):
+            let disposition = heads[connection]?.headers.first(name: "content-disposition")
+            return .destinationChosen(try files.chooseDestination(contentDisposition: disposition))
+        case .prepareFile(let preparation):
+            await checkpointTask?.value
+            try await files.prepare(preparation)
+        case .checkpoint(let checkpoint):
+            let checkpointer = try files.checkpointer()
+            files.noteManifestStored()
+            if machine.phase == .pausing || machine.phase == .failing {
+                await checkpointTask?.value
+                return .checkpointed(pieces: try await checkpointer.store(checkpoint))
+            }
+            checkpointTask = Self.store(checkpoint, with: checkpointer, reportingTo: post)
+        case .cut(let offset):
+            await checkpointTask?.value
+            try await files.cut(to: offset)
+        case .discard:
+            await checkpointTask?.value
+            try await files.discard()
+            return .discarded
+        case .verify(let total, let validator):
+            return .verified(try await files.verify(totalBytes: total, validator: validator))
+        case .finish(let total):
+            await checkpointTask?.value
+            _ = try await files.finish(totalBytes: total, manifest: machine.manifest)
+            return .finished
+        case .send(let request, let ask):
+            start(ask, as: request)
+        case .receive(let connection, let plan):
+            guard let reply = verdicts.removeValue(forKey: connection), let request = answering[connection] else {
+                return nil
+            }
+            reply.resolve(.receive(plan, try receiver(for: request, limit: plan.limit)))
+        case .drop(let connection):
+            verdicts.removeValue(forKey: connection)?.resolve(.drop)
+        case .abandon(let connection):
+            tasks[connection]?.cancel()
+            verdicts.removeValue(forKey: connection)?.resolve(.drop)
+            continuations.removeValue(forKey: connection)?.resolve(nil)
+        case .setLimit(let connection, let end):
+            limits[connection]?.set(end)
+        case .proceed(let connection, let next):
+            continuations.removeValue(forKey: connection)?.resolve(next)
+        case .started(let facts):
+            observe(
+                .started(
+                    DownloadStart(
+                        destination: files.paths?.destination ?? "", url: facts.url, totalBytes: facts.totalBytes,
+                        resumedFrom: facts.resumedFrom, resumable: facts.resumable, validator: facts.validator)))
+        case .report(let event):
+            observe(event)
+        case .log(let message):
+            logger.debug("\(message)", metadata: ["url": "\(fetcher.url.string)"])
+        }
+        return nil
+    }
+
+    /// Starts connection `connection`'s request: the answer's head goes to the machine, and the body
+    /// is written or dropped as it says.
+    private func start(_ ask: RangeAsk, as request: RequestTag) {
+        let post = self.post
+        let fetcher = self.fetcher
+        let connection = request.connection
+        tasks[connection] = Task {
+            let end: ConnectionEnd
+            do {
+                let (response, finalURL) = try await fetcher.fetch(ask, connection: connection)
+                let reply = Reply<Verdict>()
+                let head = ResponseHead(
+                    status: Int(response.status.code), headers: response.headers, finalURL: finalURL.string,
+                    date: Int64(Date().timeIntervalSince1970))
+                post.yield(.answer(request, head, reply))
+                switch await reply.wait() {
+                case .drop:
+                    _ = try? await response.body.collect(upTo: 64 * 1024)
+                    end = .dropped
+                case .receive(let plan, let receiver):
+                    end = await receiver.receive(response.body, plan: plan)
+                }
+            } catch {
+                end = .failed(fetcher.failure(error))
+            }
+            post.yield(.machine(.ended(request, end)))
+        }
+    }
+
+    /// Stores a checkpoint beside the transfer and reports when it is done.
+    private static func store(
+        _ checkpoint: Checkpoint, with checkpointer: Checkpointer, reportingTo post: AsyncStream<Event>.Continuation
+    ) -> Task<Void, Never> {
+        Task {
+            do {
+                let pieces = try await checkpointer.store(checkpoint)
+                post.yield(.machine(.checkpointed(pieces: pieces)))
+            } catch {
+                post.yield(.machine(.failed(haulError(error))))
+            }
+        }
+    }
+
+    /// The pipeline that writes connection `connection`'s answer, stopping at `limit` (which moves
+    /// with ``TransferAction/setLimit(connection:_:)``).
+    private func receiver(for request: RequestTag, limit end: Int64) throws -> RangeReceiver {
+        guard let file = files.file else { throw HaulError(.fileSystem, "no destination was chosen") }
+        let limit = StreamLimit(end)
+        limits[request.connection] = limit
+        let storage = files.configuration.storage
+        let post = self.post
+        let fetcher = self.fetcher
+        return RangeReceiver(
+            // Bytes are written at least as often as progress is reported, which counts written bytes.
+            request: request, file: file, blockSize: storage.blockSize,
+            flushInterval: min(storage.flushInterval, files.configuration.progressInterval),
+            pieceSize: machine.manifest?.pieceSize ?? storage.pieceSize, clock: clock, rateLimiters: rateLimiters,
+            prefix: files.prefix, limit: limit, fetched: fetched,
+            post: { post.yield(.machine($0)) },
+            proceed: { offset in
+                let reply = Reply<Continuation?>()
+                post.yield(.limit(request, at: offset, reply))
+                return await reply.wait()
+            },
+            failure: { fetcher.failure($0) })
+    }
+
+    /// Wakes the machine at its next deadline.
+    private func rearmTimer() {
+        guard let deadline = machine.nextDeadline else {
+            timer?.task.cancel()
+            timer = nil
+            return
+        }
+        if let timer, timer.deadline == deadline { return }
+        timer?.task.cancel()
+        let clock = self.clock
+        let post = self.post
+        timer = (
+            deadline,
+            Task {
+                do {
+                    try await clock.sleep(until: deadline)
+                } catch {
+                    return
+                }
+                post.yield(.machine(.timer))
+            }
+        )
+    }
+
+    static func haulError(_ error: any Error) -> HaulError {
+        error as? HaulError ?? HaulError(.fileSystem, "\(error)", underlying: error)
+    }
+}
+
+/// A value one task waits for and another provides, once.
+final class Reply<Value: Sendable>: Sendable {
+    private struct State {
+        var value: Value?
+        var resolved = false
+        var waiter: CheckedContinuation<Value, Never>?
+    }
+
+    private let state = Mutex(State())
+
+    func wait() async -> Value {
+        await withCheckedContinuation { continuation in
+            let value = state.withLock { state -> Value? in
+                if state.resolved { return state.value }
+                state.waiter = continuation
+                return nil
+            }
+            if let value { continuation.resume(returning: value) }
+        }
+    }
+
+    /// Provides the value; later calls do nothing.
+    func resolve(_ value: Value) {
+        let waiter = state.withLock { state -> CheckedContinuation<Value, Never>? in
+            guard !state.resolved else { return nil }
+            state.resolved = true
+            state.value = value
+            defer { state.waiter = nil }
+            return state.waiter
+        }
+        waiter?.resume(returning: value)
+    }
+}
