@@ -14,6 +14,10 @@ public enum Fault: Sendable, Equatable {
     case shortBody(missing: Int64)
     /// Answer with this status (and `Retry-After` when given) instead of the file.
     case status(Int, retryAfter: String? = nil)
+    /// Answer every request that carries a `Range` header with this status (and `Retry-After` when
+    /// given), like a host that allows one connection per client or serves ranges only later. With
+    /// `sparingFromStart`, a range from byte 0 (`bytes=0-`) is served.
+    case refuseRanges(status: Int, retryAfter: String?, sparingFromStart: Bool)
     /// Before answering, replace the resource with this version (new content and validators).
     case switchVersion(to: Int)
     /// Label the response with this `Content-Encoding`.

@@ -112,6 +112,13 @@ extension HaulTestServer {
             return Reply(
                 status: HTTPResponseStatus(statusCode: redirect.status), headers: headers, parts: [], faults: faults)
         }
+        let range = head.headers.first(name: "range")
+        for case .refuseRanges(let code, let retryAfter, let sparingFromStart) in faults
+        where range != nil && !(sparingFromStart && range?.hasPrefix("bytes=0-") == true) {
+            if let retryAfter { headers.add(name: "Retry-After", value: retryAfter) }
+            return Self.textReply(
+                HTTPResponseStatus(statusCode: code), "ranges refused: \(code)\n", headers: headers, faults: faults)
+        }
         for case .status(let code, let retryAfter) in faults {
             if let retryAfter { headers.add(name: "Retry-After", value: retryAfter) }
             return Self.textReply(

@@ -93,6 +93,44 @@ struct GetCommandTests {
         }
     }
 
+    /// A server that answers range requests with 503 and `Retry-After: 86400`: `haul get` ends within
+    /// seconds, with the default connections and with `-x 1`. A fresh download is served by a plain
+    /// request; a resume (which needs a range) fails at once with exit code 4, its data kept.
+    @Test(arguments: [[String](), ["-x", "1"]])
+    func rangesRefusedForADayEndWithinSeconds(connections: [String]) async throws {
+        try await HaulTestServer.withRunning { server in
+            let resource = TestResource(name: "busy.bin", size: 2 * 1024 * 1024 + 5)
+            server.add("/busy.bin", resource)
+            server.setStandingFaults(
+                "/busy.bin", [.refuseRanges(status: 503, retryAfter: "86400", sparingFromStart: false)])
+            let directory = try makeTemporaryDirectory()
+            defer { try? FileManager.default.removeItem(atPath: directory) }
+            let started = ContinuousClock.now
+            let fresh = try await HaulProcess.run(
+                ["get", server.url("/busy.bin"), "-d", directory, "-q"] + connections)
+            #expect(fresh.status == 0, "\(fresh.errors)")
+            #expect(contents(directory + "/busy.bin") == resource.content)
+
+            // Half a file from an earlier session: continuing it needs a range.
+            try FileManager.default.removeItem(atPath: directory + "/busy.bin")
+            server.setStandingFaults("/busy.bin", [.closeAfter(bytes: 1_000_000)])
+            let first = try await HaulProcess.run(
+                ["get", server.url("/busy.bin"), "-d", directory, "-q", "-x", "1", "--retries", "0"])
+            #expect(first.status == 5)
+            let stored = try #require(size(directory + "/busy.bin.haul.part"))
+            server.setStandingFaults(
+                "/busy.bin", [.refuseRanges(status: 503, retryAfter: "86400", sparingFromStart: false)])
+            let refused = try await HaulProcess.run(
+                ["get", server.url("/busy.bin"), "-d", directory, "-q"] + connections)
+            #expect(refused.status == 4)
+            #expect(refused.errors.split(separator: "\n").count == 1)
+            #expect(
+                refused.errors.contains("503") && refused.errors.contains("longer than allowed"), "\(refused.errors)")
+            #expect(size(directory + "/busy.bin.haul.part") == stored)
+            #expect(ContinuousClock.now - started < .seconds(30))
+        }
+    }
+
     @Test func errorsAreOneLineWithDocumentedExitCodes() async throws {
         try await HaulTestServer.withRunning { server in
             server.add("/exists", TestResource(name: "exists", size: 10))

@@ -148,9 +148,10 @@ func testConfiguration(retries: Int = 5, stall: Duration = .seconds(5)) -> Downl
 /// Runs `body` with a downloader and shuts it down afterwards.
 @discardableResult
 func withDownloader<Result>(
-    _ configuration: DownloaderConfiguration = testConfiguration(), _ body: (Downloader) async throws -> Result
+    _ configuration: DownloaderConfiguration = testConfiguration(), clock: any Clock<Duration> = ContinuousClock(),
+    _ body: (Downloader) async throws -> Result
 ) async throws -> Result {
-    let downloader = Downloader(configuration: configuration)
+    let downloader = Downloader(configuration: configuration, clock: clock)
     do {
         let result = try await body(downloader)
         try await downloader.shutdown()
@@ -202,9 +203,9 @@ func interruptedSession(
 @discardableResult
 func download(
     _ server: HaulTestServer, _ path: String = "/f", to destination: String, log: EventLog = EventLog(),
-    configuration: DownloaderConfiguration = testConfiguration()
+    configuration: DownloaderConfiguration = testConfiguration(), clock: any Clock<Duration> = ContinuousClock()
 ) async throws -> DownloadResult {
-    try await withDownloader(configuration) { downloader in
+    try await withDownloader(configuration, clock: clock) { downloader in
         try await downloader.download(
             DownloadRequest(url: server.url(path), destination: .file(destination)), observing: log.record
         )

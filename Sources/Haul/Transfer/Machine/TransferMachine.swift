@@ -389,6 +389,16 @@ struct TransferMachine: Sendable {
         case .restart(let reason):
             connections[connection].state = .idle
             return [.drop(connection: connection)] + restart(reason, now: now)
+        case .retry(let status, _) where ask.kind == .fresh(probesRanges: true):
+            // A server that refuses the range, or asks to come back later for it, may still serve the
+            // file to a plain request, as a download over one connection asks at once.
+            connections[connection].state = .idle
+            probesRanges = false
+            return [
+                .drop(connection: connection),
+                .log("the server answered bytes=0- with \(status); asking without a range"),
+            ]
+                + probe(now: now)
         case .retry(let status, let retryAfter):
             return [.drop(connection: connection)]
                 + failed(connection, Self.retryable(status: status, retryAfter: retryAfter), now: now)

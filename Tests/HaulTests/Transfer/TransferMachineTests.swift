@@ -1,0 +1,299 @@
+import NIOHTTP1
+import Testing
+
+@testable import Haul
+
+/// The transfer machine, every phase against every event, without sockets, files or sleeps.
+struct TransferMachineTableTests {
+    /// The phases, each reached by a real sequence of events.
+    static let phases: [(String, @Sendable () -> MachineHarness)] = [
+        ("created", { MachineHarness() }),
+        ("resuming", MachineHarness.resuming),
+        ("probing", { MachineHarness.probing() }),
+        ("choosingDestination", MachineHarness.choosingDestination),
+        ("transferring", { MachineHarness.allReceiving() }),
+        ("stopping(restart)", MachineHarness.stoppingToRestart),
+        ("restarting", MachineHarness.restarting),
+        ("verifying", MachineHarness.verifying),
+        ("finishing", MachineHarness.finishing),
+        ("pausing", MachineHarness.pausing),
+        ("failing", MachineHarness.failing),
+        ("paused", MachineHarness.paused),
+        ("failed", MachineHarness.failed),
+        ("completed", MachineHarness.completed),
+    ]
+
+    /// One event of each kind, made for the machine as it stands (for connection 0's current request).
+    static let events: [(String, @Sendable (MachineHarness) -> TransferEvent)] = [
+        ("start", { _ in .start(.nothing) }),
+        (
+            "storedDataChecked",
+            { _ in
+                .storedDataChecked(
+                    StoredData(
+                        segments: [Manifest.Segment(start: 0, end: MachineHarness.total, written: 1 << 20)], pieces: [])
+                )
+            }
+        ),
+        ("destinationChosen", { _ in .destinationChosen(.nothing) }),
+        ("head", { .head($0.request(0), MachineHarness.partial(0, MachineHarness.total - 1)) }),
+        ("lateHead", { .head(RequestTag(connection: 0, serial: $0.machine.lastSerial + 1), MachineHarness.whole()) }),
+        ("wrote", { .wrote($0.request(0), segment: 0, upTo: 131_072, pieces: [:]) }),
+        ("reachedLimit", { .reachedLimit($0.request(0), at: $0.machine.table?.segments[0].end ?? 0) }),
+        ("ended", { .ended($0.request(0), .finished(at: 131_072)) }),
+        ("failure", { .ended($0.request(0), .failed(.retryable(HaulError(.network, "reset"), retryAfter: nil))) }),
+        ("timer", { _ in .timer }),
+        ("cancel", { _ in .cancel }),
+        ("checkpointed", { _ in .checkpointed(pieces: [:]) }),
+        ("discarded", { _ in .discarded }),
+        ("verified", { _ in .verified(.matches) }),
+        ("finished", { _ in .finished }),
+        ("failed", { _ in .failed(HaulError(.fileSystem, "cannot write")) }),
+    ]
+
+    /// The phase each event leads to, where it is not the phase the machine was in.
+    static let changes: [String: [String: String]] = [
+        "created": ["start": "probing", "cancel": "paused", "failed": "failed"],
+        "resuming": ["storedDataChecked": "probing", "cancel": "paused", "failed": "failed"],
+        "probing": ["head": "transferring", "cancel": "stopping(pause)", "failed": "stopping(fail)"],
+        "choosingDestination": ["destinationChosen": "transferring", "cancel": "paused", "failed": "stopping(fail)"],
+        "transferring": ["cancel": "stopping(pause)", "failed": "stopping(fail)"],
+        "stopping(restart)": ["cancel": "stopping(pause)", "failed": "stopping(fail)"],
+        "restarting": ["discarded": "probing", "failed": "failed"],
+        "verifying": ["verified": "finishing", "failed": "failing"],
+        "finishing": ["finished": "completed", "failed": "failing"],
+        "pausing": ["checkpointed": "paused", "failed": "failed"],
+        "failing": ["checkpointed": "failed", "failed": "failed"],
+        "paused": [:],
+        "failed": [:],
+        "completed": [:],
+    ]
+
+    static var cases: [(String, String)] {
+        phases.flatMap { phase in events.map { (phase.0, $0.0) } }
+    }
+
+    @Test(arguments: cases)
+    func everyPhaseTakesEveryEvent(phase: String, event: String) throws {
+        let build = try #require(Self.phases.first { $0.0 == phase }?.1)
+        let make = try #require(Self.events.first { $0.0 == event }?.1)
+        var harness = build()
+        #expect(harness.machine.phase.name == phase, "the harness did not reach \(phase)")
+        let actions = harness.handle(make(harness))
+        let expected = Self.changes[phase]?[event] ?? phase
+        #expect(harness.machine.phase.name == expected, "\(phase) + \(event): \(describe(actions))")
+        // No action ever targets a connection the machine does not have.
+        for action in actions {
+            if case .send(let request, _) = action {
+                #expect(harness.machine.connections.indices.contains(request.connection))
+            }
+        }
+        // Whatever the machine waits for next lies in the future: a timer never spins.
+        if let deadline = harness.machine.nextDeadline {
+            harness.now = max(harness.now, deadline)
+            harness.handle(.timer)
+            if let next = harness.machine.nextDeadline { #expect(next > harness.now, "\(phase) + \(event) + timer") }
+        }
+    }
+
+    @Test(arguments: phases.map(\.0))
+    func cancellationInEveryPhaseEndsPausedWithTheDataKept(phase: String) throws {
+        let build = try #require(Self.phases.first { $0.0 == phase }?.1)
+        var harness = build()
+        harness.handle(.cancel)
+        harness.endBusyConnections()
+        if harness.machine.phase == .pausing || harness.machine.phase == .failing {
+            harness.handle(.checkpointed(pieces: [:]))
+        }
+        if case .restarting = harness.machine.phase { harness.handle(.discarded) }
+        if harness.machine.phase == .verifying { harness.handle(.verified(.matches)) }
+        if harness.machine.phase == .pausing { harness.handle(.checkpointed(pieces: [:])) }
+        if harness.machine.phase == .finishing { harness.handle(.finished) }
+        switch phase {
+        case "finishing", "completed":
+            // A rename under way is not undone.
+            #expect(harness.machine.phase == .completed)
+        case "failing", "failed":
+            #expect(harness.machine.phase == .failed)
+        default:
+            #expect(harness.machine.phase == .paused, "\(phase) ended \(harness.machine.phase)")
+            let busy = harness.machine.connections.filter(\.isBusy)
+            #expect(busy.isEmpty)
+        }
+    }
+}
+
+/// The rules the issue names, as scenarios.
+struct TransferMachineScenarioTests {
+    typealias Harness = MachineHarness
+
+    @Test func rangeRequestsRefusedWithALongRetryAfterRetireAtOnceAndTheFirstAnswerGoesOn() throws {
+        var harness = Harness.transferring()
+        let ranges = harness.machine.table!.segments
+        // Every range request is told to come back in a day: each connection retires at once, no wait.
+        for connection in 1...3 {
+            let actions = harness.answer(connection, Harness.status(503, retryAfter: "86400"))
+            #expect(describe(actions) == ["drop \(connection)"])
+            #expect(harness.machine.connections[connection].state == .retired)
+        }
+        #expect(harness.machine.nextDeadline == harness.now + .seconds(30), "only the stall timeout of connection 0")
+        // The first answer asked for the whole file: at the end of its range it goes on into the next,
+        // and the next, without a new request.
+        for segment in 0..<3 {
+            harness.wrote(0, segment: segment, upTo: ranges[segment].end)
+            let actions = harness.handle(.reachedLimit(harness.request(0), at: ranges[segment].end))
+            #expect(describe(actions) == ["proceed 0 into \(segment + 1)"])
+        }
+        harness.wrote(0, segment: 3, upTo: Harness.total)
+        harness.ended(0, .finished(at: Harness.total))
+        #expect(harness.machine.phase == .verifying)
+        #expect(harness.machine.connections.map(\.state) == [.idle, .retired, .retired, .retired])
+    }
+
+    @Test func whenEveryConnectionIsToldToWaitADayTheDownloadFailsAtOnceWithTheDataKept() throws {
+        var harness = Harness.transferring()
+        for connection in 1...3 { harness.answer(connection, Harness.status(503, retryAfter: "86400")) }
+        harness.wrote(0, segment: 0, upTo: 500_000)
+        // Connection 0's answer breaks; its next request (a range) is refused the same way.
+        harness.ended(0, .failed(.retryable(HaulError(.network, "reset"), retryAfter: nil)))
+        harness.advance(.seconds(1))
+        let resend = harness.handle(.timer)
+        #expect(describe(resend) == ["send 0 bytes=500000-1048575"])
+        let actions = harness.answer(0, Harness.status(503, retryAfter: "86400"))
+        #expect(harness.machine.phase == .failing)
+        #expect(describe(actions).contains("checkpoint"))
+        harness.handle(.checkpointed(pieces: [:]))
+        let error = try #require(harness.machine.error)
+        #expect(error.code == .httpStatus && error.status == 503)
+        #expect(error.message.contains("asked to retry after 86400 s, longer than allowed"))
+        #expect(harness.machine.phase == .failed)
+    }
+
+    @Test func theLastConnectionRetiringFailsTheDownloadWithItsError() throws {
+        var harness = Harness.transferring()
+        // Connections 1 to 3 keep failing until they retire.
+        for connection in 1...3 {
+            for attempt in 1...3 {
+                harness.ended(connection, .failed(.retryable(HaulError(.network, "refused"), retryAfter: nil)))
+                if attempt < 3 {
+                    harness.advance(.seconds(10))
+                    harness.handle(.timer)
+                    #expect(harness.machine.connections[connection].isBusy, "connection \(connection) tries again")
+                }
+            }
+            #expect(harness.machine.connections[connection].state == .retired)
+        }
+        #expect(harness.machine.phase == .transferring)
+        // Connection 0 fails as often: being the last one, its failure is the download's.
+        for attempt in 1...3 {
+            harness.ended(0, .failed(.retryable(HaulError(.network, "reset"), retryAfter: nil)))
+            if attempt < 3 {
+                harness.advance(.seconds(10))
+                harness.handle(.timer)
+            }
+        }
+        #expect(harness.machine.phase == .failed)
+        #expect(harness.machine.error?.message == "reset (gave up after 2 retries)")
+    }
+
+    @Test func aRestartWaitsForEveryConnectionMidWriteBeforeTheDataIsDiscarded() throws {
+        var harness = Harness.allReceiving()
+        // Connection 1's next request finds the file changed while 0, 2 and 3 are writing.
+        harness.ended(1, .finished(at: harness.machine.table!.segments[1].position))
+        harness.advance(.seconds(1))
+        harness.handle(.timer)
+        let actions = harness.answer(1, Harness.whole(etag: "\"v2\""))
+        #expect(describe(actions) == ["drop 1", "abandon 0", "abandon 2", "abandon 3"])
+        #expect(
+            harness.machine.phase == .stopping(then: .restart(.remoteChanged("ETag changed from \"v1\" to \"v2\""))))
+        // Their last writes still land and are counted, and nothing is discarded while one writes.
+        harness.wrote(0, segment: 0, upTo: 200_000)
+        #expect(describe(harness.ended(0, .failed(.cancelled))).isEmpty)
+        #expect(describe(harness.ended(2, .failed(.cancelled))).isEmpty)
+        let last = harness.ended(3, .failed(.cancelled))
+        #expect(describe(last) == ["discard"])
+        // Once the data is gone the download starts over with a fresh request.
+        let again = harness.handle(.discarded)
+        #expect(describe(again) == ["restarted", "send 0 bytes=0-"])
+        #expect(harness.machine.restarts == 1 && harness.machine.table == nil)
+    }
+
+    @Test func aStalledConnectionIsAbandonedOnTheClockAndRetried() throws {
+        var harness = MachineHarness(connections: 1) { $0.checkpointInterval = .seconds(3600) }
+        harness.handle(.start(.nothing))
+        harness.answer(0, Harness.partial(0, Harness.total - 1))
+        harness.wrote(0, segment: 0, upTo: 100_000)
+        #expect(harness.machine.nextDeadline == harness.now + .seconds(30))
+        harness.advance(.seconds(30))
+        #expect(describe(harness.handle(.timer)) == ["abandon 0"])
+        let retry = harness.ended(0, .failed(.cancelled))
+        #expect(describe(retry).contains("retrying 1 in 1.0 seconds"))
+        harness.advance(.seconds(1))
+        #expect(describe(harness.handle(.timer)) == ["send 0 bytes=100000-"])
+    }
+
+    @Test func anIdleConnectionTakesOverARangeThatMadeNoProgressForThreeSeconds() throws {
+        // Ranges of 1 MiB, never split below 1 MiB.
+        var harness = Harness.allReceiving(minimumSplit: 1 << 20)
+        // Connection 3 finishes its range; range 2 (under 2 MiB left: too little to halve) does not move.
+        let ranges = harness.machine.table!.segments
+        for connection in [0, 1, 3] {
+            harness.wrote(connection, segment: connection, upTo: ranges[connection].end)
+        }
+        harness.ended(3, .finished(at: ranges[3].end))
+        harness.advance(.seconds(2))
+        #expect(!describe(harness.handle(.timer)).contains { $0.hasPrefix("send") })
+        harness.advance(.seconds(1))
+        let actions = harness.handle(.timer)
+        #expect(describe(actions).contains("abandon 2"))
+        #expect(describe(actions).contains { $0.hasPrefix("send 3 bytes=\(ranges[2].start + 65_536)-") })
+    }
+
+    @Test func aFileWhoseLastBytesFailTheirContentDigestIsNotComplete() throws {
+        var harness = Harness.probing(connections: 1)
+        var head = Harness.partial(0, Harness.total - 1)
+        head = ResponseHead(
+            status: 206,
+            headers: head.headers.union([("Content-Digest", "sha-256=:47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU=:")]),
+            finalURL: head.finalURL, date: head.date)
+        harness.answer(0, head)
+        harness.wrote(0, segment: 0, upTo: Harness.total)
+        // The body's end is awaited before the file counts as complete.
+        #expect(harness.machine.phase == .stopping(then: .verify))
+        let actions = harness.ended(0, .failed(.bodyDigestMismatch("sha-256 differs", from: 0)))
+        #expect(describe(actions).contains("cut 0"))
+        #expect(harness.machine.phase == .transferring && harness.machine.table?.written == 0)
+    }
+
+    @Test func aLateEndOfADroppedAnswerDoesNotEndTheNextRequest() throws {
+        var harness = Harness.probing(connections: 1)
+        let first = harness.request(0)
+        harness.answer(0, Harness.status(503, retryAfter: "0"))
+        harness.handle(.timer)
+        #expect(harness.machine.connections[0].isBusy)
+        // The dropped answer's request ends after the next request went out: nothing happens.
+        #expect(describe(harness.handle(.ended(first, .dropped))).isEmpty)
+        #expect(harness.machine.connections[0].isBusy)
+    }
+
+    @Test func anAdaptiveDownloadAddsConnectionsWhileTheyAddThroughput() throws {
+        var harness = MachineHarness(connections: 4, adaptive: true)
+        harness.handle(.start(.nothing))
+        let first = harness.answer(0, Harness.partial(0, Harness.total - 1))
+        #expect(!describe(first).contains { $0.hasPrefix("send") }, "one connection to begin with")
+        // 1 MB/s with one connection: after a window, a second connection takes half of what is left.
+        harness.wrote(0, segment: 0, upTo: 65_536)
+        harness.advance(.milliseconds(500))
+        let actions = harness.wrote(0, segment: 0, upTo: 565_536)
+        #expect(describe(actions).contains("prepare file layout"))
+        #expect(describe(actions).contains { $0.hasPrefix("send 1 bytes=") })
+    }
+}
+
+extension HTTPHeaders {
+    fileprivate func union(_ more: [(String, String)]) -> HTTPHeaders {
+        var headers = self
+        for (name, value) in more { headers.add(name: name, value: value) }
+        return headers
+    }
+}
