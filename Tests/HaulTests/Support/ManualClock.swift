@@ -78,6 +78,17 @@ final class ManualClock: Clock, Sendable {
         for sleeper in woken { sleeper.continuation.resume() }
     }
 
+    /// Waits (in real time, briefly) until a task sleeps on the clock until `offset` from its start.
+    func waitForSleep(until offset: Duration, timeout: Duration = .seconds(10)) async throws {
+        let start = ContinuousClock.now
+        while !state.withLock({ $0.sleepers.contains { $0.deadline.offset == offset } }) {
+            guard ContinuousClock.now - start < timeout else {
+                throw TestFailure("nothing sleeps until \(offset) on the manual clock after \(timeout)")
+            }
+            try await Task.sleep(for: .milliseconds(1))
+        }
+    }
+
     /// Waits (in real time, briefly) until at least `count` tasks sleep on the clock.
     func waitForSleepers(_ count: Int = 1, timeout: Duration = .seconds(10)) async throws {
         let start = ContinuousClock.now

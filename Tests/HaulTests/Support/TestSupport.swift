@@ -131,6 +131,26 @@ final class EventLog: Sendable {
     }
 }
 
+/// Polls `condition` (in real time) until it holds; fails after `timeout`.
+func waitUntil(
+    _ what: String, timeout: Duration = .seconds(20), _ condition: () throws -> Bool
+) async throws {
+    let deadline = ContinuousClock.now + timeout
+    while try !condition() {
+        guard ContinuousClock.now < deadline else { throw TestFailure("timed out waiting until \(what)") }
+        try await Task.sleep(for: .milliseconds(5))
+    }
+}
+
+/// Moves `clock` forward by the delay of every retry the download reports, so that retries happen at
+/// once in real time while the download's rules see the delays pass.
+func advancingRetries(_ clock: ManualClock, _ log: EventLog) -> @Sendable (DownloadEvent) -> Void {
+    { event in
+        log.record(event)
+        if case .retrying(_, let delay, _) = event { clock.advance(by: delay) }
+    }
+}
+
 /// A configuration with short delays, so retries in tests take milliseconds.
 func testConfiguration(retries: Int = 5, stall: Duration = .seconds(5)) -> DownloaderConfiguration {
     var configuration = DownloaderConfiguration()

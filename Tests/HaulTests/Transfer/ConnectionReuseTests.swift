@@ -21,7 +21,7 @@ func reaching(_ server: HaulTestServer, _ configuration: DownloaderConfiguration
     server.transport == .plain ? configuration : try trustingTestServer(configuration, in: directory)
 }
 
-/// Over TLS the test server offers HTTP/2, so every request should be a stream of its first connection.
+/// Over TLS the test server offers HTTP/2, so every request should speak it.
 func expectHTTP2OverTLS(_ server: HaulTestServer, sourceLocation: SourceLocation = #_sourceLocation) {
     guard server.transport == .tls else { return }
     #expect(server.requests.allSatisfy { $0.version == "HTTP/2" }, sourceLocation: sourceLocation)

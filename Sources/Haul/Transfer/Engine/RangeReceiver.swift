@@ -210,9 +210,17 @@ struct RangeReceiver: Sendable {
                 let segment = self.segment
                 let prefix = receiver.prefix
                 let pieceSize = receiver.pieceSize
+                let request = receiver.request
+                let post = receiver.post
                 inFlight = Task {
-                    await Self.write(
+                    let receipt = await Self.write(
                         data, segment: segment, to: file, pieces: pieces, pieceSize: pieceSize, prefix: prefix)
+                    // Reported as soon as it is on disk, not when the next block goes out: a connection
+                    // that stalls has its last bytes counted.
+                    if receipt.error == nil {
+                        post(.wrote(request, segment: segment, upTo: receipt.end, pieces: receipt.completed))
+                    }
+                    return receipt
                 }
                 lastWrite = receiver.clock.now
             }
@@ -230,8 +238,6 @@ struct RangeReceiver: Sendable {
             }
             pieces = receipt.pieces
             spare = receipt.block
-            receiver.post(
-                .wrote(receiver.request, segment: receipt.segment, upTo: receipt.end, pieces: receipt.completed))
             return writeError == nil
         }
 
