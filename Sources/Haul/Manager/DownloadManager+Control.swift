@@ -70,8 +70,7 @@ extension DownloadManager {
         var record = StoredDownload(
             key: identity.key, url: request.url, directory: identity.directory, destination: identity.destination,
             overwrite: request.overwrite, checksum: request.checksum?.description,
-            rateLimit: request.bytesPerSecondLimit, priority: priority.rawValue, state: DownloadState.queued.rawValue,
-            bytes: 0, owner: claim.name, createdAt: now, updatedAt: now
+            rateLimit: request.bytesPerSecondLimit, priority: priority.rawValue, owner: claim.name, now: now
         )
         Self.refreshFromDisk(&record)
         try record.insert(db)
@@ -126,7 +125,7 @@ extension DownloadManager {
         case .running:
             await stop(id, .pause)
         case .queued:
-            entry.record.state = DownloadState.paused.rawValue
+            entry.move(to: .paused)
             entry.record.owner = nil
             try save(&entry)
         case .paused:
@@ -187,10 +186,8 @@ extension DownloadManager {
             await stop(id, .cancel)
         case .queued, .paused, .failed:
             try deleteFiles(of: entry.record, finished: false)
-            entry.record.state = DownloadState.cancelled.rawValue
+            entry.move(to: .cancelled)
             entry.record.owner = nil
-            entry.record.bytes = 0
-            entry.record.finishedAt = Self.now
             try save(&entry)
         case .completed, .cancelled:
             throw HaulError(.invalidState, "download \(id) is \(entry.state); there is nothing to cancel")
@@ -240,12 +237,8 @@ extension DownloadManager {
 
     /// Marks the entry queued and owned by this manager.
     func markQueued(_ entry: inout Entry) {
-        entry.record.state = DownloadState.queued.rawValue
+        entry.move(to: .queued)
         entry.record.owner = claim.name
-        entry.record.storedError = nil
-        entry.record.finishedAt = nil
-        entry.record.bytesPerSecond = nil
-        entry.record.updatedAt = Self.now
     }
 
     /// Keeps a queued entry whose record is stored, puts it in line and starts what can start.

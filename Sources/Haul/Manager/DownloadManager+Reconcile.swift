@@ -25,23 +25,23 @@ extension DownloadManager {
                 }
                 record.owner = nil
                 orphan = true
-            } else if record.downloadState == .queued || record.downloadState == .running {
+            } else if record.state == .queued || record.state == .running {
                 orphan = true
             }
-            if record.downloadState == .running { record.state = DownloadState.queued.rawValue }
+            if record.state == .running { try record.move(to: .queued, at: now) }
             record.bytesPerSecond = nil
             refreshFromDisk(&record)
-            if orphan && record.downloadState != .completed {
+            if orphan && record.state != .completed {
                 switch restoring {
                 case .resume:
-                    if record.downloadState == .queued || record.storedError?.code == .diskFull {
+                    if record.state == .queued || record.storedError?.code == .diskFull {
                         record.owner = claim.name
                     }
-                    if record.downloadState == .queued {
+                    if record.state == .queued {
                         waiting.insert(WaitingDownload(priority: record.priority, id: record.downloadID))
                     }
                 case .pause:
-                    if record.downloadState == .queued { record.state = DownloadState.paused.rawValue }
+                    if record.state == .queued { try record.move(to: .paused, at: now) }
                 case .leave:
                     break
                 }
@@ -67,13 +67,13 @@ extension DownloadManager {
             return
         }
         let paths = DownloadPaths(destination: destination)
-        switch record.downloadState {
+        switch record.state {
         case .completed:
             if let status = POSIX.fileStatus(destination) {
                 record.bytes = Int64(status.st_size)
             } else {
-                record.state = DownloadState.failed.rawValue
-                record.storedError = HaulError(.fileSystem, "the finished file \(destination) is no longer on disk")
+                let vanished = HaulError(.fileSystem, "the finished file \(destination) is no longer on disk")
+                try? record.move(to: .failed, at: now, error: vanished)
             }
         case .cancelled:
             record.bytes = 0
@@ -81,16 +81,14 @@ extension DownloadManager {
             if let progress = storedProgress(paths) {
                 record.bytes = progress.bytes
                 record.totalBytes = progress.total ?? record.totalBytes
-            } else if record.startedAt != nil, record.downloadState == .queued,
+            } else if record.startedAt != nil, record.state == .queued,
                 let status = POSIX.fileStatus(destination),
                 record.totalBytes == nil || record.totalBytes == Int64(status.st_size)
             {
                 // The file got its final name, but the process died before the record said so.
-                record.state = DownloadState.completed.rawValue
+                try? record.move(to: .completed, at: now)
                 record.bytes = Int64(status.st_size)
                 record.totalBytes = record.bytes
-                record.finishedAt = record.finishedAt ?? now
-                record.storedError = nil
             } else {
                 record.bytes = 0
             }

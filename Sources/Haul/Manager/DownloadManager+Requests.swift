@@ -14,7 +14,7 @@ extension DownloadManager {
         let asked = try store.write { db -> Bool in
             try db.execute(
                 sql: "UPDATE download SET request = ? WHERE id = ? AND owner = ?",
-                arguments: [request, id.rawValue, owner])
+                arguments: [request.rawValue, id.rawValue, owner])
             return db.changesCount > 0
         }
         // The owner let go of it meanwhile: act here.
@@ -22,9 +22,9 @@ extension DownloadManager {
             try reload(id)
             return false
         }
-        let deadline = ContinuousClock.now + timeout
-        while ContinuousClock.now < deadline {
-            try await Task.sleep(for: .milliseconds(50))
+        let deadline = clock.now + timeout
+        while clock.now < deadline {
+            try await clock.sleep(for: .milliseconds(50))
             let record = try store.read { db in try StoredDownload.fetchOne(db, key: id.rawValue) }
             guard let record else {
                 if let gone = entries.removeValue(forKey: id) { index.remove(gone.record) }
@@ -44,7 +44,7 @@ extension DownloadManager {
         try clearRequest(id)
         throw HaulError(
             .locked,
-            "haul process \(ProcessClaim.processID(of: owner)) did not \(request) download \(id) in time")
+            "haul process \(ProcessClaim.processID(of: owner)) did not \(request.verb) download \(id) in time")
     }
 
     /// Carries out the requests other processes wrote for downloads this manager owns.
@@ -55,15 +55,15 @@ extension DownloadManager {
                 try Row.fetchAll(
                     db, sql: "SELECT id, request FROM download WHERE owner = ? AND request IS NOT NULL",
                     arguments: [owner]
-                ).map { (DownloadID($0["id"]), $0["request"] as String) }
+                ).map { (DownloadID($0["id"]), OwnerRequest(rawValue: $0["request"] as String)) }
             }) ?? []
         for (id, request) in pending {
             switch request {
-            case "pause": try? await pause(id)
-            case "cancel": try? await cancel(id)
-            case "remove": try? await remove(id, deletingFiles: false)
-            case "remove-files": try? await remove(id, deletingFiles: true)
-            default: break
+            case .pause: try? await pause(id)
+            case .cancel: try? await cancel(id)
+            case .remove: try? await remove(id, deletingFiles: false)
+            case .removeFiles: try? await remove(id, deletingFiles: true)
+            case nil: break
             }
             // Cleared in any case, so the asking side stops waiting (it reads the outcome from the record).
             try? clearRequest(id)
@@ -85,7 +85,7 @@ extension DownloadManager {
         }
         if let owner = record.owner, owner != claim.name, !claim.isAlive(owner) {
             record.owner = nil
-            if record.downloadState == .running { record.state = DownloadState.queued.rawValue }
+            if record.state == .running { try record.move(to: .queued, at: Self.now) }
             Self.refreshFromDisk(&record)
             try write([record])
         }
@@ -96,12 +96,17 @@ extension DownloadManager {
 }
 
 extension DownloadManager.StopReason {
-    /// The value of the record's `request` column for this reason.
-    var request: String {
+    /// What the record's `request` column asks for this reason.
+    var request: OwnerRequest {
         switch self {
-        case .pause: "pause"
-        case .cancel: "cancel"
-        case .remove(let deletingFiles): deletingFiles ? "remove-files" : "remove"
+        case .pause: .pause
+        case .cancel: .cancel
+        case .remove(let deletingFiles): deletingFiles ? .removeFiles : .remove
         }
     }
+}
+
+extension OwnerRequest {
+    /// The request as a verb, for messages.
+    var verb: String { self == .removeFiles ? "remove" : rawValue }
 }

@@ -83,10 +83,7 @@ extension DownloadManager {
                 entry.record.priority == next.priority, jobs[next.id] == nil
             else { continue }
             jobs[next.id] = Job()
-            entry.record.state = DownloadState.running.rawValue
-            entry.record.startedAt = Self.now
-            entry.record.storedError = nil
-            entry.record.updatedAt = Self.now
+            entry.move(to: .running)
             starting.append(entry)
         }
         // One transaction for all of them (and the changes waiting to be written, such as the
@@ -209,45 +206,38 @@ extension DownloadManager {
                 try deleteFiles(of: entry.record, finished: deletingFiles)
                 try deleteRecord(entry)
             } catch {
-                entry.record.state = DownloadState.paused.rawValue
+                entry.move(to: .paused, error: error as? HaulError)
                 entry.record.owner = nil
-                entry.record.storedError = error as? HaulError
                 try? save(&entry)
             }
             return
         }
         switch outcome {
         case .success(let result):
-            entry.record.state = DownloadState.completed.rawValue
+            entry.move(to: .completed)
             entry.record.destination = result.destination
             entry.record.bytes = result.bytes
             entry.record.totalBytes = result.bytes
-            entry.record.finishedAt = Self.now
-            entry.record.storedError = nil
             entry.record.owner = nil
         case .failure(let error) where error.code == .cancelled || job?.reason != nil:
             switch job?.reason {
             case .pause:
-                entry.record.state = DownloadState.paused.rawValue
+                entry.move(to: .paused)
                 entry.record.owner = nil
             case .cancel:
                 try? deleteFiles(of: entry.record, finished: false)
-                entry.record.state = DownloadState.cancelled.rawValue
-                entry.record.finishedAt = Self.now
+                entry.move(to: .cancelled)
                 entry.record.owner = nil
             case .remove, nil:
                 // The manager is stopping: the download waits for the next one.
-                entry.record.state = DownloadState.queued.rawValue
+                entry.move(to: .queued)
                 entry.record.owner = nil
             }
         case .failure(let error) where error.code == .diskFull:
             // Kept by this manager, which resumes it once there is room again.
-            entry.record.state = DownloadState.paused.rawValue
-            entry.record.storedError = error
+            entry.move(to: .paused, error: error)
         case .failure(let error):
-            entry.record.state = DownloadState.failed.rawValue
-            entry.record.storedError = error
-            entry.record.finishedAt = Self.now
+            entry.move(to: .failed, error: error)
             entry.record.owner = nil
         }
         if entry.state != .completed { Self.refreshFromDisk(&entry.record) }
@@ -274,14 +264,14 @@ extension DownloadManager {
     private func tick() async {
         while !Task.isCancelled {
             do {
-                try await Task.sleep(for: configuration.stateUpdateInterval)
+                try await clock.sleep(for: configuration.stateUpdateInterval)
             } catch {
                 return
             }
             persistProgress()
             await applyRequests()
-            if ContinuousClock.now - lastSpaceCheck >= configuration.spaceCheckInterval {
-                lastSpaceCheck = .now
+            if clock.now - lastSpaceCheck >= configuration.spaceCheckInterval {
+                lastSpaceCheck = clock.now
                 resumeWhereSpaceAllows()
             }
         }

@@ -85,15 +85,22 @@ public actor DownloadManager {
     /// Receives the downloads to start while ``run()`` runs.
     var starter: AsyncStream<DownloadID>.Continuation?
     var stopsWhenIdle = false
-    var lastSpaceCheck = ContinuousClock.now
+    var lastSpaceCheck: Moment
+    /// Where the manager's ticks read time (and its downloads' rules, through its downloader).
+    let clock: TransferClock
     /// Record changes not written yet (see ``writeSoon(_:)``).
     var unwritten: [DownloadID: StoredDownload] = [:]
     var flushScheduled = false
 
     /// Opens (creating when needed) the state in `stateDirectory` and reconciles it with the files on disk.
+    ///
+    /// - Parameter clock: the clock the manager's ticks (storing progress, checking disk space, waiting
+    ///   for another process) and its downloads' rules follow; the continuous clock unless a test gives
+    ///   its own.
     public init(
         stateDirectory: String, configuration: Configuration = .init(),
-        downloaderConfiguration: DownloaderConfiguration = .init(), logger: Logger? = nil
+        downloaderConfiguration: DownloaderConfiguration = .init(), logger: Logger? = nil,
+        clock: any Clock<Duration> = ContinuousClock()
     ) throws {
         let directory = POSIX.absolutePath(stateDirectory)
         try POSIX.makeDirectories(directory)
@@ -110,7 +117,9 @@ public actor DownloadManager {
         if let limit = configuration.bytesPerSecondLimit {
             transfer.sharedRateLimiter = RateLimiter(bytesPerSecond: limit)
         }
-        self.downloader = Downloader(configuration: transfer, logger: logger)
+        self.downloader = Downloader(configuration: transfer, logger: logger, clock: clock)
+        self.clock = downloader.clock
+        self.lastSpaceCheck = self.clock.now
         let (entries, waiting) = try Self.reconcile(
             store: store, claim: claim, restoring: configuration.restoredDownloads)
         self.entries = entries
@@ -142,7 +151,17 @@ extension DownloadManager {
         var secondsRemaining: Double?
 
         var id: DownloadID { record.downloadID }
-        var state: DownloadState { record.downloadState }
+        var state: DownloadState { record.state }
+
+        /// Moves the download to `state` (see ``StoredDownload/move(to:at:error:)``). The manager only
+        /// asks for transitions the lifecycle allows; any other is a bug, which tests catch here.
+        mutating func move(to state: DownloadState, error: HaulError? = nil) {
+            do {
+                try record.move(to: state, at: DownloadManager.now, error: error)
+            } catch {
+                assertionFailure("\(error)")
+            }
+        }
 
         var info: DownloadInfo {
             DownloadInfo(

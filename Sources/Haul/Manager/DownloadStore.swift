@@ -14,87 +14,6 @@ import GRDB
     import Foundation
 #endif
 
-/// One row of the `download` table: what a download manager must remember across processes.
-/// Secrets never reach it: request headers are stored without `Authorization`, `Proxy-Authorization`
-/// and `Cookie`.
-struct StoredDownload: Codable, Sendable, Equatable, FetchableRecord, MutablePersistableRecord {
-    static let databaseTableName = "download"
-
-    var id: Int64?
-    /// What identifies the download: its destination file, or its URL and directory until the server names the file.
-    var key: String
-    var url: String
-    var directory: String?
-    var destination: String?
-    var overwrite: Bool
-    var checksum: String?
-    var rateLimit: Int64?
-    var priority: Int
-    var state: String
-    var errorCode: String?
-    var errorMessage: String?
-    var errorStatus: Int?
-    var bytes: Int64
-    var totalBytes: Int64?
-    var bytesPerSecond: Double?
-    /// The manager running or about to run the download (`pid.n`); NULL when no manager has claimed it.
-    var owner: String?
-    /// What another process asks the owner to do with the download: `pause`, `cancel`, `remove` or
-    /// `remove-files`; the owner clears it once done.
-    var request: String?
-    var createdAt: Double
-    var startedAt: Double?
-    var finishedAt: Double?
-    var updatedAt: Double
-
-    mutating func didInsert(_ inserted: InsertionSuccess) { id = inserted.rowID }
-
-    /// Every column but `id` and `request`, each with its value: the manager writes whole records
-    /// without ever clearing a request another process has just made. One list, so a column and its
-    /// value cannot drift apart.
-    private static let managedColumns: [(name: String, value: @Sendable (StoredDownload) -> DatabaseValue)] = [
-        ("key", { $0.key.databaseValue }), ("url", { $0.url.databaseValue }),
-        ("directory", { $0.directory.databaseValue }), ("destination", { $0.destination.databaseValue }),
-        ("overwrite", { $0.overwrite.databaseValue }), ("checksum", { $0.checksum.databaseValue }),
-        ("rateLimit", { $0.rateLimit.databaseValue }), ("priority", { $0.priority.databaseValue }),
-        ("state", { $0.state.databaseValue }), ("errorCode", { $0.errorCode.databaseValue }),
-        ("errorMessage", { $0.errorMessage.databaseValue }), ("errorStatus", { $0.errorStatus.databaseValue }),
-        ("bytes", { $0.bytes.databaseValue }), ("totalBytes", { $0.totalBytes.databaseValue }),
-        ("bytesPerSecond", { $0.bytesPerSecond.databaseValue }), ("owner", { $0.owner.databaseValue }),
-        ("createdAt", { $0.createdAt.databaseValue }), ("startedAt", { $0.startedAt.databaseValue }),
-        ("finishedAt", { $0.finishedAt.databaseValue }), ("updatedAt", { $0.updatedAt.databaseValue }),
-    ]
-
-    /// One prepared statement for every update: a download's record is written several times over
-    /// its life, and building the statement from the record each time costs more than running it.
-    private static let updateManagedSQL =
-        "UPDATE download SET " + managedColumns.map { "\"\($0.name)\" = ?" }.joined(separator: ", ")
-        + " WHERE id = ?"
-
-    func updateManagedColumns(_ db: Database) throws {
-        let values = Self.managedColumns.map { $0.value(self) } + [id.databaseValue]
-        try db.cachedStatement(sql: Self.updateManagedSQL).execute(arguments: StatementArguments(values))
-        guard db.changesCount > 0 else {
-            throw RecordError.recordNotFound(databaseTableName: Self.databaseTableName, key: ["id": id.databaseValue])
-        }
-    }
-
-    var downloadID: DownloadID { DownloadID(id ?? 0) }
-    var downloadState: DownloadState { DownloadState(rawValue: state) ?? .queued }
-
-    var storedError: HaulError? {
-        get {
-            guard let errorCode else { return nil }
-            return HaulError(HaulError.Code(errorCode), errorMessage ?? errorCode, status: errorStatus)
-        }
-        set {
-            errorCode = newValue?.code.name
-            errorMessage = newValue?.message
-            errorStatus = newValue?.status
-        }
-    }
-}
-
 /// A request header kept for a download (never a secret one).
 struct StoredHeader: Codable, Sendable, FetchableRecord, PersistableRecord {
     static let databaseTableName = "header"
@@ -187,8 +106,7 @@ final class DownloadStore: Sendable {
         }
         migrator.registerMigration("2: requests to the owning process") { db in
             try db.alter(table: "download") { table in
-                table.add(column: "request", .text)
-                    .check { ["pause", "cancel", "remove", "remove-files"].contains($0) }
+                table.add(column: "request", .text).check { OwnerRequest.allCases.map(\.rawValue).contains($0) }
             }
         }
         return migrator

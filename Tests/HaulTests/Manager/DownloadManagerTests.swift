@@ -312,6 +312,36 @@ import Testing
         }
     }
 
+    @Test("a running download's progress reaches the database at each tick of the manager's clock")
+    func progressIsStoredAtEachTick() async throws {
+        try await HaulTestServer.withRunning { server in
+            try await withTemporaryDirectory { directory in
+                let resource = TestResource(name: "ticks", size: 4 << 20)
+                server.add("/ticks", resource)
+                server.setStandingFaults("/ticks", [.throttle(bytesPerSecond: 1 << 20)])
+                let clock = ManualClock()
+                try await withManager(directory + "/state", clock: clock) { manager in
+                    let id = try await manager.enqueue(
+                        DownloadRequest(url: server.url("/ticks"), destination: .file(directory + "/ticks")))
+                    // What another process sees: the database.
+                    let database = try DownloadStore(path: directory + "/state/" + DownloadManager.databaseName)
+                    let stored = { @Sendable () throws -> Int64 in
+                        try database.allDownloads().first { $0.downloadID == id }?.bytes ?? -1
+                    }
+                    try await whileRunning(manager) {
+                        let running = try await waitFor(manager, id) { $0.bytes >= 256 * 1024 }
+                        // In memory the bytes move; in the database they wait for the manager's tick.
+                        let before = try stored()
+                        #expect(running.state == .running && before == 0)
+                        clock.advance(by: managerConfiguration().stateUpdateInterval)
+                        try await waitUntil("the tick stores the progress") { try stored() >= 256 * 1024 }
+                        await manager.pauseAll()
+                    }
+                }
+            }
+        }
+    }
+
     @Test("a full disk pauses the download with a clear error; it completes once space is freed")
     func diskFullPausesAndResumes() async throws {
         try await HaulTestServer.withRunning { server in
@@ -321,7 +351,9 @@ import Testing
                     let resource = TestResource(name: "fills", size: 3 << 20)
                     server.add("/fills", resource)
                     server.setStandingFaults("/fills", [.throttle(bytesPerSecond: 1 << 20)])
-                    try await withManager(directory + "/state") { manager in
+                    // The manager checks for room on its clock: here, only when the test moves it.
+                    let clock = ManualClock()
+                    try await withManager(directory + "/state", clock: clock) { manager in
                         let id = try await manager.enqueue(
                             DownloadRequest(url: server.url("/fills"), destination: .file(small + "/fills")))
                         try await whileRunning(manager) {
@@ -334,6 +366,9 @@ import Testing
                             #expect(try readFile(small + "/fills.haul.part") == resource.bytes(0..<paused.bytes))
                             server.setStandingFaults("/fills", [])
                             #expect(unlink(filler) == 0)
+                            // Room again, but no check yet: still paused. The next check resumes it.
+                            #expect(await manager.download(id)?.state == .paused)
+                            clock.advance(by: managerConfiguration().spaceCheckInterval)
                             let done = try await waitFor(manager, id) { $0.state == .completed }
                             #expect(done.error == nil)
                         }

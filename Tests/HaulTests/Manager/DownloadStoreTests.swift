@@ -11,8 +11,7 @@ import Testing
             let store = try DownloadStore(path: directory + "/downloads.sqlite")
             var record = StoredDownload(
                 key: "file:/a", url: "http://x/a", directory: nil, destination: "/a", overwrite: false,
-                checksum: nil, rateLimit: nil, priority: 0, state: DownloadState.queued.rawValue, bytes: 0,
-                owner: nil, createdAt: 1, updatedAt: 1
+                checksum: nil, rateLimit: nil, priority: 0, owner: nil, now: 1
             )
             try store.write { db in try record.insert(db) }
             try store.write { db in
@@ -26,10 +25,8 @@ import Testing
             record.checksum = "sha-256=00"
             record.rateLimit = 7
             record.priority = 3
-            record.state = DownloadState.failed.rawValue
-            record.errorCode = "network"
-            record.errorMessage = "gone"
-            record.errorStatus = 503
+            try record.move(to: .running, at: 2)
+            try record.move(to: .failed, at: 3, error: HaulError(.network, "gone", status: 503))
             record.bytes = 11
             record.totalBytes = 13
             record.bytesPerSecond = 17.5
@@ -41,8 +38,9 @@ import Testing
             try store.write { db in try record.updateManagedColumns(db) }
             let stored = try #require(try store.read { db in try StoredDownload.fetchOne(db, key: record.id) })
             var expected = record
-            expected.request = "pause"
+            expected.request = .pause
             #expect(stored == expected)
+            #expect(stored.state == .failed && stored.storedError?.code == .network && stored.errorStatus == 503)
 
             // A record that is gone is reported, not silently skipped.
             var missing = record
@@ -52,5 +50,61 @@ import Testing
             }
             #expect(error?.message.contains("not found") == true)
         }
+    }
+
+    /// Every pair of states: the allowed transitions go through and set what their state records; every
+    /// other one is refused and changes nothing.
+    @Test(arguments: DownloadState.allCases)
+    func theLifecycleAllowsOnlyItsTransitions(from start: DownloadState) throws {
+        let allowed: [DownloadState: Set<DownloadState>] = [
+            .queued: [.queued, .running, .paused, .cancelled, .completed],
+            .running: [.running, .queued, .paused, .completed, .failed, .cancelled],
+            .paused: [.paused, .queued, .cancelled],
+            .completed: [.completed, .queued, .failed],
+            .failed: [.failed, .queued, .cancelled],
+            .cancelled: [.cancelled, .queued],
+        ]
+        for next in DownloadState.allCases {
+            var record = try Self.record(in: start)
+            let before = record
+            let error = HaulError(.network, "reset")
+            if allowed[start]?.contains(next) == true {
+                try record.move(to: next, at: 100, error: error)
+                #expect(record.state == next && record.updatedAt == 100)
+                #expect(record.bytesPerSecond == nil)
+                switch next {
+                case .queued: #expect(record.finishedAt == nil && record.storedError == nil)
+                case .running: #expect(record.startedAt == 100 && record.storedError == nil)
+                case .paused: #expect(record.storedError?.code == .network)
+                case .completed: #expect(record.finishedAt == 100 && record.storedError == nil)
+                case .failed: #expect(record.finishedAt == 100 && record.storedError?.code == .network)
+                case .cancelled: #expect(record.finishedAt == 100 && record.bytes == 0)
+                }
+            } else {
+                #expect(throws: HaulError.self, "\(start) → \(next)") { try record.move(to: next, at: 100) }
+                #expect(record == before)
+            }
+        }
+    }
+
+    /// A record in `state`, reached through allowed transitions.
+    static func record(in state: DownloadState) throws -> StoredDownload {
+        var record = StoredDownload(
+            key: "file:/a", url: "http://x/a", directory: nil, destination: "/a", overwrite: false, checksum: nil,
+            rateLimit: nil, priority: 0, owner: nil, now: 1)
+        record.bytes = 5
+        record.bytesPerSecond = 9
+        let path: [DownloadState] =
+            switch state {
+            case .queued: []
+            case .running: [.running]
+            case .paused: [.paused]
+            case .completed: [.running, .completed]
+            case .failed: [.running, .failed]
+            case .cancelled: [.cancelled]
+            }
+        for step in path { try record.move(to: step, at: 2) }
+        record.bytesPerSecond = 9
+        return record
     }
 }

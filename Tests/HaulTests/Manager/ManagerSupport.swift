@@ -24,10 +24,12 @@ func managerConfiguration(limit: Int = 2) -> DownloadManager.Configuration {
 @discardableResult
 func withManager<Result>(
     _ stateDirectory: String, _ configuration: DownloadManager.Configuration = managerConfiguration(),
-    downloader: DownloaderConfiguration = testConfiguration(), _ body: (DownloadManager) async throws -> Result
+    downloader: DownloaderConfiguration = testConfiguration(), clock: any Clock<Duration> = ContinuousClock(),
+    _ body: (DownloadManager) async throws -> Result
 ) async throws -> Result {
     let manager = try DownloadManager(
-        stateDirectory: stateDirectory, configuration: configuration, downloaderConfiguration: downloader)
+        stateDirectory: stateDirectory, configuration: configuration, downloaderConfiguration: downloader,
+        clock: clock)
     do {
         let result = try await body(manager)
         await manager.close()
