@@ -1,6 +1,6 @@
 /// Formats byte counts the way Haul shows them: binary units with one decimal, e.g. `12.0 MiB`.
-public enum ByteCount {
-    public static func format(_ bytes: Int64) -> String {
+package enum ByteCount {
+    package static func format(_ bytes: Int64) -> String {
         let units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"]
         guard bytes >= 1024 else { return "\(bytes) B" }
         var value = Double(bytes)
@@ -14,7 +14,7 @@ public enum ByteCount {
     }
 
     /// Formats a rate in bytes per second, e.g. `3.2 MiB/s`.
-    public static func formatRate(_ bytesPerSecond: Double) -> String {
+    package static func formatRate(_ bytesPerSecond: Double) -> String {
         format(Int64(bytesPerSecond.isFinite ? max(0, bytesPerSecond) : 0)) + "/s"
     }
 }

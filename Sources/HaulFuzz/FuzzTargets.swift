@@ -1,6 +1,5 @@
+import Haul
 import HaulTestServer
-
-@testable import Haul
 
 /// The parsers that read what servers and users send, each with the properties its result must have.
 /// A violated property is a crash, so the fuzzer reports it like any other.

@@ -1,4 +1,5 @@
 import ArgumentParser
+import Haul
 
 @main
 struct HaulCommand: AsyncParsableCommand {
@@ -9,7 +10,7 @@ struct HaulCommand: AsyncParsableCommand {
             Re-run the same command after any interruption (Ctrl-C, a dropped connection, a killed process) \
             and Haul continues from the last stored byte, after checking that the server still has the same file.
             """,
-        version: "0.1.0",
+        version: HaulVersion.current,
         subcommands: [Get.self, Add.self, List.self, Resume.self, Pause.self, Retry.self, Remove.self, Verify.self]
     )
 }

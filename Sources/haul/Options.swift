@@ -23,8 +23,14 @@ struct TransferOptions: ParsableArguments {
 
     @Option(
         name: [.customShort("x"), .long],
-        help: "Connections per file: a server that supports ranges sends parts of the file over each at once.")
-    var connections: Int = 4
+        help: ArgumentHelp(
+            "Connections per file, from the start: a server that supports ranges sends parts of the file over "
+                + "each at once (default: one, and up to \(Self.adaptiveConnections) while each added one speeds "
+                + "the download up).", valueName: "n"))
+    var connections: Int?
+
+    /// The most connections a download opens when `-x` is not given.
+    static let adaptiveConnections = 4
 
     @Option(help: ArgumentHelp("No part is split smaller than this, e.g. 1M.", valueName: "size"))
     var minSplitSize: String = "1M"
@@ -81,7 +87,9 @@ struct TransferOptions: ParsableArguments {
 
     func validate() throws {
         guard jobs >= 1 else { throw ValidationError("--jobs must be 1 or more") }
-        guard (1...64).contains(connections) else { throw ValidationError("--connections must be from 1 to 64") }
+        if let connections, !(1...64).contains(connections) {
+            throw ValidationError("--connections must be from 1 to 64")
+        }
         guard let split = try Self.rate(minSplitSize, option: "--min-split-size"), split >= 64 * 1024 else {
             throw ValidationError("--min-split-size must be at least 64k")
         }
@@ -139,7 +147,8 @@ struct TransferOptions: ParsableArguments {
         configuration.trustUnvalidatedResume = trustUnvalidated
         configuration.redirects.allowHTTPSToHTTP = allowInsecureRedirects
         configuration.storage.durableCheckpointInterval = .milliseconds(Int64(durableCheckpointInterval * 1000))
-        configuration.segmentation.connections = connections
+        configuration.segmentation.connections = connections ?? Self.adaptiveConnections
+        configuration.segmentation.adaptive = connections == nil
         configuration.storage.fileAllocation = DownloaderConfiguration.FileAllocation(rawValue: fileAllocation) ?? .none
         configuration.segmentation.minimumSplit = (try? Self.rate(minSplitSize, option: "")) ?? (1 << 20)
         configuration.tls.trustedCertificateFiles = caCertificates

@@ -61,7 +61,7 @@ final class ProgressRenderer: Sendable {
         if error.code == .cancelled {
             writeError("haul: interrupted; run the same command to resume (\(error.message))")
         } else {
-            writeError("haul: error: \(error.message)")
+            writeError("haul: error: \(error.messageWithHint)")
         }
     }
 
@@ -96,7 +96,7 @@ final class ProgressRenderer: Sendable {
             }
         case .restarted(let reason):
             clearBar()
-            writeError("haul: starting over: \(reason)")
+            writeError("haul: starting over: \(reason.descriptionWithHint)")
         case .retrying(let attempt, let delay, let error):
             clearBar()
             writeError("haul: \(error.message); retry \(attempt) in \(Self.duration(delay.seconds))")

@@ -16,7 +16,7 @@ func reportingErrors<Result>(_ body: () async throws -> Result) async throws -> 
     do {
         return try await body()
     } catch let error as HaulError {
-        Output.standardError("haul: error: \(error.message)\n")
+        Output.standardError("haul: error: \(error.messageWithHint)\n")
         throw ExitCode(ExitCodes.code(for: error.code))
     }
 }

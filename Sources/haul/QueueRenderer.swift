@@ -36,7 +36,7 @@ final class QueueRenderer: Sendable {
         switch style {
         case .quiet:
             if case .stateChanged = event.kind, info.state == .failed, let error = info.error {
-                Output.standardError("haul: error: \(info.name): \(error.message)\n")
+                Output.standardError("haul: error: \(info.name): \(error.messageWithHint)\n")
             }
         case .json:
             printJSON(event)
@@ -94,7 +94,7 @@ final class QueueRenderer: Sendable {
             permanent("haul: [\(info.id)] removed")
             redraw(force: true)
         case .transfer(.restarted(let reason)):
-            permanent("haul: [\(info.id)] starting over: \(reason)")
+            permanent("haul: [\(info.id)] starting over: \(reason.descriptionWithHint)")
         case .transfer(.retrying(let attempt, let delay, let error)):
             permanent(
                 "haul: [\(info.id)] \(error.message); retry \(attempt) in \(ProgressRenderer.duration(delay.seconds))")

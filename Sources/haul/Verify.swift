@@ -43,7 +43,7 @@ struct Verify: AsyncParsableCommand {
                 throw HaulError(.fileSystem, "\(file) does not exist, and neither does an unfinished download of it")
             }
         } catch let error as HaulError {
-            Output.standardError("haul: error: \(error.message)\n")
+            Output.standardError("haul: error: \(error.messageWithHint)\n")
             throw ExitCode(ExitCodes.code(for: error.code))
         }
     }

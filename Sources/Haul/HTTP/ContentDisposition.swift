@@ -2,8 +2,8 @@
 ///
 /// `filename*` (RFC 8187, UTF-8 percent-encoded) wins over `filename`. The result is the raw
 /// suggestion: it must go through ``FileNaming/sanitize(_:)`` before it names anything on disk.
-public enum ContentDisposition {
-    public static func filename(_ value: String) -> String? {
+package enum ContentDisposition {
+    package static func filename(_ value: String) -> String? {
         var plain: String?
         var extended: String?
         for (name, parameterValue) in parameters(value) {

@@ -2,22 +2,22 @@
 ///
 /// Either a satisfied range `bytes first-last/complete` (where `complete` may be `*`),
 /// or an unsatisfied range `bytes */complete` as sent with `416`.
-public struct ContentRange: Equatable, Sendable {
+package struct ContentRange: Equatable, Sendable {
     /// The first byte position, or `nil` for an unsatisfied range.
-    public let first: Int64?
+    package let first: Int64?
     /// The last byte position (inclusive), or `nil` for an unsatisfied range.
-    public let last: Int64?
+    package let last: Int64?
     /// The complete length of the representation, or `nil` when the server sent `*`.
-    public let completeLength: Int64?
+    package let completeLength: Int64?
 
-    public init(first: Int64?, last: Int64?, completeLength: Int64?) {
+    package init(first: Int64?, last: Int64?, completeLength: Int64?) {
         self.first = first
         self.last = last
         self.completeLength = completeLength
     }
 
     /// Parses a header value; returns `nil` for anything that is not a well-formed byte range.
-    public init?(_ value: String) {
+    package init?(_ value: String) {
         let trimmed = value.trimmingHTTPWhitespace()
         guard trimmed.count > 6, trimmed.lowercased().hasPrefix("bytes ") else { return nil }
         let rest = trimmed.dropFirst(6).trimmingHTTPWhitespace()
@@ -48,7 +48,7 @@ public struct ContentRange: Equatable, Sendable {
     }
 
     /// The number of bytes in a satisfied range.
-    public var length: Int64? {
+    package var length: Int64? {
         guard let first, let last else { return nil }
         return last - first + 1
     }

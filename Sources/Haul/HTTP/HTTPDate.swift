@@ -2,14 +2,14 @@
 ///
 /// Parsing accepts the preferred IMF-fixdate and the two obsolete forms recipients must accept
 /// (RFC 850 and asctime). Formatting always produces IMF-fixdate.
-public enum HTTPDate {
+package enum HTTPDate {
     private static let monthNames = [
         "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
     ]
     private static let dayNames = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"]
 
     /// Parses an HTTP date; returns `nil` for anything else.
-    public static func parse(_ value: String) -> Int64? {
+    package static func parse(_ value: String) -> Int64? {
         let fields = value.trimmingHTTPWhitespace().split(separator: " ", omittingEmptySubsequences: true)
         switch fields.count {
         case 6 where fields[5] == "GMT":
@@ -36,7 +36,7 @@ public enum HTTPDate {
     }
 
     /// Formats seconds since the epoch as an IMF-fixdate.
-    public static func format(_ seconds: Int64) -> String {
+    package static func format(_ seconds: Int64) -> String {
         let days = seconds >= 0 ? seconds / 86_400 : (seconds - 86_399) / 86_400
         let secondsOfDay = seconds - days * 86_400
         let (year, month, day) = civilDate(fromDays: days)

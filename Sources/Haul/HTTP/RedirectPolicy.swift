@@ -1,5 +1,5 @@
 /// Decides where a redirect may lead and which request headers may follow it.
-enum RedirectPolicy {
+package enum RedirectPolicy {
     /// Headers that carry credentials for one origin only.
     static let credentialHeaders: Set<String> = ["authorization", "cookie"]
 
@@ -7,7 +7,7 @@ enum RedirectPolicy {
     ///
     /// Refuses other schemes than http and https, and https → http unless allowed. Credentials are
     /// dropped as soon as the redirect leaves the origin (scheme, host and port) and stay dropped.
-    static func follow(
+    package static func follow(
         location: String, from current: DownloadURL, headers: [(String, String)], allowHTTPSToHTTP: Bool
     ) throws -> (DownloadURL, [(String, String)]) {
         let next: DownloadURL

@@ -27,7 +27,7 @@ public struct ResourceValidator: Codable, Equatable, Sendable {
     }
 
     /// Reads the validators of a response.
-    public init(headers: HTTPHeaders) {
+    package init(headers: HTTPHeaders) {
         self.init(
             etag: headers.first(name: "etag"), lastModified: headers.first(name: "last-modified"),
             date: headers.first(name: "date")

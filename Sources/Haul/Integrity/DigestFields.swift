@@ -13,23 +13,23 @@ import NIOHTTP1
 /// - `Content-Digest` (RFC 9530) and the obsolete `Content-MD5` describe this response's body only.
 ///
 /// Unknown algorithms and malformed members are skipped, never trusted.
-public enum DigestFields {
+package enum DigestFields {
     /// Digests of the complete file announced by a response.
-    public static func representationDigests(_ headers: HTTPHeaders) -> [Checksum] {
+    package static func representationDigests(_ headers: HTTPHeaders) -> [Checksum] {
         let modern = headers[canonicalForm: "repr-digest"].flatMap { structured(String($0)) }
         let legacy = headers[canonicalForm: "digest"].flatMap { legacyDigest(String($0)) }
         return unique(modern + legacy)
     }
 
     /// Digests of this response's body.
-    public static func contentDigests(_ headers: HTTPHeaders) -> [Checksum] {
+    package static func contentDigests(_ headers: HTTPHeaders) -> [Checksum] {
         let modern = headers[canonicalForm: "content-digest"].flatMap { structured(String($0)) }
         let md5 = headers.first(name: "content-md5").flatMap { base64Checksum(.md5, $0) }.map { [$0] } ?? []
         return unique(modern + md5)
     }
 
     /// An RFC 9530 dictionary member list: `sha-256=:BASE64:, sha-512=:BASE64:`.
-    public static func structured(_ value: String) -> [Checksum] {
+    package static func structured(_ value: String) -> [Checksum] {
         value.split(separator: ",").compactMap { member in
             let parts = member.split(separator: "=", maxSplits: 1)
             guard parts.count == 2, let algorithm = DigestAlgorithm(name: String(parts[0].trimmingHTTPWhitespace()))
@@ -44,7 +44,7 @@ public enum DigestFields {
     }
 
     /// An RFC 3230 `Digest` value: `SHA-256=BASE64,MD5=BASE64`.
-    public static func legacyDigest(_ value: String) -> [Checksum] {
+    package static func legacyDigest(_ value: String) -> [Checksum] {
         value.split(separator: ",").compactMap { member in
             let parts = member.split(separator: "=", maxSplits: 1)
             guard parts.count == 2, let algorithm = DigestAlgorithm(name: String(parts[0].trimmingHTTPWhitespace()))

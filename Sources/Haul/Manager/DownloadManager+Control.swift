@@ -64,7 +64,7 @@ extension DownloadManager {
         if let destination = identity.destination, !request.overwrite, POSIX.exists(destination),
             Self.storedProgress(DownloadPaths(destination: destination)) == nil
         {
-            throw HaulError(.destinationExists, "\(destination) already exists (overwrite it with --force)")
+            throw HaulError(.destinationExists, "\(destination) already exists")
         }
         let now = Self.now
         var record = StoredDownload(

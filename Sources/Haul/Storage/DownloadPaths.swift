@@ -1,34 +1,34 @@
 /// Where a download keeps its files: the destination and, beside it, the partial data (which also
 /// carries the lock that keeps a second process away) and the manifest.
-public struct DownloadPaths: Sendable, Equatable {
+package struct DownloadPaths: Sendable, Equatable {
     /// Suffix of the file holding the bytes received so far.
-    public static let partialSuffix = ".haul.part"
+    package static let partialSuffix = ".haul.part"
     /// Suffix of the manifest describing the partial file.
-    public static let manifestSuffix = ".haul.json"
+    package static let manifestSuffix = ".haul.json"
 
     /// The final file; it only appears once the download is complete.
-    public let destination: String
+    package let destination: String
 
-    public init(destination: String) { self.destination = destination }
+    package init(destination: String) { self.destination = destination }
 
     /// The paths of the file `fileName` in `directory`.
-    public init(directory: String, fileName: String) {
+    package init(directory: String, fileName: String) {
         self.init(destination: directory.hasSuffix("/") ? directory + fileName : directory + "/" + fileName)
     }
 
-    public var partial: String { destination + Self.partialSuffix }
-    public var manifest: String { destination + Self.manifestSuffix }
-    public var manifestTemporary: String { destination + Self.manifestSuffix + ".tmp" }
+    package var partial: String { destination + Self.partialSuffix }
+    package var manifest: String { destination + Self.manifestSuffix }
+    package var manifestTemporary: String { destination + Self.manifestSuffix + ".tmp" }
 
     /// The directory that holds all of them.
-    public var directory: String {
+    package var directory: String {
         guard let slash = destination.lastIndex(of: "/") else { return "." }
         let directory = String(destination[..<slash])
         return directory.isEmpty ? "/" : directory
     }
 
     /// The destination's file name without its directory.
-    public var fileName: String {
+    package var fileName: String {
         guard let slash = destination.lastIndex(of: "/") else { return destination }
         return String(destination[destination.index(after: slash)...])
     }

@@ -3,12 +3,12 @@
 /// A safe name has no path separator, no `..`, no control character, does not start with a dot
 /// (no hidden files, no `.`/`..`), and fits in 200 UTF-8 bytes so that Haul's suffixes still fit
 /// in the file system's 255-byte limit. Nothing named this way can leave the target directory.
-public enum FileNaming {
+package enum FileNaming {
     /// The longest name Haul gives a file, in UTF-8 bytes.
-    public static let maximumNameBytes = 200
+    package static let maximumNameBytes = 200
 
     /// Returns a safe version of `suggestion`, or `nil` when nothing usable is left.
-    public static func sanitize(_ suggestion: String) -> String? {
+    package static func sanitize(_ suggestion: String) -> String? {
         // Keep only the last path component, whichever separator the server used.
         let lastComponent = suggestion.split(whereSeparator: { $0 == "/" || $0 == "\\" }).last.map(String.init) ?? ""
         var name = String(
@@ -26,7 +26,7 @@ public enum FileNaming {
 
     /// The name for a download of `url` when the server suggests none: the last path segment,
     /// percent-decoded and sanitized, or `index.html`.
-    public static func name(fromURLPath path: String) -> String {
+    package static func name(fromURLPath path: String) -> String {
         let segment = path.split(separator: "/").last.map(String.init) ?? ""
         let decoded =
             ContentDisposition.percentDecode(segment).flatMap { String(validating: $0, as: UTF8.self) } ?? segment

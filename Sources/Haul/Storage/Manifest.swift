@@ -18,23 +18,23 @@
 /// the machine has not rebooted (the page cache survives a killed process), `durable` offsets only
 /// cover data that was flushed with `fdatasync` before the manifest naming them was written.
 /// Secrets (`Authorization`, cookies) are never stored here.
-public struct Manifest: Codable, Equatable, Sendable {
+package struct Manifest: Codable, Equatable, Sendable {
     /// The manifest layout this version of Haul writes. Format 2 hashes pieces with XXH64 and may
     /// record them out of order; format 1 recorded SHA-256 pieces, which are forgotten on reading.
-    public static let currentFormat = 2
+    package static let currentFormat = 2
 
     /// One contiguous range of the file fetched by one connection.
-    public struct Segment: Codable, Equatable, Sendable {
+    package struct Segment: Codable, Equatable, Sendable {
         /// First byte of the segment.
-        public var start: Int64
+        package var start: Int64
         /// One past the last byte, or `nil` when the total length is unknown.
-        public var end: Int64?
+        package var end: Int64?
         /// Bytes from `start` that were handed to the operating system.
-        public var written: Int64
+        package var written: Int64
         /// Bytes from `start` that were flushed to stable storage.
-        public var durable: Int64
+        package var durable: Int64
 
-        public init(start: Int64, end: Int64?, written: Int64 = 0, durable: Int64 = 0) {
+        package init(start: Int64, end: Int64?, written: Int64 = 0, durable: Int64 = 0) {
             self.start = start
             self.end = end
             self.written = written
@@ -42,32 +42,32 @@ public struct Manifest: Codable, Equatable, Sendable {
         }
     }
 
-    public var format: Int
+    package var format: Int
     /// The URL the user asked for.
-    public var originalURL: String
+    package var originalURL: String
     /// The URL the bytes came from after redirects.
-    public var finalURL: String
-    public var validator: ResourceValidator
+    package var finalURL: String
+    package var validator: ResourceValidator
     /// The complete length, when the server announced it.
-    public var totalLength: Int64?
+    package var totalLength: Int64?
     /// Whether the server advertised byte ranges (`Accept-Ranges: bytes`, or answered a range with 206).
-    public var acceptsRanges: Bool
+    package var acceptsRanges: Bool
     /// A content coding the server applied despite `Accept-Encoding: identity`; such bytes are not resumable.
-    public var contentEncoding: String?
-    public var segments: [Segment]
+    package var contentEncoding: String?
+    package var segments: [Segment]
     /// The kernel boot the `written` offsets belong to.
-    public var bootID: String?
+    package var bootID: String?
     /// The size of the pieces hashed in `pieces`.
-    public var pieceSize: Int64
+    package var pieceSize: Int64
     /// The hash of every complete piece written so far, by piece index (see `PieceHasher`); `nil`
     /// where a piece has not been (completely) written or not hashed yet. A download over one
     /// connection records them in order, one over several connections in any order.
-    public var pieces: [String?]
+    package var pieces: [String?]
     /// Seconds since the epoch.
-    public var createdAt: Int64
-    public var updatedAt: Int64
+    package var createdAt: Int64
+    package var updatedAt: Int64
 
-    public init(
+    package init(
         originalURL: String, finalURL: String, validator: ResourceValidator, totalLength: Int64?, acceptsRanges: Bool,
         contentEncoding: String?, bootID: String?, now: Int64, pieceSize: Int64 = Manifest.defaultPieceSize
     ) {
@@ -87,7 +87,7 @@ public struct Manifest: Codable, Equatable, Sendable {
     }
 
     /// 4 MiB: re-checking one piece on resume costs a few milliseconds, and a 4 GiB file needs 1,024 hashes.
-    public static let defaultPieceSize: Int64 = 4 << 20
+    package static let defaultPieceSize: Int64 = 4 << 20
 
     /// Bytes from the start of the file that can be trusted, given the partial file's current size.
     ///
@@ -96,7 +96,7 @@ public struct Manifest: Codable, Equatable, Sendable {
     /// the process died before its next checkpoint. (Data of another version is never there: starting
     /// over truncates the file before the new manifest is written.) After a reboot, only the bytes
     /// flushed before the last durable checkpoint are trusted.
-    public func trustedPrefix(currentBootID: String?, partialSize: Int64) -> Int64 {
+    package func trustedPrefix(currentBootID: String?, partialSize: Int64) -> Int64 {
         guard segments.count == 1, let first = segments.first, first.start == 0 else { return 0 }
         let sameBoot = currentBootID != nil && currentBootID == bootID
         let limit = min(partialSize, totalLength ?? Int64.max)
@@ -106,7 +106,7 @@ public struct Manifest: Codable, Equatable, Sendable {
     /// The bytes a resume keeps, over every segment: for one segment the trusted prefix; for several,
     /// each segment's written bytes on the boot that wrote them, else its durable ones, never more
     /// than the file holds.
-    public func trustedBytes(currentBootID: String?, partialSize: Int64) -> Int64 {
+    package func trustedBytes(currentBootID: String?, partialSize: Int64) -> Int64 {
         trustedRanges(currentBootID: currentBootID, partialSize: partialSize).reduce(0) {
             $0 + $1.upperBound - $1.lowerBound
         }
@@ -133,7 +133,7 @@ public struct Manifest: Codable, Equatable, Sendable {
     /// The byte ranges whose data can be trusted, given the partial file's current size, in file order:
     /// one range for a download written in order (see ``trustedPrefix(currentBootID:partialSize:)``),
     /// each segment's trusted bytes for one written over several connections.
-    public func trustedRanges(currentBootID: String?, partialSize: Int64) -> [Range<Int64>] {
+    package func trustedRanges(currentBootID: String?, partialSize: Int64) -> [Range<Int64>] {
         guard segments.count > 1 else {
             let prefix = trustedPrefix(currentBootID: currentBootID, partialSize: partialSize)
             return prefix > 0 ? [0..<prefix] : []
@@ -190,7 +190,7 @@ public struct Manifest: Codable, Equatable, Sendable {
 
 extension Manifest {
     /// Decodes and checks a manifest; anything malformed or impossible is a ``HaulError/Code/manifestCorrupt``.
-    public static func decode(_ bytes: [UInt8]) throws -> Manifest {
+    package static func decode(_ bytes: [UInt8]) throws -> Manifest {
         do {
             var manifest = try JSONDecoder().decode(Manifest.self, from: Data(bytes))
             if manifest.format == 1 {

@@ -1,7 +1,7 @@
 /// Reads rates and sizes the way curl and wget write them: `500k`, `2M`, `1.5G`, `2MiB/s`, `65536`.
 /// Suffixes count in powers of 1024, as in curl's and wget's `--limit-rate`.
-public enum ByteRate {
-    public static func parse(_ text: String) throws -> Int64 {
+package enum ByteRate {
+    package static func parse(_ text: String) throws -> Int64 {
         var rest = Substring(text.lowercased().filter { $0 != " " })
         if rest.hasSuffix("/s") { rest = rest.dropLast(2) }
         if rest.hasSuffix("ib") { rest = rest.dropLast(2) } else if rest.hasSuffix("b") { rest = rest.dropLast(1) }

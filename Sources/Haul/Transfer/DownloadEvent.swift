@@ -71,8 +71,7 @@ public enum RestartReason: Sendable, Equatable, CustomStringConvertible {
         case .multipartResponse: "the server answered a single range with multipart/byteranges"
         case .rangeNotSatisfiable(let detail): "the server refused the range (\(detail))"
         case .unvalidated:
-            "the server sends no ETag or Last-Modified, so the partial file cannot be checked "
-                + "(allow an unchecked resume with --trust-unvalidated)"
+            "the server sends no ETag or Last-Modified, so the partial file cannot be checked"
         case .untrustedPartial(let detail): "the partial file cannot be trusted (\(detail))"
         case .digestMismatch(let detail): "the file does not match the server's digest (\(detail))"
         }

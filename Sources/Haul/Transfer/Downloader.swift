@@ -115,10 +115,10 @@ extension TimeAmount {
 }
 
 /// A URL Haul accepts: http or https with a host.
-struct DownloadURL: Sendable, Equatable {
-    let url: URL
+package struct DownloadURL: Sendable, Equatable {
+    package let url: URL
 
-    init(_ text: String) throws {
+    package init(_ text: String) throws {
         guard let url = URL(string: text), let scheme = url.scheme?.lowercased() else {
             throw HaulError(.invalidURL, "not a valid URL: \(text)")
         }
@@ -137,8 +137,8 @@ struct DownloadURL: Sendable, Equatable {
         try self.init(resolved.absoluteString)
     }
 
-    var string: String { url.absoluteString }
-    var isHTTPS: Bool { url.scheme?.lowercased() == "https" }
+    package var string: String { url.absoluteString }
+    package var isHTTPS: Bool { url.scheme?.lowercased() == "https" }
 
     /// Scheme, host and port: what decides whether credentials may follow a redirect.
     var origin: String {

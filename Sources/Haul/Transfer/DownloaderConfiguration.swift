@@ -130,7 +130,7 @@ public struct DownloaderConfiguration: Sendable {
     public var redirects = Redirects()
     public var storage = Storage()
     /// Sent as `User-Agent` unless the request sets its own.
-    public var userAgent: String = "haul/\(Haul.version)"
+    public var userAgent: String = "haul/\(HaulVersion.current)"
     /// Resume even when the server gave no validator (no ETag, no Last-Modified). Haul then only
     /// compares a few bytes before the resume point; a file changed in place could be spliced.
     public var trustUnvalidatedResume: Bool = false
@@ -154,7 +154,8 @@ extension DownloaderConfiguration.Retry {
     }
 }
 
-/// Facts about this build of Haul.
-public enum Haul {
-    public static let version = "0.1.0"
+/// This build of Haul.
+public enum HaulVersion {
+    /// The version, e.g. for a `User-Agent`.
+    public static let current = "0.1.0"
 }

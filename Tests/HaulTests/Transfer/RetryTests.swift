@@ -26,7 +26,7 @@ struct RetryTests {
                 try await clock.waitForSleep(until: .seconds(1))
                 #expect(server.requests(for: "/f").count == 1)
                 clock.advance(by: .seconds(1))
-                try await download.value
+                _ = try await download.value
                 #expect(try readFile(directory + "/f") == resource.content)
                 #expect(server.requests(for: "/f").count == 3)
                 let delays = log.all.compactMap { event -> Duration? in

@@ -92,13 +92,13 @@ final class TransferFiles {
             untrusted = .untrustedPartial(error.message)
         }
         if loaded == nil, POSIX.exists(paths.destination), !request.overwrite {
-            throw HaulError(.destinationExists, "\(paths.destination) already exists; use --force to download it again")
+            throw HaulError(.destinationExists, "\(paths.destination) already exists")
         }
         if case .directory = request.destination, let loaded, loaded.originalURL != url.string {
             throw HaulError(
                 .destinationExists,
                 "\(paths.partial) belongs to a download of \(loaded.originalURL); to continue it from this URL, "
-                    + "name it explicitly (-o \(paths.fileName)), or remove it"
+                    + "name the file \(paths.fileName) explicitly, or remove it"
             )
         }
         manifestOnDisk = loaded != nil

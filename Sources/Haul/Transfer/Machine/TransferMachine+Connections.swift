@@ -97,6 +97,9 @@ extension TransferMachine {
         if let progress = meter?.record(table.written, at: now) { actions.append(.report(.progress(progress))) }
         if table.isComplete { return actions + stop(then: .verify, now: now) }
         ramp.begin(at: now, bytes: table.written)
+        if ramp.isSettling, (0..<ramp.allowed).allSatisfy({ delivers(connections[$0]) }) {
+            ramp.settled(at: now, bytes: table.written)
+        }
         actions += checkpointIfDue(now: now)
         if let allowed = ramp.update(now: now, bytes: table.written) {
             actions.append(.log("the rate still rises with more connections: now up to \(allowed)"))
@@ -262,6 +265,15 @@ extension TransferMachine {
             actions.append(.log("connection \(connection) retires (\(final.message)); the others fetch its ranges"))
         }
         return actions
+    }
+
+    /// Whether a connection delivers bytes (or has left): what the ramp waits for before measuring.
+    private func delivers(_ connection: Connection) -> Bool {
+        switch connection.state {
+        case .receiving(let receiving): receiving.progressed
+        case .retired: true
+        default: false
+        }
     }
 
     /// Whether other connections can finish the download if `connection` leaves.

@@ -1,10 +1,10 @@
 /// How many connections a download may use now: all it is allowed at once when the caller asked
 /// for a number, else one at first and more only while they add throughput.
 ///
-/// Adaptive ramping measures the download's rate over a window, doubles the connections, lets the
-/// new ones settle for a window (a request's round trip, a TCP slow start), measures again, and goes
-/// on while the rate rose by at least a quarter of what the added connections would add at the old
-/// rate per connection. Where one connection is the bottleneck (a per-connection limit, a long or
+/// Adaptive ramping measures the download's rate over a window, doubles the connections, waits until
+/// the new ones deliver (a request's round trip, a TCP slow start; at most a window), measures again,
+/// and goes on while the rate rose by at least a quarter of what the added connections would add at
+/// the old rate per connection. Where one connection is the bottleneck (a per-connection limit, a long or
 /// lossy path) each step nearly doubles the rate and the download reaches its maximum within a few
 /// windows; where it is not (a fast local server, a shared bottleneck), the rate stays flat and no
 /// more connections are opened, so the download is never slower than one connection.
@@ -50,6 +50,17 @@ struct ConnectionRamp: Sendable {
 
     /// Stops adding connections (the file is about to be complete, or cannot be split further).
     mutating func stop() { stage = .done }
+
+    /// Every connection allowed now delivers: measure from here rather than wait out the settling window.
+    mutating func settled(at now: Moment, bytes: Int64) {
+        guard case .settling = stage else { return }
+        stage = .measuring(since: now, bytes: bytes)
+    }
+
+    /// Whether the ramp waits for newly added connections to deliver.
+    var isSettling: Bool {
+        if case .settling = stage { true } else { false }
+    }
 
     /// When ``update(now:bytes:)`` has something to decide next.
     var nextDecision: Moment? {

@@ -1,0 +1,25 @@
+import Haul
+
+/// What `haul` adds to the library's messages: the option that helps, where one does. The library
+/// describes what happened; only the command line knows its own options.
+extension HaulError {
+    /// The message, with a hint naming the option that helps.
+    var messageWithHint: String {
+        switch code {
+        // The partial data of another URL's download is in the way of the name the server chose.
+        case .destinationExists where message.contains(" belongs to a download of "):
+            "\(message) (-o NAME names the file)"
+        case .destinationExists:
+            "\(message); use --force to replace it once the new download is complete"
+        default:
+            message
+        }
+    }
+}
+
+extension RestartReason {
+    /// The reason, with a hint naming the option that helps.
+    var descriptionWithHint: String {
+        self == .unvalidated ? "\(description) (allow an unchecked resume with --trust-unvalidated)" : description
+    }
+}
