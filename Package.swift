@@ -75,6 +75,7 @@ let package = Package(
             dependencies: [
                 "Haul", "HaulTestServer",
                 .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),
             ]
         ),

@@ -9,7 +9,10 @@
 #   bench/compare.sh --many [COUNT]          3. COUNT files of 16 KiB (default 2000), 16 at a time
 #   bench/compare.sh --https [SIZE_MIB]      4. one file (default 1024 MiB) over TLS, HTTP/2 where the tool speaks it
 #   bench/compare.sh --https-many [COUNT]    5. as 3, over TLS with HTTP/2
+#   bench/compare.sh --paced [SIZE_MIB]      6. one file (default 1024 MiB) over TLS with HTTP/2 offered, each
+#                                               TCP connection held to 20 MiB/s (bench/paced_relay.py)
 #   RUNS=5 bench/compare.sh 1024
+#   HAUL_BIN=/path/to/haul bench/compare.sh ...   measure another build of haul
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
@@ -19,12 +22,18 @@ case "${1:-}" in
     --many) mode=many; shift ;;
     --https) mode=https; shift ;;
     --https-many) mode=https-many; shift ;;
+    --paced) mode=paced; shift ;;
 esac
 runs="${RUNS:-3}"
 bench_install
 command -v bc >/dev/null || { apt-get update -qq; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bc; }
-(cd "$ROOT_DIR" && swift build -c release --product haul >/dev/null 2>&1) || { echo "the release build failed"; exit 1; }
-HAUL="$ROOT_DIR/.build/release/haul"
+# HAUL_BIN runs another build of haul (an earlier version, say) through the same script.
+if [ -n "${HAUL_BIN:-}" ]; then
+    HAUL="$HAUL_BIN"
+else
+    (cd "$ROOT_DIR" && swift build -c release --product haul >/dev/null 2>&1) || { echo "the release build failed"; exit 1; }
+    HAUL="$ROOT_DIR/.build/release/haul"
+fi
 out="$DATA_DIR/out"
 state="$DATA_DIR/haul-state"
 mkdir -p "$out"
@@ -34,24 +43,38 @@ add() { labels+=("$1"); commands+=("$2"); }
 
 curl_label="curl -o"
 case "$mode" in
-    single | throttled | https)
+    single | throttled | https | paced)
         if [ "$mode" = single ]; then size="${1:-4096}"; else size="${1:-1024}"; fi
         bench_file "compare.bin" "$size"
         path="compare.bin"
         [ "$mode" = throttled ] && path="slow/compare.bin"
         url="$BASE_URL/$path"
         [ "$mode" = https ] && url="$TLS_URL/$path"
+        [ "$mode" = paced ] && url="$PACED_URL/$path"
         target="$out/compare.bin"
         units="$size"
         unit="MiB/s"
         haul="$HAUL get $url -o $target -q --state-dir $state"
-        if [ "$mode" = https ]; then
+        if [ "$mode" = paced ]; then
+            title="One ${size} MiB file over TLS (HTTP/2 for haul and curl), each TCP connection held to 20 MiB/s"
+            aria="aria2c -q --ca-certificate=$CA_CERT --allow-overwrite=true --file-allocation=none -d $out -o compare.bin"
+            haul="$haul --ca-cert $CA_CERT"
+            add "haul get -x 1" "$haul -x 1"
+            add "haul get (default: 1, up to 4)" "$haul"
+            add "haul get -x 4" "$haul -x 4"
+            add "curl -o" "curl -sS --http2 --cacert $CA_CERT -o $target $url"
+            add "aria2c -x1" "$aria -x1 $url"
+            add "aria2c -x4 -s4" "$aria -x4 -s4 $url"
+            add "axel -n 4 -k" "axel -q -k -n 4 -o $target $url"
+            aria_label="aria2c -x4 -s4"
+        elif [ "$mode" = https ]; then
             title="One ${size} MiB file over TLS on loopback (HTTP/2 for haul and curl)"
             aria="aria2c -q --ca-certificate=$CA_CERT --allow-overwrite=true --file-allocation=none -d $out -o compare.bin"
             haul="$haul --ca-cert $CA_CERT"
             add "haul get -x 1" "$haul -x 1"
-            add "haul get (default -x 4)" "$haul"
-            add "haul get -x 4 --no-http2" "$haul --no-http2"
+            add "haul get (default: 1, up to 4)" "$haul"
+            add "haul get -x 4" "$haul -x 4"
+            add "haul get -x 4 --no-http2" "$haul --no-http2 -x 4"
             add "haul get -x 8 --no-http2" "$haul -x 8 --no-http2"
             add "curl -o" "curl -sS --http2 --cacert $CA_CERT -o $target $url"
             add "curl -o && sync" "curl -sS --http2 --cacert $CA_CERT -o $target $url && sync $target"
@@ -63,7 +86,8 @@ case "$mode" in
         elif [ "$mode" = single ]; then
             title="One ${size} MiB file over loopback"
             add "haul get -x 1" "$haul -x 1"
-            add "haul get (default -x 4)" "$haul"
+            add "haul get (default: 1, up to 4)" "$haul"
+            add "haul get -x 4" "$haul -x 4"
             add "haul get -x 8" "$haul -x 8"
             add "curl -o" "curl -sS -o $target $url"
             add "curl -o && sync" "curl -sS -o $target $url && sync $target"
@@ -130,7 +154,8 @@ case "$mode" in
 esac
 
 bench_start_nginx
-trap bench_stop_nginx EXIT
+trap 'bench_stop_relay; bench_stop_nginx' EXIT
+[ "$mode" = paced ] && bench_start_relay $((20 * 1024 * 1024))
 
 declare -A median_wall median_cpu median_rss
 for index in "${!labels[@]}"; do

@@ -82,6 +82,26 @@ CONF
         || { echo "nginx does not serve HTTP/2 over TLS" >&2; return 1; }
 }
 
+# bench_start_relay PORT RATE: bench/paced_relay.py on 127.0.0.1:PORT in front of nginx's TLS port,
+# holding each TCP connection to RATE bytes per second. PACED_URL reaches the files through it.
+PACED_PORT="${HAUL_BENCH_PACED_PORT:-8490}"
+PACED_URL="https://127.0.0.1:$PACED_PORT"
+bench_start_relay() {
+    python3 "$BENCH_DIR/paced_relay.py" "$PACED_PORT" "$TLS_PORT" "$1" &
+    RELAY_PID=$!
+    for _ in $(seq 50); do
+        curl -s --cacert "$CA_CERT" -o /dev/null "$PACED_URL/" 2>/dev/null && return
+        sleep 0.1
+    done
+    echo "the pacing relay did not start" >&2
+    return 1
+}
+
+bench_stop_relay() {
+    [ -n "${RELAY_PID:-}" ] && kill "$RELAY_PID" 2>/dev/null
+    true
+}
+
 bench_stop_nginx() {
     if [ -f "$DATA_DIR/nginx/nginx.pid" ]; then
         kill "$(cat "$DATA_DIR/nginx/nginx.pid")" 2>/dev/null || true

@@ -11,6 +11,7 @@ public struct HaulError: Error, Sendable, CustomStringConvertible {
         /// Codes are made here, and read back by name from the download manager's database.
         init(_ name: String) { self.name = name }
 
+        /// The code's name.
         public var description: String { name }
 
         /// The URL could not be parsed or has no host.
@@ -57,6 +58,7 @@ public struct HaulError: Error, Sendable, CustomStringConvertible {
         public static let database = Code("database")
     }
 
+    /// What kind of failure this is; stable across releases.
     public let code: Code
     /// A one-line, human-readable explanation.
     public let message: String
@@ -65,6 +67,7 @@ public struct HaulError: Error, Sendable, CustomStringConvertible {
     /// The error that caused this one, if any.
     public let underlying: (any Error)?
 
+    /// An error with `code` and a one-line `message`; `status` and `underlying` when they apply.
     public init(_ code: Code, _ message: String, status: Int? = nil, underlying: (any Error)? = nil) {
         self.code = code
         self.message = message
@@ -72,5 +75,6 @@ public struct HaulError: Error, Sendable, CustomStringConvertible {
         self.underlying = underlying
     }
 
+    /// The message.
     public var description: String { message }
 }

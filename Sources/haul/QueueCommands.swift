@@ -11,6 +11,20 @@ private func parseIDs(_ values: [String]) throws -> [DownloadID] {
     }
 }
 
+/// Does `action` to each download in `ids`, in order, printing `done ID` after each.
+private func forEach(
+    _ ids: [String], _ state: StateOptions, saying done: String,
+    _ action: @escaping @Sendable (DownloadManager, DownloadID) async throws -> Void
+) async throws {
+    let selected = try parseIDs(ids)
+    try await withQueue(state) { manager in
+        for id in selected {
+            try await action(manager, id)
+            Output.standardOutput("\(done) \(id)\n")
+        }
+    }
+}
+
 /// Runs `body`, turning a ``HaulError`` into its one-line message and exit code.
 func reportingErrors<Result>(_ body: () async throws -> Result) async throws -> Result {
     do {
@@ -215,13 +229,7 @@ struct Pause: AsyncParsableCommand {
     func validate() throws { _ = try parseIDs(ids) }
 
     func run() async throws {
-        let selected = try parseIDs(ids)
-        try await withQueue(state) { manager in
-            for id in selected {
-                try await manager.pause(id)
-                Output.standardOutput("paused \(id)\n")
-            }
-        }
+        try await forEach(ids, state, saying: "paused") { manager, id in try await manager.pause(id) }
     }
 }
 
@@ -241,12 +249,9 @@ struct Remove: AsyncParsableCommand {
     func validate() throws { _ = try parseIDs(ids) }
 
     func run() async throws {
-        let selected = try parseIDs(ids)
-        try await withQueue(state) { manager in
-            for id in selected {
-                try await manager.remove(id, deletingFiles: deleteFiles)
-                Output.standardOutput("removed \(id)\n")
-            }
+        let deleteFiles = deleteFiles
+        try await forEach(ids, state, saying: "removed") { manager, id in
+            try await manager.remove(id, deletingFiles: deleteFiles)
         }
     }
 }

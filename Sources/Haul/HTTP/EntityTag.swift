@@ -5,6 +5,7 @@ public struct EntityTag: Hashable, Sendable, Codable, CustomStringConvertible {
     /// A weak tag says two representations are equivalent, not byte-identical; it never validates a range.
     public let isWeak: Bool
 
+    /// The tag `opaqueTag` (without quotes), weak or strong.
     public init(opaqueTag: String, isWeak: Bool) {
         self.opaqueTag = opaqueTag
         self.isWeak = isWeak

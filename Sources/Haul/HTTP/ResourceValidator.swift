@@ -16,6 +16,7 @@ public struct ResourceValidator: Codable, Equatable, Sendable {
     /// Digests of the complete file, from `Repr-Digest` or `Digest`.
     public var digests: [Checksum]
 
+    /// A validator with these parts (none by default).
     public init(
         entityTag: EntityTag? = nil, lastModified: String? = nil, lastModifiedIsStrong: Bool = false,
         digests: [Checksum] = []
@@ -35,6 +36,7 @@ public struct ResourceValidator: Codable, Equatable, Sendable {
         self.digests = DigestFields.representationDigests(headers)
     }
 
+    /// Reads a validator stored by an earlier version (digests were added later).
     public init(from decoder: any Decoder) throws {
         let container = try decoder.container(keyedBy: CodingKeys.self)
         entityTag = try container.decodeIfPresent(EntityTag.self, forKey: .entityTag)

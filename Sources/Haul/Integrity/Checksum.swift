@@ -26,6 +26,7 @@ public enum DigestAlgorithm: String, Sendable, Codable, CaseIterable, Comparable
     /// MD5 and SHA-1 still catch corruption but no longer resist a deliberate forgery.
     public var isWeak: Bool { self == .md5 || self == .sha1 }
 
+    /// The length of a digest of this algorithm, in bytes.
     public var digestByteCount: Int {
         switch self {
         case .md5: 16
@@ -37,14 +38,18 @@ public enum DigestAlgorithm: String, Sendable, Codable, CaseIterable, Comparable
 
     private var strength: Int { Self.allCases.firstIndex(of: self)! }
 
+    /// Weaker algorithms compare smaller.
     public static func < (left: DigestAlgorithm, right: DigestAlgorithm) -> Bool { left.strength < right.strength }
 }
 
 /// An expected digest of a file (or of one response body).
 public struct Checksum: Sendable, Hashable, Codable, CustomStringConvertible {
+    /// The hash function.
     public let algorithm: DigestAlgorithm
+    /// The digest's bytes.
     public let digest: [UInt8]
 
+    /// A checksum of `algorithm` with these digest bytes.
     public init(algorithm: DigestAlgorithm, digest: [UInt8]) {
         self.algorithm = algorithm
         self.digest = digest
@@ -70,8 +75,10 @@ public struct Checksum: Sendable, Hashable, Codable, CustomStringConvertible {
         self.init(algorithm: algorithm, digest: digest)
     }
 
+    /// The digest in lowercase hexadecimal.
     public var hex: String { digest.map { ($0 < 16 ? "0" : "") + String($0, radix: 16) }.joined() }
 
+    /// `ALG=HEX`, as `--checksum` takes it.
     public var description: String { "\(algorithm.rawValue)=\(hex)" }
 
     static func bytes(fromHex hex: String) -> [UInt8]? {

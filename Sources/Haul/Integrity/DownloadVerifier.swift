@@ -3,7 +3,9 @@
 public enum DownloadVerifier {
     /// The result of checking a partial download.
     public struct PartialReport: Sendable, Equatable {
+        /// The file the download will have when complete.
         public let destination: String
+        /// The size of the pieces whose hashes the manifest keeps.
         public let pieceSize: Int64
         /// Pieces whose hash was recorded and checked.
         public let piecesChecked: Int
@@ -16,6 +18,7 @@ public enum DownloadVerifier {
         public let bytesKept: Int64
         /// Trusted bytes outside the recorded pieces, which have no hash yet and cannot be checked.
         public var bytesUnchecked: Int64 { damagedPieces.isEmpty ? bytesBefore - Int64(piecesChecked) * pieceSize : 0 }
+        /// The file's length, when known.
         public let totalBytes: Int64?
     }
 

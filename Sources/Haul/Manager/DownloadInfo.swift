@@ -6,25 +6,35 @@
 
 /// The stable identity of a download in a ``DownloadManager``; it survives restarts of the process.
 public struct DownloadID: Hashable, Sendable, Comparable, CustomStringConvertible, Codable {
+    /// The number the state database gave the download.
     public let rawValue: Int64
 
+    /// The ID with this number.
     public init(_ rawValue: Int64) { self.rawValue = rawValue }
 
+    /// The number, as `haul ls` shows it.
     public var description: String { String(rawValue) }
 
+    /// Earlier downloads have smaller IDs.
     public static func < (left: DownloadID, right: DownloadID) -> Bool { left.rawValue < right.rawValue }
 }
 
 /// Which waiting download starts first: higher priorities first, then in the order they were enqueued.
 public struct DownloadPriority: Hashable, Sendable, Comparable, CustomStringConvertible {
+    /// Higher numbers start first.
     public let rawValue: Int
 
+    /// A priority of `rawValue`; ``low``, ``normal`` and ``high`` are -10, 0 and 10.
     public init(_ rawValue: Int) { self.rawValue = rawValue }
 
+    /// Starts after every normal and high priority download.
     public static let low = DownloadPriority(-10)
+    /// The default.
     public static let normal = DownloadPriority(0)
+    /// Starts before every normal and low priority download.
     public static let high = DownloadPriority(10)
 
+    /// `low`, `normal`, `high`, or the number.
     public var description: String {
         switch self {
         case .low: "low"
@@ -34,6 +44,7 @@ public struct DownloadPriority: Hashable, Sendable, Comparable, CustomStringConv
         }
     }
 
+    /// Lower priorities compare smaller.
     public static func < (left: DownloadPriority, right: DownloadPriority) -> Bool { left.rawValue < right.rawValue }
 }
 
@@ -54,6 +65,7 @@ public enum DownloadState: String, Sendable, CaseIterable, Codable, CustomString
     /// Stopped for good by the user; its partial data was deleted.
     case cancelled
 
+    /// The state's name, as the database and `haul ls` write it.
     public var description: String { rawValue }
 
     /// Whether the download has ended (it starts again only when asked to).
@@ -62,6 +74,7 @@ public enum DownloadState: String, Sendable, CaseIterable, Codable, CustomString
 
 /// Everything known about one download, whether or not it is running and in whichever process.
 public struct DownloadInfo: Sendable, Identifiable {
+    /// The download's ID, stable while its record exists.
     public let id: DownloadID
     /// The URL the next attempt uses (the latest one given, for links that expire).
     public var url: String
@@ -69,10 +82,13 @@ public struct DownloadInfo: Sendable, Identifiable {
     public var destination: String?
     /// The directory the file goes to, when the request named a directory rather than a file.
     public var directory: String?
+    /// Where the download stands.
     public var state: DownloadState
+    /// Its place in the queue: higher priorities start first.
     public var priority: DownloadPriority
     /// Bytes on disk that a resume keeps.
     public var bytes: Int64
+    /// The file's length, once the server announced it.
     public var totalBytes: Int64?
     /// Bytes per second, while running.
     public var bytesPerSecond: Double?
@@ -80,7 +96,9 @@ public struct DownloadInfo: Sendable, Identifiable {
     public var secondsRemaining: Double?
     /// Why the download failed, or why it paused by itself (a full disk).
     public var error: HaulError?
+    /// When the download was first enqueued.
     public var createdAt: Date
+    /// When it completed, failed or was cancelled.
     public var finishedAt: Date?
 
     /// Between 0 and 1, when the total is known.
@@ -99,16 +117,23 @@ public struct DownloadInfo: Sendable, Identifiable {
 
 /// Progress summed over several downloads, weighted by bytes.
 public struct AggregateProgress: Sendable, Equatable {
+    /// Bytes stored, over every download counted.
     public var bytes: Int64 = 0
     /// The sum of the known totals.
     public var totalBytes: Int64 = 0
     /// Downloads whose total is not known yet; while any are, `fraction` is only a lower bound.
     public var downloadsWithUnknownTotal: Int = 0
+    /// The running downloads' speed together, in bytes per second.
     public var bytesPerSecond: Double = 0
+    /// Downloads transferring now.
     public var running: Int = 0
+    /// Downloads waiting for a free slot.
     public var queued: Int = 0
+    /// Downloads whose file is complete.
     public var completed: Int = 0
+    /// Downloads that failed.
     public var failed: Int = 0
+    /// Every download counted.
     public var downloads: Int = 0
 
     /// Bytes done over bytes expected, counting only downloads whose total is known.
@@ -120,6 +145,7 @@ public struct AggregateProgress: Sendable, Equatable {
 
 /// What a ``DownloadManager`` reports about its downloads.
 public struct DownloadManagerEvent: Sendable {
+    /// What happened.
     public enum Kind: Sendable {
         /// A download was enqueued.
         case added
@@ -131,6 +157,7 @@ public struct DownloadManagerEvent: Sendable {
         case removed
     }
 
+    /// What happened.
     public let kind: Kind
     /// The download as it stands after the event.
     public let download: DownloadInfo

@@ -26,6 +26,7 @@ import Logging
 /// SQLite (`downloads.sqlite` in the state directory, WAL mode), shared safely by several processes;
 /// each download is run by at most one manager at a time.
 public actor DownloadManager {
+    /// How the queue behaves. Every value has a default that suits a command-line queue.
     public struct Configuration: Sendable {
         /// What a newly opened manager does with the downloads left queued (or running) by a manager
         /// that is gone.
@@ -40,6 +41,7 @@ public actor DownloadManager {
 
         /// At most this many downloads transfer at once; the rest wait.
         public var maxConcurrentDownloads: Int = 3
+        /// What happens to the downloads a manager that is gone left queued or running.
         public var restoredDownloads: RestoredDownloads = .resume
         /// Room that must stay free on a destination's volume beyond what its download still needs.
         public var freeSpaceMargin: Int64 = 64 << 20
@@ -52,6 +54,7 @@ public actor DownloadManager {
         /// The least time between two progress events of one download.
         public var progressInterval: Duration = .milliseconds(500)
 
+        /// The defaults.
         public init() {}
     }
 
@@ -66,7 +69,9 @@ public actor DownloadManager {
     /// The database file's name inside the state directory.
     public static let databaseName = "downloads.sqlite"
 
+    /// The directory of the state database (absolute).
     public nonisolated let stateDirectory: String
+    /// The queue's settings (``setMaxConcurrentDownloads(_:)`` changes the limit at run time).
     public private(set) var configuration: Configuration
     let store: DownloadStore
     let downloader: Downloader

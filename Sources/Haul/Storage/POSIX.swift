@@ -271,6 +271,7 @@ enum POSIX {
 
 /// An `errno` value, kept as the underlying error of a ``HaulError``.
 public struct SystemError: Error, Sendable, Equatable {
+    /// The `errno` value.
     public let code: Int32
 }
 

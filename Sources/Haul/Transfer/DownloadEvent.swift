@@ -13,7 +13,9 @@ public enum DownloadEvent: Sendable {
 
 /// The facts known once the server has answered.
 public struct DownloadStart: Sendable, Equatable {
+    /// The path of the file being written.
     public let destination: String
+    /// The URL the bytes come from, after redirects.
     public let url: String
     /// The complete length, if the server announced it.
     public let totalBytes: Int64?
@@ -21,12 +23,15 @@ public struct DownloadStart: Sendable, Equatable {
     public let resumedFrom: Int64
     /// Whether an interruption can be resumed (byte ranges and a validator).
     public let resumable: Bool
+    /// What identifies the version of the file being downloaded.
     public let validator: ResourceValidator
 }
 
 /// A progress report; `bytes` never decreases between two `started` events and never exceeds `totalBytes`.
 public struct DownloadProgress: Sendable, Equatable {
+    /// Bytes stored so far.
     public let bytes: Int64
+    /// The file's length, when known.
     public let totalBytes: Int64?
     /// Average over the last few seconds, in bytes per second.
     public let bytesPerSecond: Double
@@ -61,6 +66,7 @@ public enum RestartReason: Sendable, Equatable, CustomStringConvertible {
     /// The complete file does not match the digest the server announced for it.
     case digestMismatch(String)
 
+    /// A one-line explanation for people.
     public var description: String {
         switch self {
         case .remoteChanged(let detail): "the remote file changed (\(detail))"
@@ -82,6 +88,7 @@ public enum RestartReason: Sendable, Equatable, CustomStringConvertible {
 public struct DownloadResult: Sendable, Equatable {
     /// The path of the complete file.
     public let destination: String
+    /// The URL the caller asked for.
     public let url: String
     /// The size of the file.
     public let bytes: Int64
@@ -89,6 +96,8 @@ public struct DownloadResult: Sendable, Equatable {
     public let bytesFetched: Int64
     /// Bytes kept from earlier sessions.
     public let resumedFrom: Int64
+    /// How often the download started over from byte 0 in this call.
     public let restarts: Int
+    /// What identifies the version of the file being downloaded.
     public let validator: ResourceValidator
 }

@@ -9,7 +9,9 @@ public struct DownloadRequest: Sendable {
         case directory(String)
     }
 
+    /// The http or https URL of the file.
     public var url: String
+    /// Where the file goes.
     public var destination: Destination
     /// Extra request headers, e.g. `Authorization`. They are sent, never stored; `Authorization`
     /// and `Cookie` are dropped when a redirect leaves the origin.
@@ -21,6 +23,7 @@ public struct DownloadRequest: Sendable {
     /// The most bytes per second this download may receive (`nil`: no limit of its own).
     public var bytesPerSecondLimit: Int64?
 
+    /// A request for `url` into `destination`; the rest has defaults (no extra headers, no overwriting, no checksum, no limit of its own).
     public init(
         url: String, destination: Destination, headers: [(name: String, value: String)] = [], overwrite: Bool = false,
         checksum: Checksum? = nil, bytesPerSecondLimit: Int64? = nil

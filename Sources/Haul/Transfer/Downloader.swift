@@ -25,6 +25,7 @@ import NIOSSL
 /// and the next call with the same destination resumes it; the call then throws
 /// ``HaulError/Code/cancelled``.
 public final class Downloader: Sendable {
+    /// How the downloader behaves.
     public let configuration: DownloaderConfiguration
     /// One HTTP client per connection of a download (see ``ConnectionLanes``).
     let lanes: ConnectionLanes
@@ -67,8 +68,12 @@ public final class Downloader: Sendable {
         clientConfiguration.tlsConfiguration = tls
         // Haul retries with its own backoff and reports each attempt; a refused connection should reach it at once.
         clientConfiguration.connectionPool.retryConnectionEstablishment = false
-        clientConfiguration.connectionPool.concurrentHTTP1ConnectionsPerHostSoftLimit =
-            configuration.connectionsPerHost ?? max(8, configuration.segmentation.connections)
+        // Connection k of every download goes through client k: each client needs about as many
+        // connections to a host as downloads run at once, and together they keep to the limit.
+        let lanes = max(1, configuration.segmentation.connections)
+        let perHost = configuration.connectionsPerHost ?? max(8, lanes)
+        clientConfiguration.connectionPool.concurrentHTTP1ConnectionsPerHostSoftLimit = max(
+            8, (perHost + lanes - 1) / lanes)
         clientConfiguration.http2StreamChannelDebugInitializer = { HTTP2BodyCoalescer.install(on: $0) }
         let lanesConfiguration = clientConfiguration
         self.lanes = ConnectionLanes(count: configuration.segmentation.connections) {

@@ -7,6 +7,7 @@ public struct DownloaderConfiguration: Sendable {
         public var maximumRetries: Int = 10
         /// The first backoff delay; each further failure doubles it, up to `maximumDelay`.
         public var initialDelay: Duration = .seconds(1)
+        /// The longest backoff delay.
         public var maximumDelay: Duration = .seconds(60)
         /// Spread each delay randomly over its upper half, so many clients do not retry in lockstep.
         public var jitter: Bool = true
@@ -15,23 +16,29 @@ public struct DownloaderConfiguration: Sendable {
         /// Restarts from zero (the remote file changed, ranges were ignored…) allowed in one call.
         public var maximumRestarts: Int = 8
 
+        /// The defaults.
         public init() {}
     }
 
+    /// How long to wait for a connection and for data.
     public struct Timeouts: Sendable {
         /// Time allowed to open a connection.
         public var connect: Duration = .seconds(15)
         /// Time without receiving a byte after which the connection is considered stalled and retried.
         public var stall: Duration = .seconds(30)
 
+        /// The defaults.
         public init() {}
     }
 
+    /// Which redirects are followed.
     public struct Redirects: Sendable {
+        /// The most redirects followed for one request.
         public var maximum: Int = 20
         /// Follow a redirect from https to http. Off by default: it would expose the transfer.
         public var allowHTTPSToHTTP: Bool = false
 
+        /// The defaults.
         public init() {}
     }
 
@@ -67,6 +74,7 @@ public struct DownloaderConfiguration: Sendable {
         /// 4 connections 2.6 s against 2.9 s; over one connection it makes no difference.
         public var fileAllocation: FileAllocation = .fallocate
 
+        /// The defaults.
         public init() {}
     }
 
@@ -102,6 +110,7 @@ public struct DownloaderConfiguration: Sendable {
         /// How long the rate is measured before and after adding connections.
         var rampWindow: Duration = .milliseconds(500)
 
+        /// The defaults.
         public init() {}
     }
 
@@ -115,19 +124,28 @@ public struct DownloaderConfiguration: Sendable {
         /// connections to one host then share one connection. `false` keeps to HTTP/1.1.
         public var allowHTTP2: Bool = true
 
+        /// The defaults.
         public init() {}
     }
 
+    /// When failed attempts are retried.
     public var retry = Retry()
+    /// How many connections one download uses.
     public var segmentation = Segmentation()
+    /// How https connections are made.
     public var tls = TLS()
-    /// The most connections open to one host at once over all downloads of a downloader; requests
-    /// beyond it wait for a connection to be free (connections are kept alive and reused). `nil`:
-    /// as many as one download uses (``Segmentation/connections``), and at least 8. The download
-    /// manager sets it to its concurrent downloads times the connections per download.
+    /// About the most HTTP/1.1 connections open to one host at once over all downloads of a
+    /// downloader, shared out over the connections of a download (each has an HTTP client of its own,
+    /// with at least 8); requests beyond it wait for a connection to be free (connections are kept
+    /// alive and reused). `nil`: as many as one download uses (``Segmentation/connections``), and at
+    /// least 8. The download manager sets it to its concurrent downloads times the connections per
+    /// download.
     public var connectionsPerHost: Int?
+    /// How long to wait for a connection and for data.
     public var timeouts = Timeouts()
+    /// Which redirects are followed.
     public var redirects = Redirects()
+    /// How bytes reach the disk.
     public var storage = Storage()
     /// Sent as `User-Agent` unless the request sets its own.
     public var userAgent: String = "haul/\(HaulVersion.current)"
@@ -141,6 +159,7 @@ public struct DownloaderConfiguration: Sendable {
     /// The least time between two progress events.
     public var progressInterval: Duration = .milliseconds(200)
 
+    /// The defaults.
     public init() {}
 }
 

@@ -52,6 +52,20 @@ extension TransferMachine {
                         limit: table.segments[segment].end, answerEnd: ask.to ?? facts.totalLength,
                         contentDigests: facts.contentDigests))
             ]
+        case .restart, .retry, .fail:
+            return refused(verdict, on: connection, now: now)
+        case .alreadyComplete, .probeRefused:
+            // Never an answer to a range: the classifier restarts those.
+            connections[connection].state = .idle
+            return [.drop(connection: connection)]
+                + restart(.rangeNotSatisfiable("416 to bytes \(ask.from)-"), now: now)
+        }
+    }
+
+    /// Drops an answer that ends its request the same way whatever the request asked: the file
+    /// changed (start over), the server asks to come back (retry), or a failure no retry mends.
+    mutating func refused(_ verdict: ResponseVerdict, on connection: Int, now: Moment) -> [TransferAction] {
+        switch verdict {
         case .restart(let reason):
             connections[connection].state = .idle
             return [.drop(connection: connection)] + restart(reason, now: now)
@@ -61,11 +75,9 @@ extension TransferMachine {
         case .fail(let code, let message, let status):
             connections[connection].state = .idle
             return [.drop(connection: connection)] + fail(HaulError(code, message, status: status), now: now)
-        case .alreadyComplete, .probeRefused:
-            // Never an answer to a range: the classifier restarts those.
+        case .accept, .alreadyComplete, .probeRefused:
             connections[connection].state = .idle
             return [.drop(connection: connection)]
-                + restart(.rangeNotSatisfiable("416 to bytes \(ask.from)-"), now: now)
         }
     }
 

@@ -386,9 +386,6 @@ struct TransferMachine: Sendable {
             probesRanges = false
             return [.drop(connection: connection), .log("the server refused bytes=0-; asking without a range")]
                 + probe(now: now)
-        case .restart(let reason):
-            connections[connection].state = .idle
-            return [.drop(connection: connection)] + restart(reason, now: now)
         case .retry(let status, _) where ask.kind == .fresh(probesRanges: true):
             // A server that refuses the range, or asks to come back later for it, may still serve the
             // file to a plain request, as a download over one connection asks at once.
@@ -399,12 +396,8 @@ struct TransferMachine: Sendable {
                 .log("the server answered bytes=0- with \(status); asking without a range"),
             ]
                 + probe(now: now)
-        case .retry(let status, let retryAfter):
-            return [.drop(connection: connection)]
-                + failed(connection, Self.retryable(status: status, retryAfter: retryAfter), now: now)
-        case .fail(let code, let message, let status):
-            connections[connection].state = .idle
-            return [.drop(connection: connection)] + fail(HaulError(code, message, status: status), now: now)
+        case .restart, .retry, .fail:
+            return refused(verdict, on: connection, now: now)
         }
     }
 
