@@ -158,9 +158,12 @@ struct RangeReceiver: Sendable {
         var inFlight: Task<Receipt, Never>?
         var writeError: (any Error)?
         var bodyHasher: StreamingHasher?
+        /// Where the answer ends, when its length is known.
+        let answerEnd: Int64?
 
         init(receiver: RangeReceiver, plan: ReceivePlan) {
             self.receiver = receiver
+            answerEnd = plan.answerEnd
             segment = plan.segment
             position = plan.bodyStart
             writeFrom = plan.writeStart
@@ -174,6 +177,14 @@ struct RangeReceiver: Sendable {
             bodyHasher =
                 plan.contentDigests.isEmpty
                 ? nil : StreamingHasher(algorithms: Set(plan.contentDigests.map(\.algorithm)))
+        }
+
+        /// The size of a new block that keeps `tail` bytes of the last one: a block's worth, or what is
+        /// left of the answer when less (a small file's last write allocates no full block). A block
+        /// grows when a connection goes on into another range.
+        func nextCapacity(keeping tail: Int) -> Int {
+            let left = answerEnd.map { max(0, $0 - position) } ?? Int64(receiver.blockSize)
+            return Int(min(Int64(receiver.blockSize), Int64(tail + WriteBlock.pageSize) + left))
         }
 
         /// Passes over the body bytes before ``writeFrom``.
@@ -203,7 +214,7 @@ struct RangeReceiver: Sendable {
             if writable > 0 {
                 guard await collect() else { return false }
                 let data = block
-                block = spare ?? WriteBlock(capacity: receiver.blockSize, start: 0)
+                block = spare ?? WriteBlock(capacity: nextCapacity(keeping: data.count - writable), start: 0)
                 spare = nil
                 data.moveTail(after: writable, into: block)
                 let pieces = self.pieces

@@ -131,6 +131,8 @@ final class TransferDriver {
             for await event in events {
                 switch event {
                 case .machine(let event):
+                    // The timer that fired is spent (a cancelled one may still have posted: keep a later one).
+                    if case .timer = event, let timer, timer.deadline <= clock.now { self.timer = nil }
                     await perform(event)
                 case .answer(let request, let head, let reply):
                     heads[request.connection] = head
@@ -302,14 +304,16 @@ final class TransferDriver {
             failure: { fetcher.failure($0) })
     }
 
-    /// Wakes the machine at its next deadline.
+    /// Wakes the machine at its next deadline. A timer set for an earlier moment is kept: most events
+    /// only push the deadline later (a stall deadline moves with every write), and a wake-up before
+    /// anything is due costs the machine nothing, where a new timer per event would cost a task each.
     private func rearmTimer() {
         guard let deadline = machine.nextDeadline else {
             timer?.task.cancel()
             timer = nil
             return
         }
-        if let timer, timer.deadline == deadline { return }
+        if let timer, timer.deadline <= deadline { return }
         timer?.task.cancel()
         let clock = self.clock
         let post = self.post
