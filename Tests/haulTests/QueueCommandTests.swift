@@ -37,8 +37,12 @@ struct QueueCommandTests {
             partials = names.filter { (size(directory + "/\($0).haul.part") ?? 0) > 100_000 }
             try await Task.sleep(for: .milliseconds(20))
         }
-        try await Task.sleep(for: .milliseconds(1200))
-        let live = try await listDownloads(state)
+        // The running process records each download's rate at its next progress tick: ask until it has.
+        var live = try await listDownloads(state)
+        while live.filter({ ($0["bytesPerSecond"] as? Int ?? 0) > 0 }).count < 3 && ContinuousClock.now < deadline {
+            try await Task.sleep(for: .milliseconds(50))
+            live = try await listDownloads(state)
+        }
         #expect(live.count == 8)
         #expect(live.filter { $0["state"] as? String == "running" }.count == 3)
         #expect(live.filter { $0["state"] as? String == "queued" }.count == 5)
@@ -200,10 +204,10 @@ struct QueueCommandTests {
 
             server.setStandingFaults("/kept.bin", [])
             let requestsBefore = server.requests(for: "/kept.bin").count
-            let resumed = try await HaulProcess.run(["resume", String(kept), "--state-dir", state])
+            let resumed = try await HaulProcess.run(["resume", String(kept), "--state-dir", state, "-x", "4"])
             #expect(resumed.status == 0, "\(resumed.errors)")
             #expect(contents(directory + "/kept.bin") == server.resource("/kept.bin")!.content)
-            // It continues where it stopped, then (with the default connections) splits the rest.
+            // It continues where it stopped, then (with four connections from the start) splits the rest.
             let after = server.requests(for: "/kept.bin").dropFirst(requestsBefore)
             #expect(after.first?.header("range") == "bytes=\(stored)-")
             #expect(after.count > 1)
