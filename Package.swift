@@ -56,6 +56,7 @@ let package = Package(
             dependencies: [
                 "Haul",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Logging", package: "swift-log"),
             ]
         ),
         .executableTarget(

@@ -164,8 +164,11 @@ struct Torture: AsyncParsableCommand {
         if segments.count > 1 {
             ranges = segments.compactMap { segment in
                 guard let start = (segment["start"] as? NSNumber)?.int64Value,
-                    let written = (segment["written"] as? NSNumber)?.int64Value, written > 0
+                    let written = (segment["written"] as? NSNumber)?.int64Value, written > 0,
+                    start < length
                 else { return nil }
+                // A resume keeps no more than the file holds (a kill between cutting the file and
+                // storing the manifest leaves a manifest that claims more).
                 return start..<min(length, start + written)
             }
         }

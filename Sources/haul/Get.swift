@@ -118,15 +118,17 @@ struct RequestOptions: ParsableArguments {
     }
 
     /// Opens a manager and enqueues the requests; the manager is closed again when that fails.
-    func enqueue(_ state: StateOptions, _ transfer: TransferOptions, quiet: Bool) async throws -> (
-        DownloadManager, [DownloadID]
-    ) {
+    func enqueue(_ state: StateOptions, _ transfer: TransferOptions, quiet: Bool, verbose: Bool = false) async throws
+        -> (
+            DownloadManager, [DownloadID]
+        )
+    {
         let requests = try requests(bytesPerSecondLimit: transfer.perDownloadRate)
         if let expected = try parsedChecksum(), expected.algorithm.isWeak, !quiet {
             Output.standardError(
                 "haul: note: \(expected.algorithm.rawValue) is weak: it catches corruption, not a deliberate forgery\n")
         }
-        let manager = try QueueRun.openManager(state, transfer, restoring: .leave)
+        let manager = try QueueRun.openManager(state, transfer, restoring: .leave, verbose: verbose)
         do {
             return (manager, try await manager.enqueue(requests, priority: try parsedPriority()))
         } catch {
@@ -154,7 +156,8 @@ struct Get: AsyncParsableCommand {
 
     func run() async throws {
         let (manager, ids) = try await reportingErrors {
-            try await request.enqueue(state, transfer, quiet: display.quiet || display.json)
+            try await request.enqueue(
+                state, transfer, quiet: display.quiet || display.json, verbose: display.verbose)
         }
         try await QueueRun.run(manager, ids, output: display)
     }

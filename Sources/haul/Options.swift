@@ -165,6 +165,13 @@ struct OutputOptions: ParsableArguments {
     @Flag(help: "Print one JSON event per line on standard output.")
     var json = false
 
+    @Flag(
+        name: [.customShort("v"), .long],
+        help:
+            "Also print what each download does on the way: redirects, retries, restarts and why, connections added or leaving."
+    )
+    var verbose = false
+
     func validate() throws {
         if quiet && json {
             throw ValidationError("--quiet and --json cannot be combined; --json prints only JSON events")

@@ -60,7 +60,7 @@ private func runQueue(
     _ prepare: (DownloadManager) async throws -> [DownloadID]
 ) async throws {
     let (manager, ids) = try await reportingErrors { () -> (DownloadManager, [DownloadID]) in
-        let manager = try QueueRun.openManager(state, transfer, restoring: .leave)
+        let manager = try QueueRun.openManager(state, transfer, restoring: .leave, verbose: display.verbose)
         do {
             return (manager, try await prepare(manager))
         } catch {

@@ -15,18 +15,27 @@ import Synchronization
 enum QueueRun {
     /// Opens the manager on the state directory.
     static func openManager(
-        _ state: StateOptions, _ transfer: TransferOptions, restoring: DownloadManager.Configuration.RestoredDownloads
+        _ state: StateOptions, _ transfer: TransferOptions, restoring: DownloadManager.Configuration.RestoredDownloads,
+        verbose: Bool = false
     ) throws -> DownloadManager {
         try DownloadManager(
             stateDirectory: state.directory, configuration: transfer.managerConfiguration(restoring: restoring),
-            downloaderConfiguration: transfer.downloaderConfiguration)
+            downloaderConfiguration: transfer.downloaderConfiguration,
+            logger: VerboseLogHandler.logger(verbose: verbose))
     }
 
     /// Runs `ids` to their end and exits with the documented code: 0 when every download is saved,
     /// else the code of the first one that is not.
     static func run(_ manager: DownloadManager, _ ids: [DownloadID], output: OutputOptions) async throws -> Never {
-        let style: ProgressRenderer.Style =
-            output.json ? .json : output.quiet ? .quiet : (isatty(STDERR_FILENO) != 0 ? .terminal : .lines)
+        let style: ProgressRenderer.Style
+        if output.json {
+            style = .json
+        } else if output.quiet {
+            style = .quiet
+        } else {
+            // A bar redrawn in place would tear the lines --verbose prints between its frames.
+            style = isatty(STDERR_FILENO) != 0 && !output.verbose ? .terminal : .lines
+        }
         var infos: [DownloadInfo] = []
         for id in ids {
             if let info = await manager.download(id) { infos.append(info) }

@@ -334,6 +334,44 @@ struct GetCommandTests {
             #expect(contents(directory + "/plain.txt") == resource.content)
         }
     }
+
+    @Test func verbosePrintsRedirectsAndRetriesOneLineEach() async throws {
+        try await HaulTestServer.withRunning { server in
+            let resource = TestResource(name: "verbose", size: 300_000)
+            server.add("/file.bin", resource)
+            server.add("/moved", .redirect(to: server.url("/file.bin")))
+            let directory = try makeTemporaryDirectory()
+            defer { try? FileManager.default.removeItem(atPath: directory) }
+
+            // The first request (for bytes=0-) and the one that follows are both told to come back.
+            server.script("/file.bin", [[.status(503, retryAfter: "0")], [.status(503, retryAfter: "0")]])
+            let verbose = try await HaulProcess.run(["get", "-v", server.url("/moved"), "-o", directory + "/v.bin"])
+            #expect(verbose.status == 0, "\(verbose.errors)")
+            #expect(contents(directory + "/v.bin") == resource.content)
+            let lines = verbose.errors.split(separator: "\n")
+            #expect(
+                lines.contains {
+                    $0 == "haul: debug: redirected (from=\(server.url("/moved")), to=\(server.url("/file.bin")))"
+                }, "\(verbose.errors)")
+            #expect(
+                lines.contains {
+                    $0
+                        == "haul: debug: the server answered bytes=0- with 503; asking without a range (url=\(server.url("/moved")))"
+                }, "\(verbose.errors)")
+            #expect(
+                lines.contains {
+                    $0.hasPrefix("haul: debug: connection 0: ") && $0.contains("503") && $0.contains("retry 1")
+                },
+                "\(verbose.errors)")
+
+            // Without -v the same download prints no debug line.
+            server.script("/file.bin", [[.status(503, retryAfter: "0")]])
+            let plain = try await HaulProcess.run(["get", server.url("/moved"), "-o", directory + "/p.bin"])
+            #expect(plain.status == 0, "\(plain.errors)")
+            #expect(contents(directory + "/p.bin") == resource.content)
+            #expect(!plain.errors.contains("debug"), "\(plain.errors)")
+        }
+    }
 }
 
 @Suite(.timeLimit(.minutes(1)))
