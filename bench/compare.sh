@@ -62,6 +62,7 @@ case "$mode" in
             add "haul get -x 1" "$haul -x 1"
             add "haul get (default: 1, up to 4)" "$haul"
             add "haul get -x 4" "$haul -x 4"
+            add "haul get -x 4 --no-http2" "$haul -x 4 --no-http2"
             add "curl -o" "curl -sS --http2 --cacert $CA_CERT -o $target $url"
             add "aria2c -x1" "$aria -x1 $url"
             add "aria2c -x4 -s4" "$aria -x4 -s4 $url"
