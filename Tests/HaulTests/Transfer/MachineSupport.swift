@@ -129,6 +129,37 @@ struct MachineHarness {
         return harness
     }
 
+    /// A one-connection download whose bytes are all written by an answer with a `Content-Digest`:
+    /// the file is complete once that answer's body has ended and passed its digest.
+    static func stoppingToVerify() -> MachineHarness {
+        var harness = probing(connections: 1)
+        let head = partial(0, total - 1)
+        harness.answer(
+            0,
+            ResponseHead(
+                status: 206,
+                headers: head.headers.union([
+                    ("Content-Digest", "sha-256=:47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU=:")
+                ]),
+                finalURL: head.finalURL, date: head.date))
+        harness.wrote(0, segment: 0, upTo: total)
+        return harness
+    }
+
+    /// Every connection receives; the caller has just cancelled the download.
+    static func stoppingToPause() -> MachineHarness {
+        var harness = allReceiving()
+        harness.handle(.cancel)
+        return harness
+    }
+
+    /// Every connection receives; the disk has just failed.
+    static func stoppingToFail() -> MachineHarness {
+        var harness = allReceiving()
+        harness.handle(.failed(HaulError(.diskFull, "disk full")))
+        return harness
+    }
+
     /// A one-connection download whose bytes are all written: it checks the file.
     static func verifying() -> MachineHarness {
         var harness = transferring(connections: 1)
@@ -271,5 +302,14 @@ extension TransferMachine.Phase {
         case .failed: "failed"
         case .completed: "completed"
         }
+    }
+}
+
+extension HTTPHeaders {
+    /// These headers and `more`.
+    func union(_ more: [(String, String)]) -> HTTPHeaders {
+        var headers = self
+        for (name, value) in more { headers.add(name: name, value: value) }
+        return headers
     }
 }

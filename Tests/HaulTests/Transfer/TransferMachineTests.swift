@@ -13,6 +13,9 @@ struct TransferMachineTableTests {
         ("choosingDestination", MachineHarness.choosingDestination),
         ("transferring", { MachineHarness.allReceiving() }),
         ("stopping(restart)", MachineHarness.stoppingToRestart),
+        ("stopping(verify)", MachineHarness.stoppingToVerify),
+        ("stopping(pause)", MachineHarness.stoppingToPause),
+        ("stopping(fail)", MachineHarness.stoppingToFail),
         ("restarting", MachineHarness.restarting),
         ("verifying", MachineHarness.verifying),
         ("finishing", MachineHarness.finishing),
@@ -59,6 +62,14 @@ struct TransferMachineTableTests {
         "choosingDestination": ["destinationChosen": "transferring", "cancel": "paused", "failed": "stopping(fail)"],
         "transferring": ["cancel": "stopping(pause)", "failed": "stopping(fail)"],
         "stopping(restart)": ["cancel": "stopping(pause)", "failed": "stopping(fail)"],
+        // The answer whose body must pass its Content-Digest ends: the file is checked; it fails
+        // before its digest could be checked: its bytes are fetched again.
+        "stopping(verify)": [
+            "ended": "verifying", "failure": "transferring", "cancel": "stopping(pause)", "failed": "stopping(fail)",
+        ],
+        // Other connections are still busy: one ending changes nothing yet. A pause outranks a failure.
+        "stopping(pause)": [:],
+        "stopping(fail)": ["cancel": "stopping(pause)"],
         "restarting": ["discarded": "probing", "failed": "failed"],
         "verifying": ["verified": "finishing", "failed": "failing"],
         "finishing": ["finished": "completed", "failed": "failing"],
@@ -100,15 +111,22 @@ struct TransferMachineTableTests {
     func cancellationInEveryPhaseEndsPausedWithTheDataKept(phase: String) throws {
         let build = try #require(Self.phases.first { $0.0 == phase }?.1)
         var harness = build()
-        harness.handle(.cancel)
-        harness.endBusyConnections()
+        let written = harness.machine.table?.written ?? 0
+        var actions = harness.handle(.cancel)
+        actions += harness.endBusyConnections()
         if harness.machine.phase == .pausing || harness.machine.phase == .failing {
-            harness.handle(.checkpointed(pieces: [:]))
+            actions += harness.handle(.checkpointed(pieces: [:]))
         }
-        if case .restarting = harness.machine.phase { harness.handle(.discarded) }
-        if harness.machine.phase == .verifying { harness.handle(.verified(.matches)) }
-        if harness.machine.phase == .pausing { harness.handle(.checkpointed(pieces: [:])) }
-        if harness.machine.phase == .finishing { harness.handle(.finished) }
+        if case .restarting = harness.machine.phase { actions += harness.handle(.discarded) }
+        if harness.machine.phase == .verifying { actions += harness.handle(.verified(.matches)) }
+        if harness.machine.phase == .pausing { actions += harness.handle(.checkpointed(pieces: [:])) }
+        if harness.machine.phase == .finishing { actions += harness.handle(.finished) }
+        // Nothing written is thrown away, and bytes written while the download ran are stored durably.
+        let described = describe(actions)
+        #expect(!described.contains("discard") && !described.contains { $0.hasPrefix("cut") }, "\(described)")
+        if written > 0, ["probing", "transferring"].contains(phase) || phase.hasPrefix("stopping") {
+            #expect(described.contains("checkpoint durable"), "\(phase): \(described)")
+        }
         switch phase {
         case "finishing", "completed":
             // A rename under way is not undone.
@@ -250,19 +268,62 @@ struct TransferMachineScenarioTests {
     }
 
     @Test func aFileWhoseLastBytesFailTheirContentDigestIsNotComplete() throws {
-        var harness = Harness.probing(connections: 1)
-        var head = Harness.partial(0, Harness.total - 1)
-        head = ResponseHead(
-            status: 206,
-            headers: head.headers.union([("Content-Digest", "sha-256=:47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU=:")]),
-            finalURL: head.finalURL, date: head.date)
-        harness.answer(0, head)
-        harness.wrote(0, segment: 0, upTo: Harness.total)
+        var harness = Harness.stoppingToVerify()
         // The body's end is awaited before the file counts as complete.
         #expect(harness.machine.phase == .stopping(then: .verify))
         let actions = harness.ended(0, .failed(.bodyDigestMismatch("sha-256 differs", from: 0)))
         #expect(describe(actions).contains("cut 0"))
         #expect(harness.machine.phase == .transferring && harness.machine.table?.written == 0)
+    }
+
+    @Test(arguments: ["reset", "stall"])
+    func aFileWhoseLastAnswerEndsBeforeItsContentDigestIsCheckedIsFetchedAgain(ending: String) throws {
+        var harness = Harness.stoppingToVerify()
+        var actions: [TransferAction]
+        if ending == "reset" {
+            actions = harness.ended(0, .failed(.retryable(HaulError(.network, "reset"), retryAfter: nil)))
+        } else {
+            harness.advance(.seconds(30))
+            actions = harness.handle(.timer)
+            #expect(describe(actions).contains("abandon 0"))
+            actions += harness.ended(0, .failed(.cancelled))
+        }
+        // Not verified and completed on trust: the answer's bytes are forgotten and asked for again.
+        #expect(describe(actions).contains("cut 0"), "\(describe(actions))")
+        #expect(!describe(actions).contains("verify"))
+        #expect(harness.machine.phase == .transferring && harness.machine.table?.written == 0)
+        harness.advance(.seconds(1))
+        #expect(describe(harness.handle(.timer)) == ["send 0 whole"])
+    }
+
+    @Test func anAnswerThatNoLongerFitsItsRangeGivesTheRangeBack() throws {
+        var harness = Harness.transferring()
+        let range = harness.machine.table!.segments[1]
+        // While connection 1's request is out, bytes of its range arrive from an earlier answer.
+        harness.handle(
+            .wrote(RequestTag(connection: 1, serial: 0), segment: 1, upTo: range.start + 65_536, pieces: [:]))
+        let actions = harness.answer(1, Harness.partial(range.start, range.end - 1))
+        // The answer starts before what is now needed: it is dropped, and the range is asked for
+        // again from where it stands, not left to a connection that sits idle.
+        #expect(
+            describe(actions) == ["drop 1", "send 1 bytes=\(range.start + 65_536)-\(range.end - 1)"],
+            "\(describe(actions))")
+        #expect(harness.machine.table?.owner(of: 1) == 1)
+        if let deadline = harness.machine.nextDeadline { #expect(deadline > harness.now) }
+    }
+
+    @Test func aBusyServerToldToComeBackIsAskedForRangesAgainAfterTheWait() throws {
+        var harness = Harness.probing()
+        // bytes=0- is told to wait: the plain request goes out at once, in case the range was the reason.
+        #expect(describe(harness.answer(0, Harness.status(503, retryAfter: "5"))) == ["drop 0", "send 0 whole"])
+        // The plain request is told to wait too: the server is busy. After the wait, ranges again.
+        let wait = harness.answer(0, Harness.status(503, retryAfter: "5"))
+        #expect(describe(wait).contains("retrying 1 in 5.0 seconds"), "\(describe(wait))")
+        harness.advance(.seconds(5))
+        #expect(describe(harness.handle(.timer)) == ["send 0 bytes=0-"])
+        // Served now: the download is split over its connections.
+        let served = harness.answer(0, Harness.partial(0, Harness.total - 1))
+        #expect(describe(served).filter { $0.hasPrefix("send") }.count == 3, "\(describe(served))")
     }
 
     @Test func aLateEndOfADroppedAnswerDoesNotEndTheNextRequest() throws {
@@ -287,13 +348,5 @@ struct TransferMachineScenarioTests {
         let actions = harness.wrote(0, segment: 0, upTo: 565_536)
         #expect(describe(actions).contains("prepare file layout"))
         #expect(describe(actions).contains { $0.hasPrefix("send 1 bytes=") })
-    }
-}
-
-extension HTTPHeaders {
-    fileprivate func union(_ more: [(String, String)]) -> HTTPHeaders {
-        var headers = self
-        for (name, value) in more { headers.add(name: name, value: value) }
-        return headers
     }
 }

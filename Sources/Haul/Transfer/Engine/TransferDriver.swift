@@ -23,6 +23,8 @@ final class TransferDriver {
         case answer(RequestTag, ResponseHead, Reply<Verdict>)
         /// A request reached the end of its range; it waits to hear whether to go on.
         case limit(RequestTag, at: Int64, Reply<Continuation?>)
+        /// The timer with this number went off.
+        case timer(UInt64)
     }
 
     /// What a connection does with its answer.
@@ -48,7 +50,8 @@ final class TransferDriver {
     private var answering: [Int: RequestTag] = [:]
     private var verdicts: [Int: Reply<Verdict>] = [:]
     private var continuations: [Int: Reply<Continuation?>] = [:]
-    private var timer: (deadline: Moment, task: Task<Void, Never>)?
+    private var timer: (deadline: Moment, number: UInt64, task: Task<Void, Never>)?
+    private var timersSet: UInt64 = 0
     private var checkpointTask: Task<Void, Never>?
 
     private init(
@@ -131,9 +134,12 @@ final class TransferDriver {
             for await event in events {
                 switch event {
                 case .machine(let event):
-                    // The timer that fired is spent (a cancelled one may still have posted: keep a later one).
-                    if case .timer = event, let timer, timer.deadline <= clock.now { self.timer = nil }
                     await perform(event)
+                case .timer(let number):
+                    // The timer that went off is spent; one cancelled a moment too late leaves the
+                    // current one in place.
+                    if timer?.number == number { timer = nil }
+                    await perform(.timer)
                 case .answer(let request, let head, let reply):
                     heads[request.connection] = head
                     answering[request.connection] = request
@@ -212,7 +218,12 @@ final class TransferDriver {
             guard let reply = verdicts.removeValue(forKey: connection), let request = answering[connection] else {
                 return nil
             }
-            reply.resolve(.receive(plan, try receiver(for: request, limit: plan.limit)))
+            do {
+                reply.resolve(.receive(plan, try receiver(for: request, limit: plan.limit)))
+            } catch {
+                reply.resolve(.drop)
+                throw error
+            }
         case .drop(let connection):
             verdicts.removeValue(forKey: connection)?.resolve(.drop)
         case .abandon(let connection):
@@ -317,15 +328,16 @@ final class TransferDriver {
         timer?.task.cancel()
         let clock = self.clock
         let post = self.post
+        timersSet += 1
+        let number = timersSet
         timer = (
-            deadline,
+            deadline, number,
             Task {
-                do {
-                    try await clock.sleep(until: deadline)
-                } catch {
-                    return
-                }
-                post.yield(.machine(.timer))
+                // Whatever ends the sleep but a cancellation wakes the machine: a clock that throws
+                // or wakes early must not leave the download without a timer.
+                try? await clock.sleep(until: deadline)
+                guard !Task.isCancelled else { return }
+                post.yield(.timer(number))
             }
         )
     }

@@ -38,7 +38,9 @@ extension TransferMachine {
             guard let table, table.owner(of: segment) == connection, !table.segments[segment].isComplete,
                 table.segments[segment].position == ask.writeStart
             else {
-                // Another connection took the range while the request was out.
+                // Another connection took the range, or wrote into it, while the request was out: the
+                // answer no longer fits, and the range goes back to whoever claims it next.
+                table?.releaseAll(of: connection)
                 connections[connection].state = .idle
                 return [.drop(connection: connection)] + resumeWork(now: now)
             }
@@ -159,11 +161,22 @@ extension TransferMachine {
 
     mutating func ended(_ connection: Int, _ end: ConnectionEnd, now: Moment) -> [TransferAction] {
         guard connections.indices.contains(connection) else { return [] }
-        if phase == .stopping(then: .verify), case .receiving = connections[connection].state,
-            case .failed(.bodyDigestMismatch) = end
+        var forgotten: [TransferAction] = []
+        if phase == .stopping(then: .verify), case .receiving(let receiving) = connections[connection].state,
+            receiving.checksBody
         {
-            // The bytes that completed the file failed their digest: they are fetched again.
-            phase = .transferring
+            switch end {
+            case .finished:
+                break
+            case .failed(.bodyDigestMismatch):
+                // The bytes that completed the file failed their digest: they are fetched again.
+                phase = .transferring
+            case .failed, .dropped:
+                // The answer ended before its Content-Digest could be checked: its bytes are fetched
+                // again rather than trusted unchecked.
+                phase = .transferring
+                forgotten = forget(segment: receiving.segment, from: receiving.ask.writeStart)
+            }
         }
         guard phase == .probing || phase == .transferring else {
             // The download is stopping (or past it): whatever the request did no longer matters.
@@ -191,7 +204,22 @@ extension TransferMachine {
         case (.idle, _), (.waiting, _), (.retired, _):
             break
         }
-        return actions + afterConnectionChange(now: now)
+        return forgotten + actions + afterConnectionChange(now: now)
+    }
+
+    /// Forgets what one answer wrote, from `from` up to where it now writes in range `segment` (it
+    /// may have gone on through several ranges), to fetch it again: the ranges' progress and piece
+    /// hashes, and with one range the file's bytes past `from`.
+    private mutating func forget(segment: Int, from: Int64) -> [TransferAction] {
+        guard var table else { return [] }
+        let upTo = table.segments[segment].position
+        for index in table.segments.indices
+        where table.segments[index].start < upTo && table.segments[index].position > from {
+            table.cut(index, to: max(from, table.segments[index].start))
+        }
+        self.table = table
+        manifest?.forgetPieces(from: from, to: max(upTo, table.segments[segment].end))
+        return table.isSingle ? [.cut(to: from)] : []
     }
 
     private mutating func finishedReceiving(_ connection: Int, segment: Int, at offset: Int64, now: Moment)
@@ -239,14 +267,8 @@ extension TransferMachine {
         case .overlapMismatch:
             return restart(.remoteChanged("the bytes before the resume point differ from the partial file"), now: now)
         case .bodyDigestMismatch(let detail, let from):
-            var actions: [TransferAction] = []
-            if let segment, var table {
-                // The body is not what the server says it sent: what it added is fetched again.
-                table.cut(segment, to: from)
-                self.table = table
-                manifest?.forgetPieces(from: from, to: table.segments[segment].end)
-                if table.isSingle { actions.append(.cut(to: from)) }
-            }
+            // The body is not what the server says it sent: what it added is fetched again.
+            let actions = segment.map { forget(segment: $0, from: from) } ?? []
             let error = HaulError(.checksumMismatch, "the response body failed its Content-Digest (\(detail))")
             return actions + retry(connection, error, retryAfter: nil, progressed: false, now: now)
         case .retryable(let error, let retryAfter):
@@ -314,6 +336,12 @@ extension TransferMachine {
                 actions += [.abandon(connection: index), .log("connection \(index): no answer; stalled")]
             case .receiving(let receiving) where now - receiving.lastByte >= settings.stallTimeout:
                 if receiving.progressed { connections[index].failures = 0 }
+                if phase == .stopping(then: .verify), receiving.checksBody {
+                    // The answer that completed the file stalled before its Content-Digest could be
+                    // checked: its bytes are fetched again rather than trusted unchecked.
+                    phase = .transferring
+                    actions += forget(segment: receiving.segment, from: receiving.ask.writeStart)
+                }
                 connections[index].state = .stopping(.stalled)
                 actions += [.abandon(connection: index), .log("connection \(index): no data; stalled")]
             case .waiting(let until) where now >= until:
@@ -356,9 +384,12 @@ extension TransferMachine {
         guard rangesAllowed, let table,
             connections.indices.contains(where: { $0 < ramp.allowed && connections[$0].state == .idle })
         else { return nil }
-        return table.segments.filter { $0.owner != nil && !$0.isComplete }.map {
-            $0.lastProgress + settings.stallTakeover
+        // Only a range a connection is fetching can stall; one without a busy owner is claimed as it is.
+        return table.segments.filter { segment in
+            guard let owner = segment.owner, !segment.isComplete else { return false }
+            return connections.indices.contains(owner) && connections[owner].isBusy
         }
+        .map { $0.lastProgress + settings.stallTakeover }
         .min()
     }
 
@@ -401,7 +432,7 @@ extension TransferMachine {
         var stops: [TransferAction] = []
         for index in connections.indices where index < ramp.allowed && connections[index].state == .idle {
             guard let claim = table.claim(connection: index, now: now, stallTakeover: settings.stallTakeover) else {
-                break
+                continue
             }
             if let displaced = claim.displaced, connections[displaced].isBusy {
                 connections[displaced].state = .stopping(.replaced)

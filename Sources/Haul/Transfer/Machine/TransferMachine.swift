@@ -133,6 +133,9 @@ struct TransferMachine: Sendable {
     var destinationKnown = false
     /// Whether a fresh request asks for `bytes=0-`; a server that refused that (`416`) is asked without.
     var probesRanges = true
+    /// The first request asked for bytes=0- and was told to come back: the plain request that followed
+    /// tells whether the range or the server's load was the reason.
+    var rangeProbeDeferred = false
     /// Whether the file may be fetched in ranges by several connections.
     var rangesAllowed = false
     /// The first answer, while its destination is being opened.
@@ -391,11 +394,18 @@ struct TransferMachine: Sendable {
             // file to a plain request, as a download over one connection asks at once.
             connections[connection].state = .idle
             probesRanges = false
+            rangeProbeDeferred = true
             return [
                 .drop(connection: connection),
                 .log("the server answered bytes=0- with \(status); asking without a range"),
             ]
                 + probe(now: now)
+        case .retry where rangeProbeDeferred:
+            // The plain request is told to wait too: the server is busy, not refusing ranges. Once the
+            // wait is over the download asks for bytes=0- again, and can still use several connections.
+            probesRanges = true
+            rangeProbeDeferred = false
+            return refused(verdict, on: connection, now: now)
         case .restart, .retry, .fail:
             return refused(verdict, on: connection, now: now)
         }
