@@ -12,7 +12,7 @@ public struct EntityTag: Hashable, Sendable, Codable, CustomStringConvertible {
     }
 
     /// Parses an `ETag` header value; returns `nil` if it is not a quoted tag.
-    public init?(_ value: String) {
+    package init?(_ value: String) {
         var text = value.trimmingHTTPWhitespace()
         var weak = false
         if text.hasPrefix("W/") {
@@ -30,12 +30,12 @@ public struct EntityTag: Hashable, Sendable, Codable, CustomStringConvertible {
     public var description: String { isWeak ? "W/" + opaqueTag : opaqueTag }
 
     /// Strong comparison: both strong and identical.
-    public func stronglyMatches(_ other: EntityTag) -> Bool {
+    package func stronglyMatches(_ other: EntityTag) -> Bool {
         !isWeak && !other.isWeak && opaqueTag == other.opaqueTag
     }
 
     /// Weak comparison: identical opaque tags, whatever their strength.
-    public func weaklyMatches(_ other: EntityTag) -> Bool {
+    package func weaklyMatches(_ other: EntityTag) -> Bool {
         opaqueTag == other.opaqueTag
     }
 }

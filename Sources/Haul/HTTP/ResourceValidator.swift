@@ -46,7 +46,7 @@ public struct ResourceValidator: Codable, Equatable, Sendable {
     }
 
     /// Reads the validators of a response from its header values.
-    public init(etag: String?, lastModified: String?, date: String?) {
+    package init(etag: String?, lastModified: String?, date: String?) {
         self.entityTag = etag.flatMap(EntityTag.init)
         let modified = lastModified.flatMap { HTTPDate.parse($0) != nil ? $0 : nil }
         self.lastModified = modified
@@ -65,7 +65,7 @@ public struct ResourceValidator: Codable, Equatable, Sendable {
 
     /// The value for `If-Range`, when this validator may be used there (RFC 9110 §13.1.5):
     /// a strong entity tag; or, only when there is no entity tag at all, a strong date.
-    public var ifRangeValue: String? {
+    package var ifRangeValue: String? {
         if let entityTag {
             return entityTag.isWeak ? nil : entityTag.description
         }
@@ -74,7 +74,7 @@ public struct ResourceValidator: Codable, Equatable, Sendable {
     }
 
     /// A short human description, e.g. `ETag "abc"` or `Last-Modified …`.
-    public var summary: String {
+    package var summary: String {
         var parts: [String] = []
         if let entityTag { parts.append("ETag \(entityTag)") }
         if let lastModified { parts.append("Last-Modified \(lastModified)") }
@@ -86,7 +86,7 @@ public struct ResourceValidator: Codable, Equatable, Sendable {
     ///
     /// Returns a reason when they contradict: a different entity tag (weak comparison, so a weak tag
     /// matches itself), a different date, or a validator that disappeared.
-    public func contradiction(with response: ResourceValidator) -> String? {
+    package func contradiction(with response: ResourceValidator) -> String? {
         if let stored = entityTag {
             guard let received = response.entityTag else { return "the server no longer sends an ETag (was \(stored))" }
             if !stored.weaklyMatches(received) { return "ETag changed from \(stored) to \(received)" }

@@ -120,8 +120,9 @@ public struct DownloaderConfiguration: Sendable {
         /// company's own authority. A file that cannot be read fails the download with
         /// ``HaulError/Code/tls`` (``DownloaderConfiguration/TLS/checkCertificateFile(_:)`` checks one beforehand).
         public var trustedCertificateFiles: [String] = []
-        /// Speak HTTP/2 with servers that offer it (by ALPN, over https): the downloads and
-        /// connections to one host then share one connection. `false` keeps to HTTP/1.1.
+        /// Speak HTTP/2 with servers that offer it (by ALPN, over https). Connection `k` of every
+        /// download to one host shares one HTTP/2 connection, so a download's connections are still
+        /// separate TCP connections. `false` keeps to HTTP/1.1.
         public var allowHTTP2: Bool = true
 
         /// The defaults.
@@ -161,16 +162,6 @@ public struct DownloaderConfiguration: Sendable {
 
     /// The defaults.
     public init() {}
-}
-
-extension DownloaderConfiguration.Retry {
-    /// The pause before the next attempt after `failures` failures in a row: exponential, capped, jittered.
-    func delay(afterFailures failures: Int) -> Duration {
-        var delay = initialDelay * (1 << min(failures - 1, 20))
-        if delay > maximumDelay { delay = maximumDelay }
-        if jitter { delay = delay / 2 + delay / 2 * Double.random(in: 0...1) }
-        return delay
-    }
 }
 
 /// This build of Haul.

@@ -264,6 +264,15 @@ struct TransferMachineScenarioTests {
         harness.advance(.seconds(1))
         let actions = harness.handle(.timer)
         #expect(describe(actions).contains("abandon 2"))
+        // The take-over is logged, with the bytes and the connection it comes from.
+        #expect(
+            actions.contains {
+                if case .log(let message) = $0 {
+                    message.contains("takes over bytes") && message.contains("connection 2")
+                } else {
+                    false
+                }
+            })
         #expect(describe(actions).contains { $0.hasPrefix("send 3 bytes=\(ranges[2].start + 65_536)-") })
     }
 

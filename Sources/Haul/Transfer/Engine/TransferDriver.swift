@@ -44,6 +44,8 @@ final class TransferDriver {
     private let post: AsyncStream<Event>.Continuation
     private let fetched = ByteCounter()
     private var tasks: [Int: Task<Void, Never>] = [:]
+    /// Earlier requests' tasks, possibly still draining a dropped answer: awaited before the download ends.
+    private var earlierTasks: [Task<Void, Never>] = []
     private var limits: [Int: StreamLimit] = [:]
     private var heads: [Int: ResponseHead] = [:]
     /// The request whose answer each connection is waiting on a verdict for.
@@ -154,8 +156,9 @@ final class TransferDriver {
             }
         }
         timer?.task.cancel()
-        for task in tasks.values { task.cancel() }
-        for task in tasks.values { await task.value }
+        let all = Array(tasks.values) + earlierTasks
+        for task in all { task.cancel() }
+        for task in all { await task.value }
         await checkpointTask?.value
         post.finish()
     }
@@ -254,6 +257,7 @@ final class TransferDriver {
         let post = self.post
         let fetcher = self.fetcher
         let connection = request.connection
+        if let earlier = tasks[connection] { earlierTasks.append(earlier) }
         tasks[connection] = Task {
             let end: ConnectionEnd
             do {
