@@ -276,6 +276,28 @@ struct TransferMachineScenarioTests {
         #expect(describe(actions).contains { $0.hasPrefix("send 3 bytes=\(ranges[2].start + 65_536)-") })
     }
 
+    @Test func aStalledConnectionWhoseRangeIsTakenOverStillCountsItsFailedAttempt() throws {
+        // Two ranges of 2 MiB, never split below 1 MiB: a range can only be taken over, not halved.
+        var harness = MachineHarness(connections: 2) { $0.minimumSplit = 1 << 20 }
+        harness.handle(.start(.nothing))
+        harness.answer(0, Harness.partial(0, Harness.total - 1))
+        let ranges = harness.machine.table!.segments
+        harness.answer(1, Harness.partial(ranges[1].start, ranges[1].end - 1))
+        harness.wrote(1, segment: 1, upTo: ranges[1].start + 65_536)
+        harness.advance(.seconds(29))
+        harness.wrote(0, segment: 0, upTo: ranges[0].end - 65_536)
+        harness.advance(.seconds(1))
+        // Connection 1 sent nothing for 30 s: it is abandoned as stalled.
+        #expect(describe(harness.handle(.timer)) == ["abandon 1"])
+        // Connection 0 finishes its range and takes over range 1 while connection 1 is still stopping.
+        harness.wrote(0, segment: 0, upTo: ranges[0].end)
+        let takeover = harness.ended(0, .finished(at: ranges[0].end))
+        #expect(describe(takeover).contains("send 0 bytes=\(ranges[1].start + 65_536)-\(ranges[1].end - 1)"))
+        // The stall still counts: connection 1 waits before its next attempt.
+        let end = harness.ended(1, .failed(.cancelled))
+        #expect(describe(end).contains("retrying 1 in 1.0 seconds"), "\(describe(end))")
+    }
+
     @Test func aFileWhoseLastBytesFailTheirContentDigestIsNotComplete() throws {
         var harness = Harness.stoppingToVerify()
         // The body's end is awaited before the file counts as complete.

@@ -150,7 +150,7 @@ extension TransferMachine {
                 "connection \(connection) goes on into bytes \(range.position)-\(range.end - 1): no other delivers them"
             ),
         ]
-        if let displaced, connections[displaced].isBusy {
+        if let displaced, connections[displaced].isReplaceable {
             connections[displaced].state = .stopping(.replaced)
             actions.append(.abandon(connection: displaced))
         }
@@ -434,14 +434,15 @@ extension TransferMachine {
             guard let claim = table.claim(connection: index, now: now, stallTakeover: settings.stallTakeover) else {
                 continue
             }
-            if let displaced = claim.displaced, connections[displaced].isBusy {
-                connections[displaced].state = .stopping(.replaced)
-                stops += [
-                    .abandon(connection: displaced),
+            if let displaced = claim.displaced {
+                stops.append(
                     .log(
                         "connection \(index) takes over bytes \(claim.from)-\(claim.to - 1) from stalled connection \(displaced)"
-                    ),
-                ]
+                    ))
+                if connections[displaced].isReplaceable {
+                    connections[displaced].state = .stopping(.replaced)
+                    stops.append(.abandon(connection: displaced))
+                }
             }
             let ask = RangeAsk.range(from: claim.from, to: claim.to, ifRange: ifRange, expected: expected)
             sends.append(send(ask, on: index, segment: claim.segment, now: now))

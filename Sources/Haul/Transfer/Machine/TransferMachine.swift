@@ -107,6 +107,15 @@ struct TransferMachine: Sendable {
             case .idle, .waiting, .retired: false
             }
         }
+
+        /// Whether another connection taking its range stops it now: one already stopping (a stall
+        /// being abandoned, say) keeps the reason, so a stall still counts as a failed attempt.
+        var isReplaceable: Bool {
+            switch state {
+            case .requesting, .receiving: true
+            case .stopping, .idle, .waiting, .retired: false
+            }
+        }
     }
 
     let settings: Settings
