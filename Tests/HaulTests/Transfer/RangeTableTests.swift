@@ -205,21 +205,35 @@ struct ConnectionRampTests {
         // Each connection is held to 20 MB/s: every added connection adds its share.
         let (allowed, ramping) = run(maximum: 8) { Double($0) * 20e6 }
         #expect(allowed.last == 8 && !ramping)
-        // Doubling, with a window to settle after each step: 1, 2, 4, 8 within seven windows.
+        // Doubling, with a window to settle after each step and one to measure it (the last step too):
+        // 1, 2, 4, 8 within eight decisions.
         #expect(Array(Set(allowed)).sorted() == [1, 2, 4, 8])
-        #expect(allowed.count <= 7)
+        #expect(allowed.count <= 8)
     }
 
-    @Test func aSharedBottleneckStopsTheRampAtOnce() {
-        // One fast connection already fills the path: more add nothing.
+    @Test func aSharedBottleneckSendsTheRampBackToOneConnection() {
+        // One fast connection already fills the path: a second adds nothing, and leaves.
         let (allowed, ramping) = run(maximum: 8) { _ in 1e9 }
-        #expect(allowed.last == 2 && !ramping)
+        #expect(allowed.last == 1 && allowed.max() == 2 && !ramping)
     }
 
     @Test func aSmallGainIsNotEnough() {
-        // Two connections give 10 % more than one: not worth a fourth and beyond.
+        // Two connections give 10 % more than one: not worth keeping.
         let (allowed, ramping) = run(maximum: 8) { $0 == 1 ? 100e6 : 110e6 }
+        #expect(allowed.last == 1 && !ramping)
+    }
+
+    @Test func aRateThatFallsWithMoreConnectionsGoesBackAStep() {
+        // Two connections help; four are slower than two (a disk writing in four places, say).
+        let (allowed, ramping) = run(maximum: 8) { [1: 400e6, 2: 800e6, 4: 500e6][$0] ?? 0 }
+        #expect(allowed.last == 2 && allowed.max() == 4 && !ramping)
+    }
+
+    @Test func theStepToTheMaximumIsMeasuredToo() {
+        let (allowed, ramping) = run(maximum: 4) { [1: 100e6, 2: 200e6, 4: 210e6][$0] ?? 0 }
         #expect(allowed.last == 2 && !ramping)
+        let (kept, _) = run(maximum: 4) { Double($0) * 100e6 }
+        #expect(kept.last == 4)
     }
 
     @Test func anExplicitCountIsUsedAtOnce() {

@@ -380,4 +380,32 @@ struct TransferMachineScenarioTests {
         #expect(describe(actions).contains("prepare file layout"))
         #expect(describe(actions).contains { $0.hasPrefix("send 1 bytes=") })
     }
+
+    @Test func anAddedConnectionThatDoesNotSpeedTheDownloadUpLeavesAndTheFirstGoesOnIntoItsRange() throws {
+        var harness = MachineHarness(connections: 4, adaptive: true)
+        harness.handle(.start(.nothing))
+        harness.answer(0, Harness.partial(0, Harness.total - 1))
+        // 1 MB/s with one connection: a second one takes half of what is left.
+        harness.wrote(0, segment: 0, upTo: 65_536)
+        harness.advance(.milliseconds(500))
+        harness.wrote(0, segment: 0, upTo: 565_536)
+        let second = harness.machine.table!.segments[1]
+        harness.answer(1, Harness.partial(second.start, second.end - 1))
+        // Both deliver, but together no faster than one alone (a disk, say, that is the bottleneck).
+        harness.wrote(1, segment: 1, upTo: second.start + 250_000)
+        harness.advance(.milliseconds(400))
+        harness.wrote(0, segment: 0, upTo: 815_536)
+        harness.advance(.milliseconds(100))
+        let back = harness.wrote(1, segment: 1, upTo: second.start + 500_000)
+        // The second connection leaves; its range waits for the first, which goes on into it at the end
+        // of its own without a new request.
+        #expect(describe(back).filter { !$0.hasPrefix("checkpoint") } == ["abandon 1"], "\(describe(back))")
+        #expect(harness.machine.ramp.allowed == 1 && !harness.machine.ramp.isRamping)
+        #expect(harness.machine.table?.owner(of: 1) == nil)
+        harness.ended(1, .failed(.cancelled))
+        #expect(harness.machine.connections[1].state == .idle && harness.machine.connections[1].failures == 0)
+        harness.wrote(0, segment: 0, upTo: second.start)
+        let onward = harness.handle(.reachedLimit(harness.request(0), at: second.start))
+        #expect(describe(onward) == ["proceed 0 into 1"])
+    }
 }

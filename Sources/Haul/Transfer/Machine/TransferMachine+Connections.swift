@@ -115,11 +115,39 @@ extension TransferMachine {
             ramp.settled(at: now, bytes: table.written)
         }
         actions += checkpointIfDue(now: now)
-        if let allowed = ramp.update(now: now, bytes: table.written) {
-            actions.append(.log("the rate still rises with more connections: now up to \(allowed)"))
-            actions += startConnections(now: now)
+        return actions + moveRamp(now: now)
+    }
+
+    /// Moves the connection ramp on: more connections start, or the ones the last step added leave
+    /// and their ranges go back to the others.
+    mutating func moveRamp(now: Moment) -> [TransferAction] {
+        guard let written = table?.written else { return [] }
+        let rate: (Double) -> String = { "\(ByteCount.format(Int64($0)))/s" }
+        switch ramp.update(now: now, bytes: written) {
+        case nil:
+            return []
+        case .up(let allowed, let measured):
+            return [.log("\(rate(measured)) so far; trying up to \(allowed) connections")] + startConnections(now: now)
+        case .back(let allowed, let more, let measured, let before):
+            var actions: [TransferAction] = [
+                .log(
+                    "\(more) connections gave \(rate(measured)) against \(rate(before)) with \(allowed): back to \(allowed)"
+                )
+            ]
+            for index in connections.indices where index >= allowed {
+                switch connections[index].state {
+                case .requesting, .receiving:
+                    table?.releaseAll(of: index)
+                    connections[index].state = .stopping(.replaced)
+                    actions.append(.abandon(connection: index))
+                case .waiting:
+                    connections[index].state = .idle
+                case .idle, .stopping, .retired:
+                    break
+                }
+            }
+            return actions
         }
-        return actions
     }
 
     /// A connection reached the end of its range while its answer goes on: it continues into the next
@@ -350,11 +378,9 @@ extension TransferMachine {
                 break
             }
         }
-        if phase == .transferring, let table {
+        if phase == .transferring, table != nil {
             actions += checkpointIfDue(now: now)
-            if let allowed = ramp.update(now: now, bytes: table.written) {
-                actions.append(.log("the rate still rises with more connections: now up to \(allowed)"))
-            }
+            actions += moveRamp(now: now)
         }
         return actions + resumeWork(now: now)
     }

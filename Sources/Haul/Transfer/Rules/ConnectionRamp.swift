@@ -3,11 +3,13 @@
 ///
 /// Adaptive ramping measures the download's rate over a window, doubles the connections, waits until
 /// the new ones deliver (a request's round trip, a TCP slow start; at most a window), measures again,
-/// and goes on while the rate rose by at least a quarter of what the added connections would add at
-/// the old rate per connection. Where one connection is the bottleneck (a per-connection limit, a long or
-/// lossy path) each step nearly doubles the rate and the download reaches its maximum within a few
-/// windows; where it is not (a fast local server, a shared bottleneck), the rate stays flat and no
-/// more connections are opened, so the download is never slower than one connection.
+/// and keeps the step only when the rate rose by at least a quarter of what the added connections
+/// would add at the old rate per connection; then it goes on doubling up to the maximum. Where one
+/// connection is the bottleneck (a per-connection limit, a long or lossy path) each step nearly
+/// doubles the rate and the download reaches its maximum within a few windows. Where it is not (a
+/// fast local server, a shared bottleneck, a disk that slows down with writes in several places) the
+/// step does not pay, and the download goes back to the connections it had before: never slower
+/// than one connection for longer than a measurement.
 struct ConnectionRamp: Sendable {
     private enum Stage: Equatable, Sendable {
         /// Waiting for the first bytes before measuring.
@@ -71,8 +73,16 @@ struct ConnectionRamp: Sendable {
         }
     }
 
-    /// Moves the ramp on; returns the new number of allowed connections when it grew.
-    mutating func update(now: Moment, bytes: Int64) -> Int? {
+    /// A change of the connections allowed, with the rates that decided it (bytes per second).
+    enum Step: Equatable, Sendable {
+        /// More connections: the rate rose with the last step (or this is the first).
+        case up(to: Int, rate: Double)
+        /// Back to fewer: `more` connections gave `rate`, no better than `before` with `to`.
+        case back(to: Int, from: Int, rate: Double, before: Double)
+    }
+
+    /// Moves the ramp on; returns the change of the allowed connections, if any.
+    mutating func update(now: Moment, bytes: Int64) -> Step? {
         switch stage {
         case .idle, .done:
             return nil
@@ -85,14 +95,22 @@ struct ConnectionRamp: Sendable {
             if let before {
                 let added = Double(allowed - before.connections) / Double(before.connections)
                 guard rate >= before.rate * (1 + 0.25 * added) else {
+                    // The last step did not pay: back to the connections the download had before it.
+                    let more = allowed
+                    allowed = before.connections
                     stage = .done
-                    return nil
+                    return .back(to: allowed, from: more, rate: rate, before: before.rate)
                 }
+            }
+            guard allowed < maximum else {
+                stage = .done
+                return nil
             }
             before = (rate, allowed)
             allowed = min(maximum, allowed * 2)
-            stage = allowed == maximum ? .done : .settling(until: now + window)
-            return allowed
+            // Even the last step is measured: it is kept only if it pays.
+            stage = .settling(until: now + window)
+            return .up(to: allowed, rate: rate)
         }
     }
 }
