@@ -217,9 +217,11 @@ struct ConnectionRampTests {
         #expect(allowed.last == 1 && allowed.max() == 2 && !ramping)
     }
 
-    @Test func aSmallGainIsNotEnough() {
-        // Two connections give 10 % more than one: not worth keeping.
-        let (allowed, ramping) = run(maximum: 8) { $0 == 1 ? 100e6 : 110e6 }
+    @Test(arguments: [1.1, 1.35])
+    func aSmallGainIsNotEnough(gain: Double) {
+        // Two connections give 10 % or 35 % more than one (a fast local server, whose disk soon
+        // becomes the bottleneck): not worth keeping.
+        let (allowed, ramping) = run(maximum: 8) { $0 == 1 ? 100e6 : 100e6 * gain }
         #expect(allowed.last == 1 && !ramping)
     }
 

@@ -3,8 +3,10 @@
 ///
 /// Adaptive ramping measures the download's rate over a window, doubles the connections, waits until
 /// the new ones deliver (a request's round trip, a TCP slow start; at most a window), measures again,
-/// and keeps the step only when the rate rose by at least a quarter of what the added connections
-/// would add at the old rate per connection; then it goes on doubling up to the maximum. Where one
+/// and keeps the step only when the rate rose by at least half of what the added connections would
+/// add at the old rate per connection; then it goes on doubling up to the maximum. (Half, because a
+/// local disk or CPU that is the real bottleneck still lets two connections look up to a third faster
+/// for the first second, and then runs slower with them.) Where one
 /// connection is the bottleneck (a per-connection limit, a long or lossy path) each step nearly
 /// doubles the rate and the download reaches its maximum within a few windows. Where it is not (a
 /// fast local server, a shared bottleneck, a disk that slows down with writes in several places) the
@@ -94,7 +96,7 @@ struct ConnectionRamp: Sendable {
             let rate = Double(bytes - start) / (now - since).seconds
             if let before {
                 let added = Double(allowed - before.connections) / Double(before.connections)
-                guard rate >= before.rate * (1 + 0.25 * added) else {
+                guard rate >= before.rate * (1 + 0.5 * added) else {
                     // The last step did not pay: back to the connections the download had before it.
                     let more = allowed
                     allowed = before.connections
