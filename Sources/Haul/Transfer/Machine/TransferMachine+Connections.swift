@@ -135,16 +135,8 @@ extension TransferMachine {
                 )
             ]
             for index in connections.indices where index >= allowed {
-                switch connections[index].state {
-                case .requesting, .receiving:
-                    table?.releaseAll(of: index)
-                    connections[index].state = .stopping(.replaced)
-                    actions.append(.abandon(connection: index))
-                case .waiting:
-                    connections[index].state = .idle
-                case .idle, .stopping, .retired:
-                    break
-                }
+                table?.releaseAll(of: index)
+                actions += stopConnection(index, .replaced)
             }
             return actions
         }
@@ -178,10 +170,7 @@ extension TransferMachine {
                 "connection \(connection) goes on into bytes \(range.position)-\(range.end - 1): no other delivers them"
             ),
         ]
-        if let displaced, connections[displaced].isReplaceable {
-            connections[displaced].state = .stopping(.replaced)
-            actions.append(.abandon(connection: displaced))
-        }
+        if let displaced { actions += stopConnection(displaced, .replaced) }
         return actions
     }
 
@@ -200,10 +189,7 @@ extension TransferMachine {
                 // The bytes that completed the file failed their digest: they are fetched again.
                 phase = .transferring
             case .failed, .dropped:
-                // The answer ended before its Content-Digest could be checked: its bytes are fetched
-                // again rather than trusted unchecked.
-                phase = .transferring
-                forgotten = forget(segment: receiving.segment, from: receiving.ask.writeStart)
+                forgotten = refetchUnchecked(receiving)
             }
         }
         guard phase == .probing || phase == .transferring else {
@@ -233,6 +219,29 @@ extension TransferMachine {
             break
         }
         return forgotten + actions + afterConnectionChange(now: now)
+    }
+
+    /// Stops connection `index` for `cause`: a request out or an answer being written is abandoned,
+    /// a wait ends. One already stopping keeps its cause (a stall still counts as a failed attempt).
+    mutating func stopConnection(_ index: Int, _ cause: Connection.StopCause) -> [TransferAction] {
+        switch connections[index].state {
+        case .requesting, .receiving:
+            connections[index].state = .stopping(cause)
+            return [.abandon(connection: index)]
+        case .waiting:
+            connections[index].state = .idle
+            return []
+        case .idle, .stopping, .retired:
+            return []
+        }
+    }
+
+    /// The answer that completed the file ended, or stalled, before its Content-Digest could be
+    /// checked: the download goes back to transferring, and its bytes are fetched again rather than
+    /// trusted unchecked.
+    private mutating func refetchUnchecked(_ receiving: Connection.Receiving) -> [TransferAction] {
+        phase = .transferring
+        return forget(segment: receiving.segment, from: receiving.ask.writeStart)
     }
 
     /// Forgets what one answer wrote, from `from` up to where it now writes in range `segment` (it
@@ -365,10 +374,7 @@ extension TransferMachine {
             case .receiving(let receiving) where now - receiving.lastByte >= settings.stallTimeout:
                 if receiving.progressed { connections[index].failures = 0 }
                 if phase == .stopping(then: .verify), receiving.checksBody {
-                    // The answer that completed the file stalled before its Content-Digest could be
-                    // checked: its bytes are fetched again rather than trusted unchecked.
-                    phase = .transferring
-                    actions += forget(segment: receiving.segment, from: receiving.ask.writeStart)
+                    actions += refetchUnchecked(receiving)
                 }
                 connections[index].state = .stopping(.stalled)
                 actions += [.abandon(connection: index), .log("connection \(index): no data; stalled")]
@@ -465,10 +471,7 @@ extension TransferMachine {
                     .log(
                         "connection \(index) takes over bytes \(claim.from)-\(claim.to - 1) from stalled connection \(displaced)"
                     ))
-                if connections[displaced].isReplaceable {
-                    connections[displaced].state = .stopping(.replaced)
-                    stops.append(.abandon(connection: displaced))
-                }
+                stops += stopConnection(displaced, .replaced)
             }
             let ask = RangeAsk.range(from: claim.from, to: claim.to, ifRange: ifRange, expected: expected)
             sends.append(send(ask, on: index, segment: claim.segment, now: now))

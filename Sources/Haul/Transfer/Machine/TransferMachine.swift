@@ -107,15 +107,6 @@ struct TransferMachine: Sendable {
             case .idle, .waiting, .retired: false
             }
         }
-
-        /// Whether another connection taking its range stops it now: one already stopping (a stall
-        /// being abandoned, say) keeps the reason, so a stall still counts as a failed attempt.
-        var isReplaceable: Bool {
-            switch state {
-            case .requesting, .receiving: true
-            case .stopping, .idle, .waiting, .retired: false
-            }
-        }
     }
 
     let settings: Settings
@@ -140,11 +131,17 @@ struct TransferMachine: Sendable {
     var finalURL: String
     /// Whether the destination is known (a directory download names it from the first answer).
     var destinationKnown = false
-    /// Whether a fresh request asks for `bytes=0-`; a server that refused that (`416`) is asked without.
-    var probesRanges = true
-    /// The first request asked for bytes=0- and was told to come back: the plain request that followed
-    /// tells whether the range or the server's load was the reason.
-    var rangeProbeDeferred = false
+    /// How a fresh request asks for the file.
+    enum RangeProbe: Equatable, Sendable {
+        /// With `bytes=0-`, to learn whether ranges are served.
+        case ask
+        /// Without a range, once: `bytes=0-` was told to come back, and the plain request tells
+        /// whether the range or the server's load was the reason.
+        case deferred
+        /// Without a range: the server refused `bytes=0-`.
+        case refused
+    }
+    var rangeProbe = RangeProbe.ask
     /// Whether the file may be fetched in ranges by several connections.
     var rangesAllowed = false
     /// The first answer, while its destination is being opened.
@@ -353,7 +350,7 @@ struct TransferMachine: Sendable {
                 return restart(box.reason, now: now)
             }
         } else {
-            ask = .fresh(probesRanges: probesRanges && settings.connections > 1)
+            ask = .fresh(probesRanges: rangeProbe == .ask && settings.connections > 1)
         }
         let connection = connections.firstIndex { $0.state == .idle } ?? 0
         return [send(ask, on: connection, segment: nil, now: now)]
@@ -395,25 +392,23 @@ struct TransferMachine: Sendable {
             return [.drop(connection: connection)] + beginVerifying(now: now)
         case .probeRefused:
             connections[connection].state = .idle
-            probesRanges = false
+            rangeProbe = .refused
             return [.drop(connection: connection), .log("the server refused bytes=0-; asking without a range")]
                 + probe(now: now)
         case .retry(let status, _) where ask.kind == .fresh(probesRanges: true):
             // A server that refuses the range, or asks to come back later for it, may still serve the
             // file to a plain request, as a download over one connection asks at once.
             connections[connection].state = .idle
-            probesRanges = false
-            rangeProbeDeferred = true
+            rangeProbe = .deferred
             return [
                 .drop(connection: connection),
                 .log("the server answered bytes=0- with \(status); asking without a range"),
             ]
                 + probe(now: now)
-        case .retry where rangeProbeDeferred:
+        case .retry where rangeProbe == .deferred:
             // The plain request is told to wait too: the server is busy, not refusing ranges. Once the
             // wait is over the download asks for bytes=0- again, and can still use several connections.
-            probesRanges = true
-            rangeProbeDeferred = false
+            rangeProbe = .ask
             return refused(verdict, on: connection, now: now)
         case .restart, .retry, .fail:
             return refused(verdict, on: connection, now: now)
@@ -593,13 +588,8 @@ struct TransferMachine: Sendable {
             case .receiving(let receiving) where receiving.checksBody && next == .verify:
                 // Its body must still pass its digest: wait for its end.
                 break
-            case .requesting, .receiving:
-                connections[index].state = .stopping(.shutdown)
-                actions.append(.abandon(connection: index))
-            case .waiting:
-                connections[index].state = .idle
-            case .idle, .stopping, .retired:
-                break
+            default:
+                actions += stopConnection(index, .shutdown)
             }
         }
         return actions + finishStopping(now: now)

@@ -6,12 +6,11 @@
 /// and keeps the step only when the rate rose by at least half of what the added connections would
 /// add at the old rate per connection; then it goes on doubling up to the maximum. (Half, because a
 /// local disk or CPU that is the real bottleneck still lets two connections look up to a third faster
-/// for the first second, and then runs slower with them.) Where one
-/// connection is the bottleneck (a per-connection limit, a long or lossy path) each step nearly
-/// doubles the rate and the download reaches its maximum within a few windows. Where it is not (a
-/// fast local server, a shared bottleneck, a disk that slows down with writes in several places) the
-/// step does not pay, and the download goes back to the connections it had before: never slower
-/// than one connection for longer than a measurement.
+/// for the first second, and then runs slower with them.) Where one connection is the bottleneck (a
+/// per-connection limit, a long or lossy path) each step nearly doubles the rate and the download
+/// reaches its maximum within a few windows. Where it is not (a fast local server, a shared
+/// bottleneck, a disk that slows down with writes in several places) the step does not pay, and the
+/// download goes back to the connections it had before.
 struct ConnectionRamp: Sendable {
     private enum Stage: Equatable, Sendable {
         /// Waiting for the first bytes before measuring.
