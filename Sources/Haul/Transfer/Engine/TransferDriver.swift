@@ -43,9 +43,9 @@ final class TransferDriver {
     private let events: AsyncStream<Event>
     private let post: AsyncStream<Event>.Continuation
     private let fetched = ByteCounter()
-    private var tasks: [Int: Task<Void, Never>] = [:]
-    /// Earlier requests' tasks, possibly still draining a dropped answer: awaited before the download ends.
-    private var earlierTasks: [Task<Void, Never>] = []
+    /// The task of every request that has not ended yet (a dropped answer may still drain while its
+    /// connection's next request runs): each is awaited before the download ends.
+    private var tasks: [RequestTag: Task<Void, Never>] = [:]
     private var limits: [Int: StreamLimit] = [:]
     private var heads: [Int: ResponseHead] = [:]
     /// The request whose answer each connection is waiting on a verdict for.
@@ -136,6 +136,8 @@ final class TransferDriver {
             for await event in events {
                 switch event {
                 case .machine(let event):
+                    // A request's end is the last thing its task posts.
+                    if case .ended(let request, _) = event { tasks[request] = nil }
                     await perform(event)
                 case .timer(let number):
                     // The timer that went off is spent; one cancelled a moment too late leaves the
@@ -156,9 +158,8 @@ final class TransferDriver {
             }
         }
         timer?.task.cancel()
-        let all = Array(tasks.values) + earlierTasks
-        for task in all { task.cancel() }
-        for task in all { await task.value }
+        for task in tasks.values { task.cancel() }
+        for task in tasks.values { await task.value }
         await checkpointTask?.value
         post.finish()
     }
@@ -230,7 +231,7 @@ final class TransferDriver {
         case .drop(let connection):
             verdicts.removeValue(forKey: connection)?.resolve(.drop)
         case .abandon(let connection):
-            tasks[connection]?.cancel()
+            for (request, task) in tasks where request.connection == connection { task.cancel() }
             verdicts.removeValue(forKey: connection)?.resolve(.drop)
             continuations.removeValue(forKey: connection)?.resolve(nil)
         case .setLimit(let connection, let end):
@@ -257,8 +258,7 @@ final class TransferDriver {
         let post = self.post
         let fetcher = self.fetcher
         let connection = request.connection
-        if let earlier = tasks[connection] { earlierTasks.append(earlier) }
-        tasks[connection] = Task {
+        tasks[request] = Task {
             let end: ConnectionEnd
             do {
                 let (response, finalURL) = try await fetcher.fetch(ask, connection: connection)
