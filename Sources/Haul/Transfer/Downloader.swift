@@ -68,12 +68,11 @@ public final class Downloader: Sendable {
         clientConfiguration.tlsConfiguration = tls
         // Haul retries with its own backoff and reports each attempt; a refused connection should reach it at once.
         clientConfiguration.connectionPool.retryConnectionEstablishment = false
-        // Connection k of every download goes through client k: each client needs about as many
-        // connections to a host as downloads run at once, and together they keep to the limit.
+        // Connection k of every download goes through client k: a limit the caller gives is shared out
+        // over the clients (each needs about as many connections to a host as downloads run at once).
         let lanes = max(1, configuration.segmentation.connections)
-        let perHost = configuration.connectionsPerHost ?? max(8, lanes)
-        clientConfiguration.connectionPool.concurrentHTTP1ConnectionsPerHostSoftLimit = max(
-            8, (perHost + lanes - 1) / lanes)
+        clientConfiguration.connectionPool.concurrentHTTP1ConnectionsPerHostSoftLimit =
+            configuration.connectionsPerHost.map { max(1, ($0 + lanes - 1) / lanes) } ?? 8
         clientConfiguration.http2StreamChannelDebugInitializer = { HTTP2BodyCoalescer.install(on: $0) }
         let lanesConfiguration = clientConfiguration
         self.lanes = ConnectionLanes(count: configuration.segmentation.connections) {

@@ -136,11 +136,10 @@ public struct DownloaderConfiguration: Sendable {
     /// How https connections are made.
     public var tls = TLS()
     /// About the most HTTP/1.1 connections open to one host at once over all downloads of a
-    /// downloader, shared out over the connections of a download (each has an HTTP client of its own,
-    /// with at least 8); requests beyond it wait for a connection to be free (connections are kept
-    /// alive and reused). `nil`: as many as one download uses (``Segmentation/connections``), and at
-    /// least 8. The download manager sets it to its concurrent downloads times the connections per
-    /// download.
+    /// downloader, shared out evenly over the connections of a download (each has an HTTP client of
+    /// its own); requests beyond it wait for a connection to be free (connections are kept alive and
+    /// reused). `nil`: 8 for each connection of a download. The download manager sets it to its
+    /// concurrent downloads times the connections per download.
     public var connectionsPerHost: Int?
     /// How long to wait for a connection and for data.
     public var timeouts = Timeouts()

@@ -107,6 +107,38 @@ func expectHTTP2OverTLS(_ server: HaulTestServer, sourceLocation: SourceLocation
         }
     }
 
+    @Test("a limit of connections per host holds over the clients of a download's connections")
+    func connectionsPerHostIsShared() async throws {
+        try await HaulTestServer.withRunning { server in
+            try await withTemporaryDirectory { directory in
+                let resources = (0..<4).map { TestResource(name: "limited\($0)", size: 200_000 + Int64($0)) }
+                for resource in resources {
+                    server.add("/\(resource.name)", resource)
+                    server.setStandingFaults("/\(resource.name)", [.throttle(bytesPerSecond: 1 << 20)])
+                }
+                // Two connections to the host, over four downloads of one connection each: two at a time.
+                var configuration = testConfiguration()
+                configuration.segmentation.connections = 1
+                configuration.connectionsPerHost = 2
+                try await withDownloader(configuration) { downloader in
+                    try await withThrowingTaskGroup(of: Void.self) { group in
+                        for resource in resources {
+                            group.addTask {
+                                try await downloader.download(
+                                    DownloadRequest(
+                                        url: server.url("/\(resource.name)"),
+                                        destination: .file(directory + "/" + resource.name)))
+                            }
+                        }
+                        try await group.waitForAll()
+                    }
+                }
+                for resource in resources { #expect(try readFile(directory + "/" + resource.name) == resource.content) }
+                #expect(server.maximumOpenConnections == 2)
+            }
+        }
+    }
+
     @Test("over https without HTTP/2, segments use several HTTP/1.1 connections, closed without waiting")
     func tlsWithoutHTTP2() async throws {
         try await HaulTestServer.withRunning(transport: .tlsHTTP1Only) { server in
