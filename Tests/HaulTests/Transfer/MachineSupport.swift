@@ -213,16 +213,14 @@ struct MachineHarness {
 
     /// A cancelled download whose last checkpoint is being stored.
     static func pausing() -> MachineHarness {
-        var harness = allReceiving()
-        harness.handle(.cancel)
+        var harness = stoppingToPause()
         harness.endBusyConnections()
         return harness
     }
 
     /// A failed download whose last checkpoint is being stored.
     static func failing() -> MachineHarness {
-        var harness = allReceiving()
-        harness.handle(.failed(HaulError(.diskFull, "disk full")))
+        var harness = stoppingToFail()
         harness.endBusyConnections()
         return harness
     }
