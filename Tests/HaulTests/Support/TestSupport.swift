@@ -1,4 +1,5 @@
 import HaulTestServer
+import Logging
 import Synchronization
 import Testing
 
@@ -169,9 +170,9 @@ func testConfiguration(retries: Int = 5, stall: Duration = .seconds(5)) -> Downl
 @discardableResult
 func withDownloader<Result>(
     _ configuration: DownloaderConfiguration = testConfiguration(), clock: any Clock<Duration> = ContinuousClock(),
-    _ body: (Downloader) async throws -> Result
+    logger: Logger? = nil, _ body: (Downloader) async throws -> Result
 ) async throws -> Result {
-    let downloader = Downloader(configuration: configuration, clock: clock)
+    let downloader = Downloader(configuration: configuration, logger: logger, clock: clock)
     do {
         let result = try await body(downloader)
         try await downloader.shutdown()

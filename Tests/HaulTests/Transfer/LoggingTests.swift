@@ -46,10 +46,10 @@ struct LoggingTests {
             server.script("/f", [[.status(503, retryAfter: "0")]])
             try await withTemporaryDirectory { directory in
                 let recorder = LogRecorder()
-                let downloader = Downloader(configuration: testConfiguration(), logger: recorder.logger)
-                try await downloader.download(
-                    DownloadRequest(url: server.url("/moved"), destination: .file(directory + "/f")))
-                try await downloader.shutdown()
+                try await withDownloader(testConfiguration(), logger: recorder.logger) { downloader in
+                    try await downloader.download(
+                        DownloadRequest(url: server.url("/moved"), destination: .file(directory + "/f")))
+                }
                 #expect(try readFile(directory + "/f") == resource.content)
                 let messages = recorder.all.filter { $0.0 == .debug }.map(\.1)
                 #expect(messages.contains { $0.hasPrefix("redirected") }, "\(messages)")
@@ -74,10 +74,10 @@ struct LoggingTests {
                 var configuration = testConfiguration()
                 configuration.segmentation.connections = 3
                 configuration.segmentation.minimumSplit = 256 * 1024
-                let downloader = Downloader(configuration: configuration, logger: recorder.logger)
-                try await downloader.download(
-                    DownloadRequest(url: server.url("/f"), destination: .file(directory + "/f")))
-                try await downloader.shutdown()
+                try await withDownloader(configuration, logger: recorder.logger) { downloader in
+                    try await downloader.download(
+                        DownloadRequest(url: server.url("/f"), destination: .file(directory + "/f")))
+                }
                 #expect(try readFile(directory + "/f") == resource.content)
                 let messages = recorder.all.filter { $0.0 == .debug }.map(\.1)
                 #expect(
@@ -95,10 +95,10 @@ struct LoggingTests {
                 _ = try await interruptedSession(server, destination: directory + "/f", bytes: 100_000)
                 server.script("/f", [[.ignoreRange]])
                 let recorder = LogRecorder()
-                let downloader = Downloader(configuration: testConfiguration(), logger: recorder.logger)
-                try await downloader.download(
-                    DownloadRequest(url: server.url("/f"), destination: .file(directory + "/f")))
-                try await downloader.shutdown()
+                try await withDownloader(testConfiguration(), logger: recorder.logger) { downloader in
+                    try await downloader.download(
+                        DownloadRequest(url: server.url("/f"), destination: .file(directory + "/f")))
+                }
                 #expect(
                     recorder.all.contains { $0.0 == .debug && $0.1 == "starting over: \(RestartReason.rangeIgnored)" })
             }
