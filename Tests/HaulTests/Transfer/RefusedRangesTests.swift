@@ -60,9 +60,11 @@ struct RefusedRangesTests {
                 #expect(try readFile(directory + "/f") == resource.content)
                 let requests = server.requests(for: "/f")
                 #expect(requests.first?.header("range") == "bytes=0-")
-                // The other three asked for their ranges once each, were told to wait a day, and left;
-                // the first answer went on through their ranges: every byte came over the network once.
-                #expect(requests.count == 4)
+                // The other three asked for ranges, were told to wait a day, and left; the first answer
+                // went on through their ranges: every byte came over the network once. (A connection
+                // whose range the first answer reached before its refusal came asks for another once.)
+                #expect((4...7).contains(requests.count), "\(requests.count) requests")
+                #expect(requests.dropFirst().allSatisfy { $0.header("range")?.hasPrefix("bytes=") == true })
                 #expect(result.bytesFetched == Self.size)
                 #expect(server.bodyBytesSent(answering: 0) == Self.size)
                 #expect(log.retries.isEmpty && log.restartReasons.isEmpty)
