@@ -28,12 +28,15 @@ struct ProgressMeter {
         return report(at: now)
     }
 
+    /// The speed over the recent samples, in bytes per second (0 before there are enough).
+    var bytesPerSecond: Double {
+        guard let first = samples.first, let last = samples.last else { return 0 }
+        let seconds = (last.time - first.time).seconds
+        return seconds > 0.05 ? Double(last.bytes - first.bytes) / seconds : 0
+    }
+
     private func report(at now: Moment) -> DownloadProgress {
-        var speed = 0.0
-        if let first = samples.first, let last = samples.last {
-            let seconds = (last.time - first.time).seconds
-            if seconds > 0.05 { speed = Double(last.bytes - first.bytes) / seconds }
-        }
+        let speed = bytesPerSecond
         var remaining: Double?
         if let totalBytes, speed > 0 { remaining = Double(totalBytes - lastBytes) / speed }
         return DownloadProgress(

@@ -381,7 +381,12 @@ struct TransferMachineScenarioTests {
         #expect(describe(actions).contains { $0.hasPrefix("send 1 bytes=") })
     }
 
-    @Test func anAddedConnectionThatDoesNotSpeedTheDownloadUpLeavesAndTheFirstGoesOnIntoItsRange() throws {
+    /// The second connection's bytes when it leaves: the first reads up to 1 MiB of them again to
+    /// go on into its range, and asks for the rest of the range anew when it wrote more.
+    @Test(arguments: [500_000, 1_150_000] as [Int64])
+    func anAddedConnectionThatDoesNotSpeedTheDownloadUpLeavesAndTheFirstTakesOverItsRange(leftAt written: Int64)
+        throws
+    {
         var harness = MachineHarness(connections: 4, adaptive: true)
         harness.handle(.start(.nothing))
         harness.answer(0, Harness.partial(0, Harness.total - 1))
@@ -392,13 +397,12 @@ struct TransferMachineScenarioTests {
         let second = harness.machine.table!.segments[1]
         harness.answer(1, Harness.partial(second.start, second.end - 1))
         // Both deliver, but together no faster than one alone (a disk, say, that is the bottleneck).
-        harness.wrote(1, segment: 1, upTo: second.start + 250_000)
+        harness.wrote(1, segment: 1, upTo: second.start + written - 250_000)
         harness.advance(.milliseconds(400))
         harness.wrote(0, segment: 0, upTo: 815_536)
         harness.advance(.milliseconds(100))
-        let back = harness.wrote(1, segment: 1, upTo: second.start + 500_000)
-        // The second connection leaves; its range waits for the first, which goes on into it at the end
-        // of its own without a new request.
+        let back = harness.wrote(1, segment: 1, upTo: second.start + written)
+        // The second connection leaves; its range waits for the first.
         #expect(describe(back).filter { !$0.hasPrefix("checkpoint") } == ["abandon 1"], "\(describe(back))")
         #expect(harness.machine.ramp.allowed == 1 && !harness.machine.ramp.isRamping)
         #expect(harness.machine.table?.owner(of: 1) == nil)
@@ -406,6 +410,16 @@ struct TransferMachineScenarioTests {
         #expect(harness.machine.connections[1].state == .idle && harness.machine.connections[1].failures == 0)
         harness.wrote(0, segment: 0, upTo: second.start)
         let onward = harness.handle(.reachedLimit(harness.request(0), at: second.start))
-        #expect(describe(onward) == ["proceed 0 into 1"])
+        if written <= 1 << 20 {
+            // It goes on into that range at the end of its own, without a new request.
+            #expect(describe(onward) == ["proceed 0 into 1"])
+        } else {
+            // Reading that much again costs more than a request: it ends its answer and asks.
+            #expect(describe(onward) == ["stop 0"])
+            let next = harness.ended(0, .finished(at: second.start))
+            #expect(
+                describe(next).filter { !$0.hasPrefix("checkpoint") }
+                    == ["send 0 bytes=\(second.start + written)-\(second.end - 1)"], "\(describe(next))")
+        }
     }
 }

@@ -11,8 +11,9 @@ import NIOHTTP1
 extension TransferMachine {
     mutating func received(_ head: ResponseHead, on connection: Int, now: Moment) -> [TransferAction] {
         guard connections.indices.contains(connection),
-            case .requesting(let ask, let segment, _) = connections[connection].state
+            case .requesting(let ask, let segment, let since) = connections[connection].state
         else { return [.drop(connection: connection)] }
+        answerDelay = now - since
         let verdict = ResponseClassifier.classify(status: head.status, headers: head.headers, ask: ask, now: head.date)
         switch phase {
         case .probing:
@@ -44,6 +45,7 @@ extension TransferMachine {
                 connections[connection].state = .idle
                 return [.drop(connection: connection)] + resumeWork(now: now)
             }
+            rangeServed = true
             connections[connection].state = .receiving(
                 .init(ask: ask, segment: segment, lastByte: now, checksBody: !facts.contentDigests.isEmpty))
             return [
@@ -158,6 +160,17 @@ extension TransferMachine {
             // Its connection delivers it: stop here and take other work.
             return [.proceed(connection: connection, nil)]
         }
+        let skipped = table.segments[next].position - offset
+        if rangeServed, table.owner(of: next) == nil, skipped > skipAllowance {
+            // A connection that left wrote much of it (a step back of the ramp, a failure): asking
+            // for the rest where it stands costs less than reading those bytes again.
+            return [
+                .proceed(connection: connection, nil),
+                .log(
+                    "connection \(connection) asks for bytes \(table.segments[next].position)- rather than read \(ByteCount.format(skipped)) again"
+                ),
+            ]
+        }
         let displaced = table.handOver(next, to: connection, now: now)
         self.table = table
         receiving.segment = next
@@ -172,6 +185,15 @@ extension TransferMachine {
         ]
         if let displaced { actions += stopConnection(displaced, .replaced) }
         return actions
+    }
+
+    /// The most bytes a connection reads and drops to go on into the next range rather than ask
+    /// for it anew: what it receives while a new request waits for its answer, twice over, at least
+    /// 1 MiB.
+    var skipAllowance: Int64 {
+        let receiving = connections.filter { if case .receiving = $0.state { true } else { false } }.count
+        let perConnection = (meter?.bytesPerSecond ?? 0) / Double(max(1, receiving))
+        return max(1 << 20, Int64(min(2 * answerDelay.seconds * perConnection, Double(Int64.max / 2))))
     }
 
     // MARK: Ends and failures

@@ -144,6 +144,11 @@ struct TransferMachine: Sendable {
     var rangeProbe = RangeProbe.ask
     /// Whether the file may be fetched in ranges by several connections.
     var rangesAllowed = false
+    /// Whether the server answered a request for a range with its bytes in this call: a range whose
+    /// connection left can then be asked for where it stands.
+    var rangeServed = false
+    /// How long the last answer took to arrive after its request: what asking again costs.
+    var answerDelay = Duration.zero
     /// The first answer, while its destination is being opened.
     var pendingAnswer: (connection: Int, ask: RangeAsk, head: ResponseHead, facts: ResponseFacts)?
     /// A cancellation that arrived while the file was being checked.
