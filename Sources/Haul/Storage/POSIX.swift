@@ -6,12 +6,12 @@
     import Darwin
 #endif
 
-/// Thin, throwing wrappers over the POSIX calls the storage layer needs.
+/// Thin, throwing wrappers over the POSIX calls the storage layer (and the daemon's own files) need.
 ///
 /// Every failure becomes a ``HaulError`` naming the path and the system's reason, with `ENOSPC`
 /// and `EDQUOT` mapped to ``HaulError/Code/diskFull``.
-enum POSIX {
-    static func error(_ operation: String, path: String, errno code: Int32 = errno) -> HaulError {
+package enum POSIX {
+    package static func error(_ operation: String, path: String, errno code: Int32 = errno) -> HaulError {
         let reason = String(cString: strerror(code))
         if code == ENOSPC || code == EDQUOT {
             return HaulError(
@@ -20,7 +20,7 @@ enum POSIX {
         return HaulError(.fileSystem, "cannot \(operation) \(path): \(reason)", underlying: SystemError(code: code))
     }
 
-    static func open(_ path: String, flags: Int32, mode: mode_t = 0o644) throws -> Int32 {
+    package static func open(_ path: String, flags: Int32, mode: mode_t = 0o644) throws -> Int32 {
         while true {
             let descriptor = path.withCString { systemOpen($0, flags | O_CLOEXEC, mode) }
             if descriptor >= 0 { return descriptor }
@@ -31,7 +31,7 @@ enum POSIX {
 
     /// Opens `path` with `flags`, creating it (mode 0644) when nothing is there; tells whether this
     /// call created it. Both opens carry `O_NOFOLLOW`, so a symbolic link is refused.
-    static func openOrCreate(_ path: String, flags: Int32) throws -> (descriptor: Int32, created: Bool) {
+    package static func openOrCreate(_ path: String, flags: Int32) throws -> (descriptor: Int32, created: Bool) {
         while true {
             let existing = path.withCString { systemOpen($0, flags | O_NOFOLLOW | O_CLOEXEC, 0) }
             if existing >= 0 { return (existing, false) }
@@ -46,7 +46,7 @@ enum POSIX {
 
     /// The process that holds a `flock` on the open file `descriptor`, as `/proc/locks` lists it;
     /// `nil` where that list is not available.
-    static func flockOwner(_ descriptor: Int32) -> Int32? {
+    package static func flockOwner(_ descriptor: Int32) -> Int32? {
         #if os(Linux)
             var status = stat()
             guard fstat(descriptor, &status) == 0,
@@ -73,7 +73,7 @@ enum POSIX {
 
     /// The open flag for direct I/O (`O_DIRECT`, which Glibc's module does not export); `nil` where
     /// Haul does not use it.
-    static var directIOFlag: Int32? {
+    package static var directIOFlag: Int32? {
         #if os(Linux) && arch(x86_64)
             return 0o40000
         #elseif os(Linux) && arch(arm64)
@@ -84,14 +84,16 @@ enum POSIX {
     }
 
     /// The device and inode of an open file.
-    static func identity(_ descriptor: Int32) throws -> [UInt64] {
+    package static func identity(_ descriptor: Int32) throws -> [UInt64] {
         var status = stat()
         guard fstat(descriptor, &status) == 0 else { throw error("inspect", path: "descriptor \(descriptor)") }
         return [UInt64(status.st_dev), UInt64(status.st_ino)]
     }
 
     /// Writes all of `bytes` at `offset`, looping over short writes.
-    static func write(_ descriptor: Int32, _ bytes: UnsafeRawBufferPointer, at offset: Int64, path: String) throws {
+    package static func write(_ descriptor: Int32, _ bytes: UnsafeRawBufferPointer, at offset: Int64, path: String)
+        throws
+    {
         var done = 0
         while done < bytes.count {
             let result = pwrite(descriptor, bytes.baseAddress! + done, bytes.count - done, off_t(offset) + off_t(done))
@@ -104,7 +106,7 @@ enum POSIX {
     }
 
     /// Reads up to `count` bytes at `offset` into `buffer`; fewer only at the end of the file.
-    static func readInto(
+    package static func readInto(
         _ descriptor: Int32, _ buffer: UnsafeMutableRawBufferPointer, count: Int, at offset: Int64, path: String
     ) throws -> Int {
         var done = 0
@@ -121,7 +123,7 @@ enum POSIX {
     }
 
     /// Reads up to `count` bytes at `offset`; fewer only at the end of the file.
-    static func read(_ descriptor: Int32, count: Int, at offset: Int64, path: String) throws -> [UInt8] {
+    package static func read(_ descriptor: Int32, count: Int, at offset: Int64, path: String) throws -> [UInt8] {
         var buffer = [UInt8](repeating: 0, count: count)
         var done = 0
         while done < count {
@@ -140,7 +142,7 @@ enum POSIX {
     }
 
     /// Flushes the file's data (and the metadata needed to read it back) to stable storage.
-    static func syncData(_ descriptor: Int32, path: String) throws {
+    package static func syncData(_ descriptor: Int32, path: String) throws {
         #if canImport(Darwin)
             let result = fcntl(descriptor, F_FULLFSYNC)
         #else
@@ -149,63 +151,63 @@ enum POSIX {
         if result != 0 { throw error("sync", path: path) }
     }
 
-    static func syncAll(_ descriptor: Int32, path: String) throws {
+    package static func syncAll(_ descriptor: Int32, path: String) throws {
         if fsync(descriptor) != 0 { throw error("sync", path: path) }
     }
 
-    static func truncate(_ descriptor: Int32, to length: Int64, path: String) throws {
+    package static func truncate(_ descriptor: Int32, to length: Int64, path: String) throws {
         if ftruncate(descriptor, off_t(length)) != 0 { throw error("truncate", path: path) }
     }
 
-    static func size(_ descriptor: Int32, path: String) throws -> Int64 {
+    package static func size(_ descriptor: Int32, path: String) throws -> Int64 {
         var info = stat()
         if fstat(descriptor, &info) != 0 { throw error("stat", path: path) }
         return Int64(info.st_size)
     }
 
-    static func close(_ descriptor: Int32) {
+    package static func close(_ descriptor: Int32) {
         _ = systemClose(descriptor)
     }
 
     /// Makes a rename or unlink in `directory` durable.
-    static func syncDirectory(_ directory: String) throws {
+    package static func syncDirectory(_ directory: String) throws {
         let descriptor = try open(directory, flags: O_RDONLY | O_DIRECTORY)
         defer { close(descriptor) }
         try syncAll(descriptor, path: directory)
     }
 
-    static func rename(_ source: String, to destination: String) throws {
+    package static func rename(_ source: String, to destination: String) throws {
         let result = source.withCString { from in destination.withCString { to in systemRename(from, to) } }
         if result != 0 { throw error("rename \(source) to", path: destination) }
     }
 
     /// Removes a file; a file that is already gone is not an error.
-    static func unlink(_ path: String) throws {
+    package static func unlink(_ path: String) throws {
         if path.withCString({ systemUnlink($0) }) != 0 && errno != ENOENT { throw error("remove", path: path) }
     }
 
     /// What `lstat` says about a path: `nil` when nothing is there.
-    static func fileStatus(_ path: String) -> stat? {
+    package static func fileStatus(_ path: String) -> stat? {
         var info = stat()
         return path.withCString { lstat($0, &info) } == 0 ? info : nil
     }
 
-    static func exists(_ path: String) -> Bool { fileStatus(path) != nil }
+    package static func exists(_ path: String) -> Bool { fileStatus(path) != nil }
 
-    static func isDirectory(_ path: String) -> Bool {
+    package static func isDirectory(_ path: String) -> Bool {
         var info = stat()
         return path.withCString { stat($0, &info) } == 0 && (info.st_mode & S_IFMT) == S_IFDIR
     }
 
     /// Bytes available to unprivileged users on the volume holding `directory`.
-    static func freeSpace(_ directory: String) -> Int64? {
+    package static func freeSpace(_ directory: String) -> Int64? {
         var info = statvfs()
         guard directory.withCString({ statvfs($0, &info) }) == 0 else { return nil }
         return Int64(info.f_bavail) * Int64(info.f_frsize)
     }
 
     /// The file's bytes, at most `limit` of them; the buffer is sized by the file, not by the limit.
-    static func readWholeFile(_ path: String, limit: Int) throws -> [UInt8] {
+    package static func readWholeFile(_ path: String, limit: Int) throws -> [UInt8] {
         let descriptor = try open(path, flags: O_RDONLY | O_NOFOLLOW)
         defer { close(descriptor) }
         let length = Int(clamping: try size(descriptor, path: path))
@@ -220,7 +222,7 @@ enum POSIX {
         return bytes
     }
 
-    static func listDirectory(_ path: String) -> [String] {
+    package static func listDirectory(_ path: String) -> [String] {
         guard let directory = opendir(path) else { return [] }
         defer { closedir(directory) }
         var names: [String] = []
@@ -233,11 +235,11 @@ enum POSIX {
         return names
     }
 
-    static var processID: Int32 { getpid() }
+    package static var processID: Int32 { getpid() }
 
     /// `path` made absolute against the working directory, with `.`, `..` and repeated slashes
     /// resolved by name (symbolic links are left alone).
-    static func absolutePath(_ path: String) -> String {
+    package static func absolutePath(_ path: String) -> String {
         var base = ""
         if !path.hasPrefix("/") {
             var buffer = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)
@@ -257,7 +259,7 @@ enum POSIX {
     }
 
     /// Creates `path` and any missing parent directories.
-    static func makeDirectories(_ path: String) throws {
+    package static func makeDirectories(_ path: String) throws {
         var current = path.hasPrefix("/") ? "" : "."
         for component in path.split(separator: "/") {
             current += "/" + component
