@@ -1,4 +1,4 @@
-// swift-tools-version:6.0
+// swift-tools-version:6.1
 import PackageDescription
 
 let package = Package(
@@ -7,6 +7,7 @@ let package = Package(
     products: [
         .library(name: "Haul", targets: ["Haul"]),
         .library(name: "HaulTestServer", targets: ["HaulTestServer"]),
+        .library(name: "HaulDaemon", targets: ["HaulDaemon"]),
         .executable(name: "haul", targets: ["haul"]),
         .executable(name: "haul-torture", targets: ["HaulTorture"]),
         .executable(name: "haul-fuzz", targets: ["HaulFuzz"]),
@@ -21,6 +22,10 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-crypto.git", from: "4.5.2"),
         .package(url: "https://github.com/apple/swift-collections.git", from: "1.6.0"),
         .package(url: "https://github.com/groue/GRDB.swift.git", from: "7.10.0"),
+        // The daemon's HTTP server. Its default traits pull in swift-configuration, which Haul does not use.
+        .package(url: "https://github.com/hummingbird-project/hummingbird.git", from: "2.28.1", traits: []),
+        .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.13.0"),
+        .package(url: "https://github.com/apple/swift-http-types.git", from: "1.8.0"),
     ],
     targets: [
         .target(
@@ -41,6 +46,18 @@ let package = Package(
         ),
         .target(name: "CHaulSystem"),
         .target(
+            name: "HaulDaemon",
+            dependencies: [
+                "Haul",
+                .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "HTTPTypes", package: "swift-http-types"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "NIOCore", package: "swift-nio"),
+            ],
+            resources: [.embedInCode("Resources/openapi.json")]
+        ),
+        .target(
             name: "HaulTestServer",
             dependencies: [
                 .product(name: "Crypto", package: "swift-crypto"),
@@ -54,7 +71,7 @@ let package = Package(
         .executableTarget(
             name: "haul",
             dependencies: [
-                "Haul",
+                "Haul", "HaulDaemon",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
             ]
@@ -74,7 +91,8 @@ let package = Package(
         .testTarget(
             name: "HaulTests",
             dependencies: [
-                "Haul", "HaulTestServer",
+                "Haul", "HaulTestServer", "HaulDaemon",
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),

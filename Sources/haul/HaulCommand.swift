@@ -11,6 +11,9 @@ struct HaulCommand: AsyncParsableCommand {
             and Haul continues from the last stored byte, after checking that the server still has the same file.
             """,
         version: HaulVersion.current,
-        subcommands: [Get.self, Add.self, List.self, Resume.self, Pause.self, Retry.self, Remove.self, Verify.self]
+        subcommands: [
+            Get.self, Add.self, List.self, Resume.self, Pause.self, Retry.self, Remove.self, Verify.self,
+            DaemonCommand.self,
+        ]
     )
 }

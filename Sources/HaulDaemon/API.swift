@@ -1,0 +1,345 @@
+import HTTPTypes
+import Haul
+import Hummingbird
+import NIOCore
+
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Musl)
+    import Musl
+#elseif canImport(Darwin)
+    import Darwin
+#endif
+
+/// The routes of `/api/v1` over one download manager.
+struct API: Sendable {
+    let manager: DownloadManager
+    /// Directories downloads may be written into (absolute, symbolic links resolved); the first one
+    /// takes relative destinations.
+    let roots: DownloadRoots
+    let maxBodyBytes: Int
+    let hub: EventHub
+    /// How often an idle event stream sends a comment, so proxies and clients see it is alive.
+    let keepAlive: Duration
+
+    /// The OpenAPI document of the API, as served at `/api/v1/openapi.json`.
+    static let document = ByteBuffer(bytes: PackageResources.openapi_json)
+
+    func register<Context: RequestContext>(
+        on router: some RouterMethods<Context>, recording recorder: RouteRecorder? = nil
+    ) {
+        func route(
+            _ method: HTTPRequest.Method, _ path: String,
+            _ handler: @escaping @Sendable (Request, Context) async throws -> Response
+        ) {
+            recorder?.routes.append((method, path))
+            router.on(RouterPath(path), method: method, use: handler)
+        }
+        route(.get, "openapi.json") { _, _ in
+            Response(
+                status: .ok, headers: [.contentType: "application/json; charset=utf-8"],
+                body: .init(byteBuffer: Self.document))
+        }
+        route(.get, "events") { request, _ in events(request) }
+        route(.post, "downloads") { request, _ in try await add(request) }
+        route(.get, "downloads") { request, _ in try await list(request) }
+        route(.get, "downloads/{id}") { _, context in try await current(try Self.id(context)) }
+        route(.delete, "downloads/{id}") { request, context in
+            let id = try Self.id(context)
+            let deletingFiles = try Self.flag(request, "deleteFiles")
+            try await perform { try await manager.remove(id, deletingFiles: deletingFiles) }
+            return Response(status: .noContent)
+        }
+        route(.post, "downloads/{id}/pause") { _, context in
+            let id = try Self.id(context)
+            try await perform { try await manager.pause(id) }
+            return try await current(id)
+        }
+        route(.post, "downloads/{id}/resume") { request, context in
+            let id = try Self.id(context)
+            let body = try await optionalBody(ResumeBody.self, request)
+            if let url = body?.url { try Self.checkURL(url) }
+            try await perform { try await manager.resume(id, url: body?.url) }
+            return try await current(id)
+        }
+        route(.post, "downloads/{id}/retry") { _, context in
+            let id = try Self.id(context)
+            try await perform { try await manager.retry(id) }
+            return try await current(id)
+        }
+        route(.post, "pause-all") { _, _ in
+            await manager.pauseAll()
+            return Response(status: .noContent)
+        }
+        route(.post, "resume-all") { _, _ in
+            await manager.resumeAll()
+            return Response(status: .noContent)
+        }
+        route(.get, "options") { _, _ in try JSONBody.response(await options()) }
+        route(.patch, "options") { request, _ in
+            let change = try await JSONBody.decode(OptionsBody.self, from: request, limit: maxBodyBytes)
+            if let limit = change.maxConcurrentDownloads {
+                guard (1...1000).contains(limit) else {
+                    throw APIError.badRequest("maxConcurrentDownloads must be between 1 and 1000, got \(limit)")
+                }
+                await manager.setMaxConcurrentDownloads(limit)
+            }
+            return try JSONBody.response(await options())
+        }
+        route(.get, "stats") { _, _ in try JSONBody.response(await stats()) }
+    }
+
+    // MARK: Operations
+
+    private func add(_ request: Request) async throws -> Response {
+        let body = try await JSONBody.decode(AddDownloads.self, from: request, limit: maxBodyBytes)
+        guard !body.downloads.isEmpty else { throw APIError.badRequest("\"downloads\" is empty") }
+        // Every item is checked before any is added: a bad one adds nothing.
+        var requests: [(DownloadRequest, DownloadPriority)] = []
+        for (index, item) in body.downloads.enumerated() {
+            do {
+                requests.append(try makeRequest(item))
+            } catch let error as APIError {
+                throw APIError(error.status, error.code, "downloads.\(index): \(error.message)")
+            }
+        }
+        var added: [DownloadBody] = []
+        for (downloadRequest, priority) in requests {
+            let id = try await perform { try await manager.enqueue(downloadRequest, priority: priority) }
+            if let info = await manager.download(id) { added.append(DownloadBody(info)) }
+        }
+        return try JSONBody.response(["downloads": added], status: .created)
+    }
+
+    private func makeRequest(_ item: NewDownload) throws -> (DownloadRequest, DownloadPriority) {
+        try Self.checkURL(item.url)
+        if item.destination != nil && item.directory != nil {
+            throw APIError.badRequest("give \"destination\" or \"directory\", not both")
+        }
+        let destination: DownloadRequest.Destination
+        if let file = item.destination {
+            destination = .file(try roots.confine(file, isDirectory: false))
+        } else {
+            destination = .directory(try roots.confine(item.directory ?? ".", isDirectory: true))
+        }
+        var checksum: Checksum?
+        if let text = item.checksum {
+            do { checksum = try Checksum(parsing: text) } catch let error as HaulError { throw APIError(error) }
+        }
+        if let limit = item.limitRate, limit <= 0 {
+            throw APIError.badRequest("limitRate must be a positive number of bytes per second, got \(limit)")
+        }
+        var headers: [(name: String, value: String)] = []
+        for header in item.headers ?? [] {
+            guard Self.isHeaderName(header.name), !header.value.contains(where: { $0 == "\r" || $0 == "\n" }) else {
+                throw APIError.badRequest("the header \"\(header.name)\" is not a valid header")
+            }
+            headers.append((header.name, header.value))
+        }
+        let request = DownloadRequest(
+            url: item.url, destination: destination, headers: headers, overwrite: item.overwrite ?? false,
+            checksum: checksum, bytesPerSecondLimit: item.limitRate)
+        return (request, DownloadPriority(item.priority ?? 0))
+    }
+
+    private func list(_ request: Request) async throws -> Response {
+        let query = request.uri.queryParameters
+        var states: Set<DownloadState>?
+        if let names = query.get("state") {
+            states = []
+            for name in names.split(separator: ",") {
+                guard let state = DownloadState(rawValue: String(name)) else {
+                    let known = DownloadState.allCases.map(\.rawValue).joined(separator: ", ")
+                    throw APIError.badRequest("unknown state \"\(name)\" (known: \(known))")
+                }
+                states?.insert(state)
+            }
+        }
+        let offset = try Self.number(query.get("offset"), "offset", default: 0, in: 0...Int.max)
+        let limit = try Self.number(query.get("limit"), "limit", default: 100, in: 1...1000)
+        let all = await manager.downloads(in: states)
+        let page = all.dropFirst(offset).prefix(limit).map(DownloadBody.init)
+        return try JSONBody.response(
+            DownloadList(downloads: Array(page), total: all.count, offset: offset, limit: limit))
+    }
+
+    /// `text/event-stream`: what the client missed since its `Last-Event-ID` (or a reset), then every
+    /// event as it happens, with a comment line when nothing happened for ``keepAlive``.
+    private func events(_ request: Request) -> Response {
+        let last = request.headers[HTTPField.Name("Last-Event-ID")!] ?? request.uri.queryParameters.get("lastEventId")
+        let hub = self.hub
+        let (start, events) = hub.listen(after: last.map { hub.number(ofLastEventID: $0) })
+        let keepAlive = self.keepAlive
+        let body = ResponseBody { writer in
+            var opening = "retry: 2000\n\n"
+            switch start {
+            case .reset: opening += "event: reset\ndata: {}\n\n"
+            case .replay(let missed): opening += missed.map(hub.text).joined()
+            }
+            try await writer.write(ByteBuffer(string: opening))
+            let (lines, output) = AsyncStream<String>.makeStream()
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                group.addTask {
+                    for await event in events { output.yield(hub.text(event)) }
+                    output.finish()
+                }
+                group.addTask {
+                    while true {
+                        try await Task.sleep(for: keepAlive)
+                        output.yield(": keep-alive\n\n")
+                    }
+                }
+                defer { group.cancelAll() }
+                for await line in lines { try await writer.write(ByteBuffer(string: line)) }
+                group.cancelAll()
+            }
+            try await writer.finish(nil)
+        }
+        return Response(
+            status: .ok,
+            headers: [
+                .contentType: "text/event-stream; charset=utf-8", .cacheControl: "no-store",
+                HTTPField.Name("X-Accel-Buffering")!: "no",
+            ], body: body)
+    }
+
+    private func options() async -> OptionsBody {
+        OptionsBody(maxConcurrentDownloads: await manager.configuration.maxConcurrentDownloads)
+    }
+
+    private func stats() async -> StatsBody {
+        let all = await manager.downloads()
+        var counts = Dictionary(uniqueKeysWithValues: DownloadState.allCases.map { ($0.rawValue, 0) })
+        for download in all { counts[download.state.rawValue, default: 0] += 1 }
+        let progress = await manager.aggregateProgress()
+        return StatsBody(
+            bytesPerSecond: progress.bytesPerSecond, bytes: progress.bytes, totalBytes: progress.totalBytes,
+            counts: counts)
+    }
+
+    private func current(_ id: DownloadID) async throws -> Response {
+        guard let info = await manager.download(id) else { throw Self.unknown(id) }
+        return try JSONBody.response(DownloadBody(info))
+    }
+
+    // MARK: Helpers
+
+    /// Runs a manager operation; its ``HaulError`` becomes the API's error.
+    private func perform<Value>(_ operation: () async throws -> Value) async throws -> Value {
+        do {
+            return try await operation()
+        } catch let error as HaulError {
+            throw APIError(error)
+        }
+    }
+
+    private func optionalBody<Value: Decodable>(_ type: Value.Type, _ request: Request) async throws -> Value? {
+        if request.headers[.contentLength] == "0" || request.headers[.contentType] == nil { return nil }
+        return try await JSONBody.decode(type, from: request, limit: maxBodyBytes)
+    }
+
+    private static func id(_ context: some RequestContext) throws -> DownloadID {
+        guard let text = context.parameters.get("id"), let number = Int64(text), number > 0 else {
+            throw APIError.badRequest("a download ID is a positive number")
+        }
+        return DownloadID(number)
+    }
+
+    private static func unknown(_ id: DownloadID) -> APIError {
+        APIError(.notFound, HaulError.Code.unknownDownload.name, "no download with ID \(id)")
+    }
+
+    private static func flag(_ request: Request, _ name: String) throws -> Bool {
+        switch request.uri.queryParameters.get(name) {
+        case nil, "false", "0": return false
+        case "true", "1", "": return true
+        case let other?: throw APIError.badRequest("\(name) is true or false, got \"\(other)\"")
+        }
+    }
+
+    private static func number(_ text: String?, _ name: String, default value: Int, in range: ClosedRange<Int>) throws
+        -> Int
+    {
+        guard let text else { return value }
+        guard let number = Int(text), range.contains(number) else {
+            throw APIError.badRequest("\(name) must be a whole number from \(range.lowerBound), got \"\(text)\"")
+        }
+        return min(number, range.upperBound)
+    }
+
+    static func checkURL(_ text: String) throws {
+        let lower = text.lowercased()
+        guard lower.hasPrefix("http://") || lower.hasPrefix("https://"), text.count > 8,
+            !text.contains(where: { $0.isWhitespace })
+        else { throw APIError(HaulError(.invalidURL, "\"\(text)\" is not an http or https URL")) }
+    }
+
+    private static func isHeaderName(_ name: String) -> Bool {
+        !name.isEmpty
+            && name.utf8.allSatisfy { byte in
+                (byte >= 0x30 && byte <= 0x39) || (byte >= 0x41 && byte <= 0x5A) || (byte >= 0x61 && byte <= 0x7A)
+                    || Array("!#$%&'*+-.^_`|~".utf8).contains(byte)
+            }
+    }
+}
+
+/// Collects the routes ``API/register(on:recording:)`` adds.
+final class RouteRecorder: @unchecked Sendable {
+    // Filled by one call on one task, then read.
+    var routes: [(method: HTTPRequest.Method, path: String)] = []
+}
+
+/// The directories the daemon may write downloads into. A destination is accepted only when the
+/// deepest directory of it that exists lies, symbolic links resolved, inside one of them, and the
+/// rest of the path has no `..`: the API cannot be used to write `~/.ssh/authorized_keys`.
+struct DownloadRoots: Sendable {
+    let directories: [String]
+
+    /// The roots, made absolute with links resolved; throws for one that is not a directory.
+    init(_ paths: [String]) throws {
+        directories = try paths.map { path in
+            let absolute = POSIX.absolutePath(path)
+            guard POSIX.isDirectory(absolute), let resolved = Self.resolve(absolute) else {
+                throw HaulError(.invalidArgument, "the download root \(absolute) is not a directory")
+            }
+            return resolved
+        }
+        if directories.isEmpty { throw HaulError(.invalidArgument, "at least one download root is needed") }
+    }
+
+    /// `path` (relative ones from the first root) made absolute, when it lies inside a root.
+    func confine(_ path: String, isDirectory: Bool) throws -> String {
+        guard !path.isEmpty, !path.contains("\0") else { throw APIError.badRequest("an empty path") }
+        if path.split(separator: "/").contains("..") {
+            throw APIError.badRequest("a path with \"..\" is refused: \(path)")
+        }
+        let absolute = POSIX.absolutePath(path.hasPrefix("/") ? path : directories[0] + "/" + path)
+        // The deepest part that exists decides where the path really leads.
+        var existing = absolute
+        var rest: [Substring] = []
+        while !POSIX.exists(existing), existing != "/" {
+            let cut = existing.lastIndex(of: "/")!
+            rest.insert(existing[existing.index(after: cut)...], at: 0)
+            existing = cut == existing.startIndex ? "/" : String(existing[..<cut])
+        }
+        guard let resolved = Self.resolve(existing) else {
+            throw APIError.badRequest("cannot resolve \(existing)")
+        }
+        let real = ([resolved == "/" ? "" : resolved] + rest.map(String.init)).joined(separator: "/")
+        guard directories.contains(where: { real == $0 || real.hasPrefix($0 == "/" ? "/" : $0 + "/") }) else {
+            throw APIError(
+                .forbidden, "outsideDownloadRoot",
+                "\(path) is outside the download roots (\(directories.joined(separator: ", ")))")
+        }
+        if !isDirectory && real == resolved && POSIX.isDirectory(real) {
+            throw APIError.badRequest("\(path) is a directory: give it as \"directory\"")
+        }
+        return real
+    }
+
+    private static func resolve(_ path: String) -> String? {
+        guard let resolved = realpath(path, nil) else { return nil }
+        defer { free(resolved) }
+        return String(cString: resolved)
+    }
+}

@@ -1,0 +1,120 @@
+import HTTPTypes
+import Haul
+import Hummingbird
+import NIOCore
+
+#if canImport(FoundationEssentials)
+    import FoundationEssentials
+#else
+    import Foundation
+#endif
+
+/// An error the API answers with: an HTTP status and a JSON body
+/// `{"error": {"code": "...", "message": "..."}}`. Library failures keep their ``HaulError`` code;
+/// the API's own refusals (a missing token, a foreign host) have codes of their own.
+struct APIError: HTTPResponseError {
+    let status: HTTPResponse.Status
+    let code: String
+    let message: String
+    var headers: HTTPFields = [:]
+
+    init(_ status: HTTPResponse.Status, _ code: String, _ message: String, headers: HTTPFields = [:]) {
+        self.status = status
+        self.code = code
+        self.message = message
+        self.headers = headers
+    }
+
+    /// The answer to a library failure: bad input is 400, an unknown ID 404, a download in the wrong
+    /// state (or a destination taken) 409, anything else 500.
+    init(_ error: HaulError) {
+        let status: HTTPResponse.Status =
+            switch error.code {
+            case .invalidArgument, .invalidURL, .unsupportedScheme: .badRequest
+            case .unknownDownload: .notFound
+            case .invalidState, .destinationExists, .locked: .conflict
+            case .insufficientSpace: .init(code: 507, reasonPhrase: "Insufficient Storage")
+            default: .internalServerError
+            }
+        self.init(status, error.code.name, error.message)
+    }
+
+    static func unauthorized() -> APIError {
+        APIError(
+            .unauthorized, "unauthorized", "a valid token is needed: Authorization: Bearer TOKEN",
+            headers: [.wwwAuthenticate: #"Bearer realm="haul""#])
+    }
+
+    static func badRequest(_ message: String) -> APIError { APIError(.badRequest, "invalidArgument", message) }
+
+    func response(from request: Request, context: some RequestContext) throws -> Response {
+        var headers = self.headers
+        headers[.contentType] = "application/json; charset=utf-8"
+        headers[.cacheControl] = "no-store"
+        let body = ErrorResponse(error: .init(code: code, message: message))
+        return Response(status: status, headers: headers, body: .init(byteBuffer: try JSONBody.encode(body)))
+    }
+}
+
+/// The body of every error answer.
+struct ErrorResponse: Codable, Sendable {
+    struct Detail: Codable, Sendable, Equatable {
+        var code: String
+        var message: String
+    }
+    var error: Detail
+}
+
+/// JSON in and out of the API.
+enum JSONBody {
+    static func encode(_ value: some Encodable) throws -> ByteBuffer {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+        encoder.dateEncodingStrategy = .iso8601
+        return ByteBuffer(bytes: try encoder.encode(value))
+    }
+
+    static func response(_ value: some Encodable, status: HTTPResponse.Status = .ok) throws -> Response {
+        Response(
+            status: status,
+            headers: [.contentType: "application/json; charset=utf-8", .cacheControl: "no-store"],
+            body: .init(byteBuffer: try encode(value)))
+    }
+
+    /// The request's body decoded as `type`; 413 past `limit` bytes, 400 when it is not that JSON.
+    static func decode<Value: Decodable>(_ type: Value.Type, from request: Request, limit: Int) async throws -> Value {
+        let buffer: ByteBuffer
+        do {
+            buffer = try await request.body.collect(upTo: limit)
+        } catch is NIOTooManyBytesError {
+            throw APIError.bodyTooLarge(limit)
+        }
+        do {
+            return try JSONDecoder().decode(type, from: Data(buffer.readableBytesView))
+        } catch let error as DecodingError {
+            throw APIError.badRequest("the body is not the JSON expected: \(error.summary)")
+        }
+    }
+}
+
+extension APIError {
+    static func bodyTooLarge(_ limit: Int) -> APIError {
+        APIError(.contentTooLarge, "bodyTooLarge", "the request body is larger than \(limit) bytes")
+    }
+}
+
+extension DecodingError {
+    /// One line: what was wrong, and where.
+    var summary: String {
+        let (context, what): (DecodingError.Context, String) =
+            switch self {
+            case .typeMismatch(let type, let context): (context, "expected \(type)")
+            case .valueNotFound(let type, let context): (context, "missing \(type) value")
+            case .keyNotFound(let key, let context): (context, "missing field \"\(key.stringValue)\"")
+            case .dataCorrupted(let context): (context, "malformed")
+            @unknown default: (DecodingError.Context(codingPath: [], debugDescription: ""), "malformed")
+            }
+        let path = context.codingPath.map { $0.intValue.map(String.init) ?? $0.stringValue }.joined(separator: ".")
+        return path.isEmpty ? what : "\(what) at \(path)"
+    }
+}

@@ -1,0 +1,105 @@
+import Haul
+
+#if canImport(FoundationEssentials)
+    import FoundationEssentials
+#else
+    import Foundation
+#endif
+
+/// One download as the API shows it.
+struct DownloadBody: Codable, Sendable, Equatable {
+    var id: Int64
+    var url: String
+    var name: String
+    var destination: String?
+    var directory: String?
+    var state: String
+    var priority: Int
+    var bytes: Int64
+    var totalBytes: Int64?
+    var fraction: Double?
+    var bytesPerSecond: Double?
+    var secondsRemaining: Double?
+    var error: ErrorResponse.Detail?
+    var createdAt: Date
+    var finishedAt: Date?
+
+    init(_ info: DownloadInfo) {
+        id = info.id.rawValue
+        url = info.url
+        name = info.name
+        destination = info.destination
+        directory = info.directory
+        state = info.state.rawValue
+        priority = info.priority.rawValue
+        bytes = info.bytes
+        totalBytes = info.totalBytes
+        fraction = info.fraction
+        bytesPerSecond = info.bytesPerSecond
+        secondsRemaining = info.secondsRemaining
+        error = info.error.map { .init(code: $0.code.name, message: $0.message) }
+        createdAt = info.createdAt
+        finishedAt = info.finishedAt
+    }
+}
+
+/// A download to add.
+struct NewDownload: Codable, Sendable {
+    /// The http or https URL.
+    var url: String
+    /// The file to write; relative paths are taken from the first download root.
+    var destination: String?
+    /// The directory to write into, the file named from the server's answer; relative paths are taken
+    /// from the first download root. Neither given: the first download root.
+    var directory: String?
+    /// `ALGORITHM=HEX`, e.g. `sha256=9f86…`.
+    var checksum: String?
+    /// Higher starts first; `low`, `normal` and `high` are -10, 0 and 10.
+    var priority: Int?
+    /// This download's own limit, in bytes per second.
+    var limitRate: Int64?
+    /// Request headers; credentials given here are held in memory only.
+    var headers: [Header]?
+    /// Replace an existing file at the destination once the download is complete.
+    var overwrite: Bool?
+
+    struct Header: Codable, Sendable {
+        var name: String
+        var value: String
+    }
+}
+
+/// The body of `POST /api/v1/downloads`.
+struct AddDownloads: Codable, Sendable {
+    var downloads: [NewDownload]
+}
+
+/// A list of downloads and where the page of it lies in the whole.
+struct DownloadList: Codable, Sendable {
+    var downloads: [DownloadBody]
+    /// Downloads matching the filter, over every page.
+    var total: Int
+    var offset: Int
+    var limit: Int
+}
+
+/// The body of `POST /api/v1/downloads/{id}/resume`.
+struct ResumeBody: Codable, Sendable {
+    /// A new URL for the same file (a link that expired).
+    var url: String?
+}
+
+/// The queue's options a client may read and change.
+struct OptionsBody: Codable, Sendable, Equatable {
+    /// At most this many downloads transfer at once.
+    var maxConcurrentDownloads: Int?
+}
+
+/// The queue as a whole.
+struct StatsBody: Codable, Sendable, Equatable {
+    var bytesPerSecond: Double
+    var bytes: Int64
+    var totalBytes: Int64
+    /// Downloads by state, every state present (0 when none).
+    var counts: [String: Int]
+}

@@ -1,0 +1,219 @@
+import Haul
+import Hummingbird
+import Logging
+import NIOCore
+import ServiceLifecycle
+import Synchronization
+
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Musl)
+    import Musl
+#elseif canImport(Darwin)
+    import Darwin
+#endif
+
+/// `haul daemon`: one download manager over a state directory, run in the background, with an
+/// authenticated HTTP API.
+///
+/// ```swift
+/// let daemon = try Daemon(options: .init(stateDirectory: "/var/lib/haul", downloadRoots: ["/srv/files"]))
+/// try await daemon.run()   // until SIGTERM or SIGINT, or shutdown()
+/// ```
+///
+/// The HTTP server and the queue run as services of one service group: on SIGTERM or SIGINT (or
+/// ``shutdown()``) the server stops taking requests and every running download checkpoints durably
+/// and is queued again, to go on when the daemon next starts.
+public final class Daemon: Sendable {
+    /// How the daemon runs.
+    public struct Options: Sendable {
+        /// The address to listen on; loopback unless ``allowRemote`` is set.
+        public var host = "127.0.0.1"
+        /// The port to listen on; 0 picks a free one.
+        public var port = Daemon.defaultPort
+        /// Allow a host other than a loopback address (the API is then reachable from the network).
+        public var allowRemote = false
+        /// The state directory: the database, the token and the daemon's lock.
+        public var stateDirectory: String
+        /// The directories downloads may be written into; the first one takes relative paths.
+        public var downloadRoots: [String]
+        /// More host names the daemon answers to (besides its address, `localhost` and loopback).
+        public var allowedHosts: [String] = []
+        /// The largest request body accepted, in bytes.
+        public var maxBodyBytes = 1 << 20
+        /// The queue's settings.
+        public var manager = DownloadManager.Configuration()
+        /// How each download transfers.
+        public var downloader = DownloaderConfiguration()
+        /// How often an idle event stream sends a comment line to show it is alive.
+        public var keepAlive: Duration = .seconds(15)
+
+        /// Options for a daemon over `stateDirectory` writing into `downloadRoots`.
+        public init(stateDirectory: String, downloadRoots: [String]) {
+            self.stateDirectory = stateDirectory
+            self.downloadRoots = downloadRoots
+        }
+    }
+
+    /// The port `haul daemon` listens on unless told otherwise.
+    public static let defaultPort = 6842
+
+    /// The daemon's options, as given.
+    public let options: Options
+    /// The token clients must send (`Authorization: Bearer TOKEN`).
+    public let token: String
+    private let lock: DaemonLock
+    private let manager: DownloadManager
+    private let roots: DownloadRoots
+    private let logger: Logger
+    private let state = Mutex(RunState())
+
+    private struct RunState {
+        var group: ServiceGroup?
+        var url: String?
+        var waiters: [CheckedContinuation<String?, Never>] = []
+        var stopped = false
+        var routes: [(method: HTTPRequest.Method, path: String)] = []
+    }
+
+    /// The API's routes (method and path under `/api/v1`), once ``run()`` has set them up.
+    var routes: [(method: HTTPRequest.Method, path: String)] { state.withLock { $0.routes } }
+
+    /// Takes the state directory's daemon lock (or throws naming the daemon that holds it), reads or
+    /// makes the token, and opens the queue; nothing listens before ``run()``.
+    public init(options: Options, logger: Logger = Logger(label: "haul.daemon")) throws {
+        if !options.allowRemote, !Self.isLoopback(options.host) {
+            throw HaulError(
+                .invalidArgument,
+                "\(options.host) is not a loopback address: listening there opens the API to the network (allow it explicitly)"
+            )
+        }
+        self.options = options
+        self.logger = logger
+        let directory = POSIX.absolutePath(options.stateDirectory)
+        try POSIX.makeDirectories(directory)
+        lock = try DaemonLock(stateDirectory: directory)
+        token = try DaemonFiles.token(in: directory)
+        roots = try DownloadRoots(options.downloadRoots)
+        // Progress reaches event streams at most every 200 ms per download.
+        var queue = options.manager
+        queue.progressInterval = max(queue.progressInterval, .milliseconds(200))
+        manager = try DownloadManager(
+            stateDirectory: directory, configuration: queue, downloaderConfiguration: options.downloader,
+            logger: logger)
+    }
+
+    /// Serves the API and runs the queue until SIGTERM or SIGINT, or ``shutdown()``; then every
+    /// running download checkpoints and is queued again.
+    public func run() async throws {
+        let directory = manager.stateDirectory
+        let router = Router()
+        let hub = EventHub()
+        let api = API(
+            manager: manager, roots: roots, maxBodyBytes: options.maxBodyBytes, hub: hub,
+            keepAlive: options.keepAlive)
+        // Subscribed before the queue starts, so no event of this run is missed.
+        let events = manager.events()
+        router.middlewares.add(
+            AccessRules(
+                token: token, listeningHost: options.host, extraHosts: options.allowedHosts,
+                maxBodyBytes: options.maxBodyBytes, publicPaths: ["/api/v1/openapi.json"]))
+        let recorder = RouteRecorder()
+        api.register(on: router.group("api/v1"), recording: recorder)
+        state.withLock { $0.routes = recorder.routes }
+        let host = options.host
+        let application = Application(
+            router: router,
+            configuration: ApplicationConfiguration(address: .hostname(host, port: options.port), serverName: "haul"),
+            onServerRunning: { [weak self] channel in
+                let port = channel.localAddress?.port ?? 0
+                let url = "http://\(host.contains(":") ? "[\(host)]" : host):\(port)"
+                try? DaemonFiles.writeAddress(.init(url: url, processID: getpid()), in: directory)
+                self?.announce(url)
+            },
+            logger: logger)
+        let group = ServiceGroup(
+            configuration: ServiceGroupConfiguration(
+                // Shut down in reverse: event streams end first, so the server can close its
+                // connections; then the queue checkpoints its downloads.
+                services: [
+                    .init(service: QueueService(manager: manager)), .init(service: application),
+                    .init(service: EventService(hub: hub, events: events)),
+                ],
+                gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
+        let stopEarly = state.withLock { state -> Bool in
+            state.group = group
+            return state.stopped
+        }
+        if stopEarly { await group.triggerGracefulShutdown() }
+        defer {
+            DaemonFiles.removeAddress(in: directory)
+            let waiters = state.withLock { state -> [CheckedContinuation<String?, Never>] in
+                state.stopped = true
+                defer { state.waiters = [] }
+                return state.waiters
+            }
+            for waiter in waiters { waiter.resume(returning: nil) }
+        }
+        try await group.run()
+        await manager.close()
+    }
+
+    /// The URL the daemon listens on, once it does (`nil` when it stopped before).
+    public func listeningURL() async -> String? {
+        await withCheckedContinuation { continuation in
+            let known = state.withLock { state -> String?? in
+                if let url = state.url { return .some(url) }
+                if state.stopped { return .some(nil) }
+                state.waiters.append(continuation)
+                return nil
+            }
+            if let known { continuation.resume(returning: known) }
+        }
+    }
+
+    /// Stops the daemon as SIGTERM does.
+    public func shutdown() async {
+        let group = state.withLock { state -> ServiceGroup? in
+            state.stopped = true
+            return state.group
+        }
+        await group?.triggerGracefulShutdown()
+    }
+
+    private func announce(_ url: String) {
+        let waiters = state.withLock { state -> [CheckedContinuation<String?, Never>] in
+            state.url = url
+            defer { state.waiters = [] }
+            return state.waiters
+        }
+        for waiter in waiters { waiter.resume(returning: url) }
+    }
+
+    /// Whether `host` is a loopback address (or `localhost`).
+    public static func isLoopback(_ host: String) -> Bool {
+        let name = AccessRules<BasicRequestContext>.hostName(host)
+        return name == "localhost" || name == "::1" || name.hasPrefix("127.")
+    }
+}
+
+/// The manager's events into the hub, until a graceful shutdown ends every event stream.
+struct EventService: Service {
+    let hub: EventHub
+    let events: AsyncStream<DownloadManagerEvent>
+
+    func run() async throws {
+        await cancelWhenGracefulShutdown { await hub.forward(events) }
+        hub.close()
+    }
+}
+
+/// The queue as a service: it runs until a graceful shutdown, when running downloads checkpoint
+/// and are queued again.
+struct QueueService: Service {
+    let manager: DownloadManager
+
+    func run() async throws {
+        await cancelWhenGracefulShutdown { await manager.run() }
+    }
+}

@@ -1,0 +1,112 @@
+import ArgumentParser
+import Haul
+import HaulDaemon
+import Logging
+
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Musl)
+    import Musl
+#elseif canImport(Darwin)
+    import Darwin
+#endif
+
+/// `haul daemon`: runs the queue in the background with an HTTP API.
+struct DaemonCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "daemon",
+        abstract: "Run every queued download in the background, controlled through an HTTP API.",
+        discussion: """
+            Listens on 127.0.0.1:\(Daemon.defaultPort) unless told otherwise. Every API request needs the token \
+            the daemon keeps in DAEMON.TOKEN in the state directory (mode 0600; --print-token shows it). \
+            SIGTERM or Ctrl-C stops it: running downloads checkpoint and continue when it next starts.
+            """)
+
+    @Option(
+        help: ArgumentHelp(
+            "Address and port to listen on, e.g. 127.0.0.1:\(Daemon.defaultPort) (port 0 picks a free one).",
+            valueName: "host:port"))
+    var listen = "127.0.0.1:\(Daemon.defaultPort)"
+
+    @Flag(help: "Allow --listen on an address that is not loopback: the API is then reachable from the network.")
+    var allowRemote = false
+
+    @Option(
+        help: ArgumentHelp(
+            "A directory downloads may be written into; repeatable; the first takes relative paths "
+                + "(default: the working directory).", valueName: "dir"))
+    var downloadRoot: [String] = []
+
+    @Option(
+        help: ArgumentHelp(
+            "Another host name the API answers to (DNS names of this machine); repeatable.", valueName: "name"))
+    var allowHost: [String] = []
+
+    @Option(help: ArgumentHelp("Log level: trace, debug, info, notice, warning, error.", valueName: "level"))
+    var logLevel = "info"
+
+    @Flag(help: "Print the API token (made if there is none) and exit.")
+    var printToken = false
+
+    @OptionGroup var transfer: TransferOptions
+    @OptionGroup var state: StateOptions
+
+    func validate() throws {
+        guard Self.splitListen(listen) != nil else {
+            throw ValidationError(
+                "--listen must look like 127.0.0.1:\(Daemon.defaultPort) or [::1]:\(Daemon.defaultPort)")
+        }
+        guard Logger.Level(rawValue: logLevel) != nil else {
+            throw ValidationError("--log-level must be one of trace, debug, info, notice, warning, error, critical")
+        }
+    }
+
+    func run() async throws {
+        do {
+            try await serve()
+        } catch let error as HaulError {
+            Output.standardError("haul: error: \(error.messageWithHint)\n")
+            throw ExitCode(ExitCodes.code(for: error.code))
+        }
+    }
+
+    private func serve() async throws {
+        if printToken {
+            Output.standardOutput(try DaemonFiles.token(in: state.directory) + "\n")
+            return
+        }
+        let (host, port) = Self.splitListen(listen)!
+        var options = Daemon.Options(
+            stateDirectory: state.directory, downloadRoots: downloadRoot.isEmpty ? ["."] : downloadRoot)
+        options.host = host
+        options.port = port
+        options.allowRemote = allowRemote
+        options.allowedHosts = allowHost
+        options.manager = transfer.managerConfiguration(restoring: .resume)
+        options.downloader = transfer.downloaderConfiguration
+        var logger = Logger(label: "haul.daemon") { StreamLogHandler.standardError(label: $0) }
+        logger.logLevel = Logger.Level(rawValue: logLevel) ?? .info
+        let daemon = try Daemon(options: options, logger: logger)
+        if !Daemon.isLoopback(host) {
+            Output.standardError(
+                "haul: listening on \(host): the API is reachable from the network (a token is still required)\n")
+        }
+        let announcer = Task {
+            guard let url = await daemon.listeningURL() else { return }
+            Output.standardError("haul: daemon listening on \(url) (token: haul daemon --print-token)\n")
+        }
+        defer { announcer.cancel() }
+        try await daemon.run()
+    }
+
+    /// `host:port` or `[v6]:port`.
+    static func splitListen(_ text: String) -> (String, Int)? {
+        guard let colon = text.lastIndex(of: ":"), let port = Int(text[text.index(after: colon)...]),
+            (0...65535).contains(port)
+        else { return nil }
+        var host = String(text[..<colon])
+        if host.hasPrefix("[") && host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }
+        guard !host.isEmpty else { return nil }
+        return (host, port)
+    }
+}

@@ -1,0 +1,227 @@
+import AsyncHTTPClient
+import Haul
+import HaulDaemon
+import HaulTestServer
+import NIOHTTP1
+import Testing
+
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Darwin)
+    import Darwin
+#endif
+
+/// Each rule of the daemon's access checks, with a test that fails when the rule is removed.
+@Suite(.timeLimit(.minutes(1)))
+struct DaemonSecurityTests {
+    /// Every API route, with a body where it needs one.
+    static let routes: [(HTTPMethod, String, String?)] = [
+        (.GET, "/api/v1/downloads", nil),
+        (.POST, "/api/v1/downloads", #"{"downloads": [{"url": "http://127.0.0.1:9/a"}]}"#),
+        (.GET, "/api/v1/downloads/1", nil),
+        (.POST, "/api/v1/downloads/1/pause", nil),
+        (.POST, "/api/v1/downloads/1/resume", nil),
+        (.POST, "/api/v1/downloads/1/retry", nil),
+        (.DELETE, "/api/v1/downloads/1", nil),
+        (.POST, "/api/v1/pause-all", nil),
+        (.POST, "/api/v1/resume-all", nil),
+        (.GET, "/api/v1/options", nil),
+        (.PATCH, "/api/v1/options", #"{"maxConcurrentDownloads": 7}"#),
+        (.GET, "/api/v1/stats", nil),
+        (.GET, "/api/v1/events", nil),
+    ]
+
+    @Test func everyRouteNeedsTheTokenAndDoesNothingWithoutIt() async throws {
+        try await withDaemon { daemon in
+            for (method, path, body) in Self.routes {
+                for token: String? in [nil, "0123456789abcdef0123456789abcdef", String(daemon.token.dropLast()) + "x"] {
+                    let answer = try await daemon.send(method, path, json: body, token: .some(token))
+                    #expect(answer.status == 401, "\(method) \(path) with token \(token ?? "none")")
+                    #expect(answer.errorCode == "unauthorized")
+                    #expect(answer.headers["WWW-Authenticate"].first?.hasPrefix("Bearer") == true)
+                }
+            }
+            // Nothing was added or changed.
+            let list = try await daemon.send(.GET, "/api/v1/downloads").json(DownloadListAnswer.self)
+            #expect(list.downloads.isEmpty)
+            #expect(try await daemon.send(.GET, "/api/v1/options").body.contains(#""maxConcurrentDownloads":3"#))
+            // The right token works, also with a scheme written in another case.
+            let lower = try await daemon.send(
+                .GET, "/api/v1/stats", token: .some(nil), headers: [("Authorization", "bearer \(daemon.token)")])
+            #expect(lower.status == 200)
+        }
+    }
+
+    @Test func aRequestForAnotherHostNameIsRefusedAsDNSRebinding() async throws {
+        try await withDaemon({ $0.allowedHosts = ["nas.home.arpa"] }) { daemon in
+            let add = #"{"downloads": [{"url": "http://127.0.0.1:9/a"}]}"#
+            for host in ["attacker.example:\(daemon.port)", "attacker.example", "127.0.0.1.attacker.example"] {
+                let answer = try await daemon.send(.POST, "/api/v1/downloads", json: add, headers: [("Host", host)])
+                #expect(answer.status == 421, "Host: \(host)")
+                #expect(answer.errorCode == "forbiddenHost")
+            }
+            #expect(try await daemon.send(.GET, "/api/v1/downloads").json(DownloadListAnswer.self).downloads.isEmpty)
+            for host in [
+                "localhost:\(daemon.port)", "127.0.0.1:\(daemon.port)", "LOCALHOST", "nas.home.arpa:\(daemon.port)",
+            ] {
+                let answer = try await daemon.send(.GET, "/api/v1/stats", headers: [("Host", host)])
+                #expect(answer.status == 200, "Host: \(host)")
+            }
+        }
+    }
+
+    @Test func aPageOfAnotherSiteCannotChangeAnything() async throws {
+        try await withDaemon { daemon in
+            let add = #"{"downloads": [{"url": "http://127.0.0.1:9/a"}]}"#
+            for origin in ["http://attacker.example", "null", "http://localhost:\(daemon.port + 1)"] {
+                let answer = try await daemon.send(.POST, "/api/v1/downloads", json: add, headers: [("Origin", origin)])
+                #expect(answer.status == 403, "Origin: \(origin)")
+                #expect(answer.errorCode == "forbiddenOrigin")
+                let patch = try await daemon.send(
+                    .PATCH, "/api/v1/options", json: #"{"maxConcurrentDownloads": 9}"#, headers: [("Origin", origin)])
+                #expect(patch.status == 403)
+            }
+            #expect(try await daemon.send(.GET, "/api/v1/downloads").json(DownloadListAnswer.self).downloads.isEmpty)
+            // The daemon's own page may.
+            let own = try await daemon.send(
+                .POST, "/api/v1/downloads", json: add, headers: [("Origin", "http://127.0.0.1:\(daemon.port)")])
+            #expect(own.status == 201, "\(own.body)")
+        }
+    }
+
+    @Test func aBodyOverTheCapIsRefusedUnread() async throws {
+        try await withDaemon({ $0.maxBodyBytes = 4096 }) { daemon in
+            let padding = String(repeating: " ", count: 5000)
+            let answer = try await daemon.send(
+                .POST, "/api/v1/downloads", json: #"{"downloads": [{"url": "http://127.0.0.1:9/a"}]}"# + padding)
+            #expect(answer.status == 413)
+            #expect(answer.errorCode == "bodyTooLarge")
+            #expect(try await daemon.send(.GET, "/api/v1/downloads").json(DownloadListAnswer.self).downloads.isEmpty)
+        }
+    }
+
+    @Test func destinationsOutsideTheDownloadRootsAreRefused() async throws {
+        try await withDaemon { daemon in
+            // Beside the root, in the test's temporary directory.
+            let outside = String(daemon.root.dropLast("files".count)) + "outside"
+            mkdir(outside, 0o755)
+            symlink(outside, daemon.root + "/link")
+            let refused: [(String, Int, String)] = [
+                (#""destination": "/etc/passwd.copy""#, 403, "outsideDownloadRoot"),
+                (#""destination": "\#(outside)/authorized_keys""#, 403, "outsideDownloadRoot"),
+                (#""directory": "/tmp""#, 403, "outsideDownloadRoot"),
+                (#""destination": "link/authorized_keys""#, 403, "outsideDownloadRoot"),
+                (#""directory": "link/deeper""#, 403, "outsideDownloadRoot"),
+                (#""destination": "../escape""#, 400, "invalidArgument"),
+                (#""destination": "a/../../escape""#, 400, "invalidArgument"),
+            ]
+            for (field, status, code) in refused {
+                let answer = try await daemon.send(
+                    .POST, "/api/v1/downloads", json: #"{"downloads": [{"url": "http://127.0.0.1:9/a", \#(field)}]}"#)
+                #expect(answer.status == status, "\(field): \(answer.body)")
+                #expect(answer.errorCode == code, "\(field)")
+            }
+            // One bad item refuses the whole request.
+            let mixed = try await daemon.send(
+                .POST, "/api/v1/downloads",
+                json:
+                    #"{"downloads": [{"url": "http://127.0.0.1:9/a"}, {"url": "http://127.0.0.1:9/b", "destination": "/etc/b"}]}"#
+            )
+            #expect(mixed.status == 403 && mixed.body.contains("downloads.1"))
+            #expect(try await daemon.send(.GET, "/api/v1/downloads").json(DownloadListAnswer.self).downloads.isEmpty)
+            // Inside the root: relative paths start there.
+            let ids = try await daemon.add(#"{"url": "http://127.0.0.1:9/a", "destination": "sub/a.bin"}"#)
+            #expect(try await daemon.download(ids[0]).destination == daemon.root + "/sub/a.bin")
+        }
+    }
+
+    @Test func theTokenFileIsPrivateAndTheTokenAppearsInNoLogAndNoDatabase() async throws {
+        try await HaulTestServer.withRunning { server in
+            server.add("/f", TestResource(name: "f", size: 100_000))
+            try await withDaemon { daemon in
+                var status = stat()
+                #expect(stat(daemon.stateDirectory + "/" + DaemonFiles.tokenName, &status) == 0)
+                #expect(status.st_mode & 0o777 == 0o600)
+                let ids = try await daemon.add(#"{"url": "\#(server.url("/f"))"}"#)
+                _ = try await daemon.waitFor(ids[0], "completed")
+                _ = try await daemon.send(.GET, "/api/v1/downloads/999")
+                _ = try await daemon.send(.GET, "/api/v1/stats", token: .some("wrong"))
+                #expect(!daemon.logs.all.isEmpty)
+                for line in daemon.logs.all { #expect(!line.contains(daemon.token), "\(line)") }
+                for name in POSIXNames.list(daemon.stateDirectory) where name != DaemonFiles.tokenName {
+                    let bytes = (try? readFile(daemon.stateDirectory + "/" + name)) ?? []
+                    #expect(!String(decoding: bytes, as: UTF8.self).contains(daemon.token), "\(name)")
+                }
+            }
+        }
+    }
+
+    @Test func aTokenFileOthersCanReadIsRefused() async throws {
+        try await withTemporaryDirectory { directory in
+            let token = try DaemonFiles.token(in: directory)
+            #expect(try DaemonFiles.token(in: directory) == token)
+            chmod(directory + "/" + DaemonFiles.tokenName, 0o644)
+            #expect {
+                try DaemonFiles.token(in: directory)
+            } throws: { error in
+                (error as? HaulError)?.message.contains("chmod 600") == true
+            }
+        }
+    }
+
+    @Test func tokensCompareWholly() {
+        let token = "0123456789abcdef0123456789abcdef"
+        #expect(DaemonFiles.tokensMatch(token, token))
+        #expect(!DaemonFiles.tokensMatch(String(token.dropLast()), token))
+        #expect(!DaemonFiles.tokensMatch(token + "0", token))
+        #expect(!DaemonFiles.tokensMatch("", token))
+        #expect(!DaemonFiles.tokensMatch("1123456789abcdef0123456789abcdef", token))
+    }
+
+    @Test func aSecondDaemonOnTheSameStateDirectoryNamesTheFirst() async throws {
+        try await withTemporaryDirectory { directory in
+            try await withDaemon(stateDirectory: directory) { daemon in
+                #expect(DaemonFiles.runningDaemon(in: directory)?.url == daemon.url)
+                #expect {
+                    try Daemon(options: Daemon.Options(stateDirectory: directory, downloadRoots: [daemon.root]))
+                } throws: { error in
+                    guard let error = error as? HaulError else { return false }
+                    return error.code == .locked && error.message.contains(daemon.url)
+                        && error.message.contains("pid \(getpid())")
+                }
+            }
+            // Stopped: no daemon is found, and another may start.
+            #expect(DaemonFiles.runningDaemon(in: directory) == nil)
+        }
+    }
+
+    @Test func listeningBeyondLoopbackNeedsToBeAllowed() async throws {
+        try await withTemporaryDirectory { directory in
+            var options = Daemon.Options(stateDirectory: directory + "/state", downloadRoots: [directory])
+            options.host = "0.0.0.0"
+            #expect {
+                try Daemon(options: options)
+            } throws: { error in
+                (error as? HaulError)?.code == .invalidArgument
+            }
+            #expect(Daemon.isLoopback("127.0.0.1") && Daemon.isLoopback("::1") && Daemon.isLoopback("localhost"))
+            #expect(!Daemon.isLoopback("0.0.0.0") && !Daemon.isLoopback("192.168.1.2"))
+        }
+    }
+}
+
+/// Names in a directory.
+enum POSIXNames {
+    static func list(_ path: String) -> [String] {
+        guard let handle = opendir(path) else { return [] }
+        defer { closedir(handle) }
+        var names: [String] = []
+        while let entry = readdir(handle) {
+            let name = withUnsafePointer(to: entry.pointee.d_name) {
+                $0.withMemoryRebound(to: CChar.self, capacity: 256) { String(cString: $0) }
+            }
+            if name != "." && name != ".." { names.append(name) }
+        }
+        return names
+    }
+}

@@ -1,0 +1,212 @@
+import AsyncHTTPClient
+import Haul
+import HaulDaemon
+import Logging
+import NIOCore
+import NIOHTTP1
+import Synchronization
+import Testing
+
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Darwin)
+    import Darwin
+#endif
+
+#if canImport(FoundationEssentials)
+    import FoundationEssentials
+#else
+    import Foundation
+#endif
+
+/// A daemon running in this process on a free loopback port, over a temporary state directory,
+/// with a real HTTP client to talk to it.
+struct DaemonHarness: Sendable {
+    let daemon: Daemon
+    /// `http://127.0.0.1:PORT`.
+    let url: String
+    let port: Int
+    let stateDirectory: String
+    /// The download root.
+    let root: String
+    let client: HTTPClient
+    let logs: DaemonLogs
+
+    var token: String { daemon.token }
+
+    /// An answer: status, headers, body as text.
+    struct Answer: Sendable {
+        let status: Int
+        let headers: HTTPHeaders
+        let body: String
+
+        /// The body decoded as JSON.
+        func json<Value: Decodable>(_ type: Value.Type) throws -> Value {
+            try JSONDecoder.api.decode(type, from: Data(body.utf8))
+        }
+
+        /// The error code of an error answer.
+        var errorCode: String? {
+            (try? json(ErrorAnswer.self))?.error.code
+        }
+    }
+
+    struct ErrorAnswer: Decodable {
+        struct Detail: Decodable {
+            let code: String
+            let message: String
+        }
+        let error: Detail
+    }
+
+    /// Sends a request; the right token unless `token` says otherwise (`.some(nil)`: none at all).
+    func send(
+        _ method: HTTPMethod, _ path: String, json body: String? = nil, token: String?? = .none,
+        headers extra: [(String, String)] = []
+    ) async throws -> Answer {
+        var request = HTTPClientRequest(url: url + path)
+        request.method = method
+        let bearer: String? =
+            switch token {
+            case .none: self.token
+            case .some(let given): given
+            }
+        if let bearer { request.headers.add(name: "Authorization", value: "Bearer \(bearer)") }
+        if let body {
+            request.headers.add(name: "Content-Type", value: "application/json")
+            request.body = .bytes(ByteBuffer(string: body))
+        }
+        for (name, value) in extra { request.headers.replaceOrAdd(name: name, value: value) }
+        let response = try await client.execute(request, timeout: .seconds(10))
+        let bytes = try await response.body.collect(upTo: 16 << 20)
+        return Answer(status: Int(response.status.code), headers: response.headers, body: String(buffer: bytes))
+    }
+
+    /// One download as the API shows it.
+    func download(_ id: Int64) async throws -> DownloadAnswer {
+        let answer = try await send(.GET, "/api/v1/downloads/\(id)")
+        guard answer.status == 200 else { throw TestFailure("GET download \(id): \(answer.status) \(answer.body)") }
+        return try answer.json(DownloadAnswer.self)
+    }
+
+    /// Polls the API until download `id` is in `state`.
+    func waitFor(_ id: Int64, _ state: String, timeout: Duration = .seconds(20)) async throws -> DownloadAnswer {
+        let deadline = ContinuousClock.now + timeout
+        while true {
+            let current = try await download(id)
+            if current.state == state { return current }
+            guard ContinuousClock.now < deadline else {
+                throw TestFailure("download \(id) is \(current.state), not \(state): \(current.error?.message ?? "")")
+            }
+            try await Task.sleep(for: .milliseconds(10))
+        }
+    }
+
+    /// Adds downloads; returns their IDs.
+    func add(_ items: String) async throws -> [Int64] {
+        let answer = try await send(.POST, "/api/v1/downloads", json: #"{"downloads": [\#(items)]}"#)
+        guard answer.status == 201 else { throw TestFailure("add: \(answer.status) \(answer.body)") }
+        return try answer.json(DownloadListAnswer.self).downloads.map(\.id)
+    }
+}
+
+struct DownloadAnswer: Decodable, Sendable {
+    struct Failure: Decodable, Sendable {
+        let code: String
+        let message: String
+    }
+    let id: Int64
+    let url: String
+    let name: String
+    let destination: String?
+    let state: String
+    let priority: Int
+    let bytes: Int64
+    let totalBytes: Int64?
+    let error: Failure?
+}
+
+struct DownloadListAnswer: Decodable, Sendable {
+    let downloads: [DownloadAnswer]
+    let total: Int?
+}
+
+extension JSONDecoder {
+    static var api: JSONDecoder {
+        let decoder = JSONDecoder()
+        decoder.dateDecodingStrategy = .iso8601
+        return decoder
+    }
+}
+
+/// Every log line of a daemon, with its metadata, for checks that secrets stay out of logs.
+final class DaemonLogs: Sendable {
+    private let lines = Mutex<[String]>([])
+
+    var all: [String] { lines.withLock { $0 } }
+
+    var logger: Logger {
+        var logger = Logger(label: "haul-daemon-test") { _ in Handler(logs: self) }
+        logger.logLevel = .trace
+        return logger
+    }
+
+    struct Handler: LogHandler {
+        let logs: DaemonLogs
+        var metadata: Logger.Metadata = [:]
+        var logLevel: Logger.Level = .trace
+
+        subscript(metadataKey key: String) -> Logger.Metadata.Value? {
+            get { metadata[key] }
+            set { metadata[key] = newValue }
+        }
+
+        func log(event: LogEvent) {
+            let merged = metadata.merging(event.metadata ?? [:]) { $1 }
+            logs.lines.withLock { $0.append("\(event.level) \(event.message) \(merged)") }
+        }
+    }
+}
+
+/// Runs a daemon on a free port over a new temporary directory while `body` runs, then stops it.
+func withDaemon<Result: Sendable>(
+    _ configure: (inout Daemon.Options) -> Void = { _ in },
+    stateDirectory: String? = nil,
+    _ body: @Sendable (DaemonHarness) async throws -> Result
+) async throws -> Result {
+    try await withTemporaryDirectory { directory in
+        let state = stateDirectory ?? directory + "/state"
+        let root = directory + "/files"
+        mkdir(root, 0o755)
+        var options = Daemon.Options(stateDirectory: state, downloadRoots: [root])
+        options.port = 0
+        options.manager = managerConfiguration(limit: 3)
+        options.downloader = testConfiguration()
+        configure(&options)
+        let logs = DaemonLogs()
+        let daemon = try Daemon(options: options, logger: logs.logger)
+        let client = HTTPClient(eventLoopGroupProvider: .singleton)
+        return try await withThrowingTaskGroup(of: Result?.self) { group in
+            group.addTask {
+                try await daemon.run()
+                return nil
+            }
+            do {
+                guard let url = await daemon.listeningURL(), let port = Int(url.split(separator: ":").last ?? "")
+                else { throw TestFailure("the daemon did not start") }
+                let harness = DaemonHarness(
+                    daemon: daemon, url: url, port: port, stateDirectory: state, root: root, client: client, logs: logs)
+                let result = try await body(harness)
+                try await client.shutdown()
+                await daemon.shutdown()
+                while try await group.next() != nil {}
+                return result
+            } catch {
+                try? await client.shutdown()
+                await daemon.shutdown()
+                while (try? await group.next()) != nil {}
+                throw error
+            }
+        }
+    }
+}
