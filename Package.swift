@@ -11,6 +11,7 @@ let package = Package(
         .executable(name: "haul", targets: ["haul"]),
         .executable(name: "haul-torture", targets: ["HaulTorture"]),
         .executable(name: "haul-fuzz", targets: ["HaulFuzz"]),
+        .executable(name: "haul-test-server", targets: ["HaulTestServerTool"]),
     ],
     dependencies: [
         .package(url: "https://github.com/swift-server/async-http-client.git", from: "1.37.0"),
@@ -55,7 +56,10 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOCore", package: "swift-nio"),
             ],
-            resources: [.embedInCode("Resources/openapi.json")]
+            resources: [
+                .embedInCode("Resources/openapi.json"), .embedInCode("Resources/index.html"),
+                .embedInCode("Resources/app.js"), .embedInCode("Resources/app.css"),
+            ]
         ),
         .target(
             name: "HaulTestServer",
@@ -83,6 +87,7 @@ let package = Package(
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),
+        .executableTarget(name: "HaulTestServerTool", dependencies: ["HaulTestServer"]),
         .target(name: "CLibFuzzer"),
         .executableTarget(
             name: "HaulFuzz",

@@ -114,10 +114,12 @@ public final class Daemon: Sendable {
             keepAlive: options.keepAlive)
         // Subscribed before the queue starts, so no event of this run is missed.
         let events = manager.events()
+        router.middlewares.add(SecurityHeaders())
         router.middlewares.add(
             AccessRules(
                 token: token, listeningHost: options.host, extraHosts: options.allowedHosts,
-                maxBodyBytes: options.maxBodyBytes, publicPaths: ["/api/v1/openapi.json"]))
+                maxBodyBytes: options.maxBodyBytes, publicPaths: Set(Page.files.keys).union(["/api/v1/openapi.json"])))
+        Page.register(on: router)
         let recorder = RouteRecorder()
         api.register(on: router.group("api/v1"), recording: recorder)
         state.withLock { $0.routes = recorder.routes }

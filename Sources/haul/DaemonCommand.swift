@@ -48,6 +48,9 @@ struct DaemonCommand: AsyncParsableCommand {
     @Flag(help: "Print the API token (made if there is none) and exit.")
     var printToken = false
 
+    @Flag(help: "Print the link that opens the running daemon's page with its token, and exit.")
+    var printLink = false
+
     @OptionGroup var transfer: TransferOptions
     @OptionGroup var state: StateOptions
 
@@ -75,6 +78,14 @@ struct DaemonCommand: AsyncParsableCommand {
             Output.standardOutput(try DaemonFiles.token(in: state.directory) + "\n")
             return
         }
+        if printLink {
+            guard let running = DaemonFiles.runningDaemon(in: state.directory),
+                let token = try DaemonFiles.existingToken(in: state.directory)
+            else { throw HaulError(.invalidState, "no haul daemon runs on \(state.directory)") }
+            // The token travels in the fragment, which the browser never sends to the server.
+            Output.standardOutput("\(running.url)/#token=\(token)\n")
+            return
+        }
         let (host, port) = Self.splitListen(listen)!
         var options = Daemon.Options(
             stateDirectory: state.directory, downloadRoots: downloadRoot.isEmpty ? ["."] : downloadRoot)
@@ -93,7 +104,8 @@ struct DaemonCommand: AsyncParsableCommand {
         }
         let announcer = Task {
             guard let url = await daemon.listeningURL() else { return }
-            Output.standardError("haul: daemon listening on \(url) (token: haul daemon --print-token)\n")
+            Output.standardError(
+                "haul: daemon listening on \(url); haul daemon --print-link prints the page's link with its token\n")
         }
         defer { announcer.cancel() }
         try await daemon.run()

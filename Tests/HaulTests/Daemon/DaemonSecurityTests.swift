@@ -89,6 +89,28 @@ struct DaemonSecurityTests {
         }
     }
 
+    @Test func thePageIsServedWithoutATokenAndMayNotBeFramed() async throws {
+        try await withDaemon { daemon in
+            for (path, type) in [("/", "text/html"), ("/app.js", "text/javascript"), ("/app.css", "text/css")] {
+                let answer = try await daemon.send(.GET, path, token: .some(nil))
+                #expect(answer.status == 200, "\(path)")
+                #expect(answer.headers["Content-Type"].first?.hasPrefix(type) == true, "\(path)")
+                #expect(!answer.body.contains(daemon.token))
+            }
+            // Every answer, errors too, forbids framing and foreign scripts.
+            for path in ["/", "/api/v1/stats"] {
+                let answer = try await daemon.send(.GET, path, token: .some(nil))
+                let policy = answer.headers["Content-Security-Policy"].first ?? ""
+                #expect(policy.contains("frame-ancestors 'none'") && policy.contains("script-src 'self'"), "\(path)")
+                #expect(answer.headers["X-Frame-Options"].first == "DENY")
+                #expect(answer.headers["X-Content-Type-Options"].first == "nosniff")
+            }
+            // The page's Host rule holds for it as for the API.
+            let rebound = try await daemon.send(.GET, "/", token: .some(nil), headers: [("Host", "attacker.example")])
+            #expect(rebound.status == 421)
+        }
+    }
+
     @Test func aBodyOverTheCapIsRefusedUnread() async throws {
         try await withDaemon({ $0.maxBodyBytes = 4096 }) { daemon in
             let padding = String(repeating: " ", count: 5000)

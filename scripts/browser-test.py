@@ -1,0 +1,235 @@
+#!/usr/bin/env python3
+"""The daemon's page in a real browser (headless Chromium through WebDriver).
+
+Starts the test server (`haul-test-server`, throttled files) and `haul daemon` on free ports with a
+temporary state directory, then, in Chromium: connects with the token, adds a download and watches
+its progress bar move to "completed" (the file's bytes equal the server's), pauses and resumes a
+second one, filters by state, removes one keeping its file, and checks a phone-width window. A
+screenshot mid-download goes to OUT/daemon.png (checked in as docs/daemon.png).
+
+    scripts/browser-test.py [--bin .build/debug] [--out .build/browser-test]
+
+Needs chromium, chromium-driver (Debian) and selenium (PyPI); .ci/run installs them.
+"""
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+from selenium import webdriver
+from selenium.webdriver.chrome.options import Options
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+
+DEADLINE = 30  # seconds any one expected state may take
+
+
+def fail(message):
+    print(f"browser test: FAILED: {message}", file=sys.stderr)
+    sys.exit(1)
+
+
+def wait_for(what, condition, timeout=DEADLINE):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            value = condition()
+        except Exception:  # the element may be re-rendered while it is read
+            value = None
+        if value:
+            return value
+        time.sleep(0.05)
+    fail(f"timed out waiting until {what}")
+
+
+def sha256_of_url(url):
+    digest = hashlib.sha256()
+    with urllib.request.urlopen(url, timeout=DEADLINE) as response:
+        while chunk := response.read(1 << 16):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def sha256_of_file(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        while chunk := file.read(1 << 16):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--bin", default=".build/debug")
+    parser.add_argument("--out", default=".build/browser-test")
+    args = parser.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    haul = os.path.join(args.bin, "haul")
+    work = tempfile.mkdtemp(prefix="haul-browser-")
+    state = os.path.join(work, "state")
+    root = os.path.join(work, "files")
+    os.makedirs(root)
+    processes = []
+    driver = None
+    try:
+        # The test server: two throttled files to watch, one small one.
+        server = subprocess.Popen(
+            [os.path.join(args.bin, "haul-test-server"), "movie.mkv:12000000:2000000", "dataset.tar:9000000:1500000",
+             "notes.txt:20000"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        processes.append(server)
+        files_url = server.stdout.readline().strip()
+        if not files_url.startswith("http://"):
+            fail("the test server did not start")
+
+        log = open(os.path.join(args.out, "daemon.log"), "w")
+        daemon = subprocess.Popen(
+            [haul, "daemon", "--listen", "127.0.0.1:0", "--state-dir", state, "--download-root", root, "-x", "1"],
+            stdout=log, stderr=subprocess.STDOUT)
+        processes.append(daemon)
+        wait_for("the daemon writes its address", lambda: os.path.exists(os.path.join(state, "daemon.address")))
+        base = open(os.path.join(state, "daemon.address")).read().split()[0]
+        token = subprocess.run([haul, "daemon", "--print-token", "--state-dir", state],
+                               capture_output=True, text=True, check=True).stdout.strip()
+        link = subprocess.run([haul, "daemon", "--print-link", "--state-dir", state],
+                              capture_output=True, text=True, check=True).stdout.strip()
+        if link != f"{base}/#token={token}":
+            fail(f"--print-link printed {link}")
+
+        def api(path):
+            request = urllib.request.Request(base + "/api/v1" + path, headers={"Authorization": "Bearer " + token})
+            with urllib.request.urlopen(request, timeout=DEADLINE) as response:
+                return json.load(response)
+
+        # The page forbids framing and foreign scripts.
+        with urllib.request.urlopen(base + "/", timeout=DEADLINE) as response:
+            policy = response.headers.get("Content-Security-Policy", "")
+            if "frame-ancestors 'none'" not in policy or "script-src 'self'" not in policy:
+                fail(f"the page's Content-Security-Policy is {policy!r}")
+
+        options = Options()
+        options.binary_location = shutil.which("chromium") or "/usr/bin/chromium"
+        for argument in ["--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1280,860",
+                         "--disable-dev-shm-usage"]:
+            options.add_argument(argument)
+        driver = webdriver.Chrome(service=Service(shutil.which("chromedriver") or "/usr/bin/chromedriver"),
+                                  options=options)
+        driver.set_page_load_timeout(DEADLINE)
+
+        # Without a token the page asks for one; a wrong one is refused, the right one connects.
+        driver.get(base + "/")
+        wait_for("the page asks for the token", lambda: driver.find_element(By.ID, "login").is_displayed())
+        driver.find_element(By.ID, "token").send_keys("wrong-token-0123456789abcdef0123")
+        driver.find_element(By.CSS_SELECTOR, "#login-form button").click()
+        wait_for("a wrong token is refused", lambda: "not accept" in driver.find_element(By.ID, "login-error").text)
+        driver.find_element(By.ID, "token").send_keys(token)
+        driver.find_element(By.CSS_SELECTOR, "#login-form button").click()
+        wait_for("the page connects", lambda: driver.find_element(By.ID, "app").is_displayed())
+
+        # The link carries the token in its fragment; the page takes it and clears the address bar.
+        driver.execute_script("sessionStorage.clear()")
+        driver.get(link)
+        wait_for("the link connects", lambda: driver.find_element(By.ID, "app").is_displayed())
+        if "token" in driver.current_url:
+            fail(f"the token stayed in the address bar: {driver.current_url}")
+
+        def row(name):
+            for element in driver.find_elements(By.CSS_SELECTOR, "#downloads .download"):
+                if element.find_element(By.CSS_SELECTOR, ".name").text == name:
+                    return element
+            return None
+
+        def state_of(name):
+            element = row(name)
+            return element.find_element(By.CSS_SELECTOR, ".state").text.lower() if element else None
+
+        def fill(name):
+            style = row(name).find_element(By.CSS_SELECTOR, ".fill").get_attribute("style")
+            match = re.search(r"width:\s*([\d.]+)%", style)
+            return float(match.group(1)) if match else 0.0
+
+        def add(urls):
+            box = driver.find_element(By.ID, "urls")
+            box.clear()
+            box.send_keys("\n".join(urls))
+            driver.find_element(By.CSS_SELECTOR, "#add-form button[type=submit]").click()
+
+        # 1. A download's progress bar moves while it runs, and it completes with the server's bytes.
+        add([files_url + "/movie.mkv", files_url + "/notes.txt"])
+        wait_for("movie.mkv runs", lambda: state_of("movie.mkv") == "running")
+        first = wait_for("movie.mkv shows progress", lambda: fill("movie.mkv") > 0 and fill("movie.mkv"))
+        wait_for("the progress bar moves", lambda: fill("movie.mkv") > first + 5)
+        sizes = row("movie.mkv").find_element(By.CSS_SELECTOR, ".sizes").text
+        if not re.fullmatch(r"\d+\.\d MiB / 11\.4 MiB", sizes):
+            fail(f"movie.mkv's sizes read {sizes!r}")
+        wait_for("a speed is shown", lambda: "/s" in row("movie.mkv").find_element(By.CSS_SELECTOR, ".speed").text)
+        wait_for("movie.mkv is about half done", lambda: 30 < fill("movie.mkv") < 80)
+        driver.save_screenshot(os.path.join(args.out, "daemon.png"))
+        wait_for("movie.mkv completes", lambda: state_of("movie.mkv") == "completed")
+        if fill("movie.mkv") != 100.0:
+            fail(f"a completed download's bar is at {fill('movie.mkv')}%")
+        if sha256_of_file(os.path.join(root, "movie.mkv")) != sha256_of_url(files_url + "/movie.mkv"):
+            fail("movie.mkv differs from the server's file")
+
+        # 2. Pause and resume from the page.
+        add([files_url + "/dataset.tar"])
+        wait_for("dataset.tar runs", lambda: state_of("dataset.tar") == "running" and fill("dataset.tar") > 0)
+        row("dataset.tar").find_element(By.CSS_SELECTOR, '[data-action="pause"]').click()
+        wait_for("dataset.tar is paused", lambda: state_of("dataset.tar") == "paused")
+        paused = [d for d in api("/downloads")["downloads"] if d["name"] == "dataset.tar"][0]
+        if paused["state"] != "paused" or not 0 < paused["bytes"] < 9000000:
+            fail(f"the API shows dataset.tar as {paused}")
+        row("dataset.tar").find_element(By.CSS_SELECTOR, '[data-action="resume"]').click()
+        wait_for("dataset.tar completes", lambda: state_of("dataset.tar") == "completed", timeout=2 * DEADLINE)
+        if sha256_of_file(os.path.join(root, "dataset.tar")) != sha256_of_url(files_url + "/dataset.tar"):
+            fail("dataset.tar differs from the server's file")
+
+        # 3. Filters.
+        wait_for("notes.txt completes", lambda: state_of("notes.txt") == "completed")
+        driver.find_element(By.CSS_SELECTOR, '#filters [data-state="failed"]').click()
+        wait_for("the failed filter is empty", lambda: driver.find_element(By.ID, "empty").is_displayed())
+        driver.find_element(By.CSS_SELECTOR, '#filters [data-state="completed"]').click()
+        wait_for("three completed", lambda: len(driver.find_elements(By.CSS_SELECTOR, "#downloads .download")) == 3)
+
+        # 4. Remove one from the list, keeping its file (two confirmations: remove, then keep the file).
+        row("notes.txt").find_element(By.CSS_SELECTOR, '[data-action="remove"]').click()
+        wait_for("the removal asks", lambda: driver.switch_to.alert).accept()
+        wait_for("the page asks about the file", lambda: driver.switch_to.alert).dismiss()
+        wait_for("notes.txt leaves the list", lambda: row("notes.txt") is None)
+        if not os.path.exists(os.path.join(root, "notes.txt")):
+            fail("the file of a download removed without deleting files is gone")
+        if any(d["name"] == "notes.txt" for d in api("/downloads")["downloads"]):
+            fail("the API still lists notes.txt")
+
+        # 5. A phone-width window: nothing wider than the screen.
+        driver.find_element(By.CSS_SELECTOR, '#filters [data-state=""]').click()
+        driver.set_window_size(390, 844)
+        time.sleep(0.3)
+        overflow = driver.execute_script("return document.documentElement.scrollWidth - window.innerWidth")
+        if overflow > 0:
+            fail(f"the page is {overflow} px wider than a phone's window")
+        driver.save_screenshot(os.path.join(args.out, "daemon-phone.png"))
+        print(f"browser test: passed; screenshots in {args.out}")
+    finally:
+        if driver:
+            driver.quit()
+        for process in reversed(processes):
+            if process.stdin:
+                process.stdin.close()
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
