@@ -105,7 +105,11 @@ let package = Package(
         ),
         .testTarget(
             name: "haulTests",
-            dependencies: ["haul", "Haul", "HaulTestServer", .product(name: "Crypto", package: "swift-crypto")]
+            dependencies: [
+                "haul", "Haul", "HaulTestServer", .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "NIOCore", package: "swift-nio"), .product(name: "NIOHTTP1", package: "swift-nio"),
+            ]
         ),
     ]
 )

@@ -1,0 +1,153 @@
+import AsyncHTTPClient
+import Foundation
+import HaulTestServer
+import NIOCore
+import NIOHTTP1
+import Testing
+
+/// The built `haul daemon` as users run it: killed or stopped mid-transfer and started again.
+@Suite(.timeLimit(.minutes(3)), .serialized)
+struct DaemonProcessTests {
+    static let names = (1...5).map { "part\($0).bin" }
+
+    /// A daemon process on a free port over `state`, with its address and token once it listens.
+    struct RunningDaemon {
+        let process: HaulProcess
+        let url: String
+        let token: String
+
+        static func start(state: String, root: String) async throws -> RunningDaemon {
+            try? FileManager.default.removeItem(atPath: state + "/daemon.address")
+            let process = try HaulProcess([
+                "daemon", "--listen", "127.0.0.1:0", "--state-dir", state, "--download-root", root, "-j", "5", "-x",
+                "1",
+            ])
+            let deadline = ContinuousClock.now + .seconds(30)
+            while ContinuousClock.now < deadline {
+                if let address = try? String(contentsOfFile: state + "/daemon.address", encoding: .utf8),
+                    let token = try? String(contentsOfFile: state + "/daemon.token", encoding: .utf8)
+                {
+                    let url = String(address.split(separator: " ")[0])
+                    return RunningDaemon(
+                        process: process, url: url, token: token.trimmingCharacters(in: .whitespacesAndNewlines))
+                }
+                try await Task.sleep(for: .milliseconds(20))
+            }
+            process.signal(SIGKILL)
+            throw CLITestFailure("the daemon did not start: \(try await process.finish().errors)")
+        }
+
+        func call(_ client: HTTPClient, _ method: HTTPMethod, _ path: String, json: String? = nil) async throws
+            -> [String: Any]
+        {
+            var request = HTTPClientRequest(url: url + "/api/v1" + path)
+            request.method = method
+            request.headers.add(name: "Authorization", value: "Bearer \(token)")
+            if let json {
+                request.headers.add(name: "Content-Type", value: "application/json")
+                request.body = .bytes(ByteBuffer(string: json))
+            }
+            let response = try await client.execute(request, timeout: .seconds(10))
+            let body = try await response.body.collect(upTo: 1 << 20)
+            guard (200..<300).contains(response.status.code) else {
+                throw CLITestFailure("\(method) \(path): \(response.status.code) \(String(buffer: body))")
+            }
+            return (try JSONSerialization.jsonObject(with: Data(String(buffer: body).utf8)) as? [String: Any]) ?? [:]
+        }
+
+        /// Every download as the API lists it, by name.
+        func downloads(_ client: HTTPClient) async throws -> [String: [String: Any]] {
+            let list = try await call(client, .GET, "/downloads")
+            let items = list["downloads"] as? [[String: Any]] ?? []
+            return Dictionary(uniqueKeysWithValues: items.map { ($0["name"] as? String ?? "", $0) })
+        }
+    }
+
+    @Test(arguments: [SIGKILL, SIGTERM])
+    func aDaemonStoppedMidTransferFinishesEveryDownloadWhenStartedAgain(signal: Int32) async throws {
+        try await HaulTestServer.withRunning { server in
+            var resources: [String: TestResource] = [:]
+            for (index, name) in Self.names.enumerated() {
+                // About 8 s each at this rate: none finishes before the stop, even on a loaded machine.
+                let resource = TestResource(name: name, size: 2_500_000 + Int64(index) * 1000)
+                resources[name] = resource
+                server.add("/\(name)", resource)
+                server.setStandingFaults("/\(name)", [.throttle(bytesPerSecond: 300 * 1024)])
+            }
+            let directory = try makeTemporaryDirectory()
+            defer { try? FileManager.default.removeItem(atPath: directory) }
+            let state = directory + "/state"
+            let root = directory + "/files"
+            try FileManager.default.createDirectory(atPath: root, withIntermediateDirectories: true)
+            let client = HTTPClient(eventLoopGroupProvider: .singleton)
+            do {
+                let first = try await RunningDaemon.start(state: state, root: root)
+                let items = Self.names.map { name in #"{"url": "\#(server.url("/" + name))"}"# }.joined(separator: ",")
+                _ = try await first.call(client, .POST, "/downloads", json: #"{"downloads": [\#(items)]}"#)
+                // Every download has bytes stored (a checkpoint in the database) before the stop.
+                let deadline = ContinuousClock.now + .seconds(30)
+                while ContinuousClock.now < deadline {
+                    let listed = try await first.downloads(client)
+                    if listed.count == 5, listed.values.allSatisfy({ ($0["bytes"] as? Int ?? 0) > 200_000 }) { break }
+                    try await Task.sleep(for: .milliseconds(50))
+                }
+                first.process.signal(signal)
+                let (status, _, errors) = try await first.process.finish(timeout: .seconds(30))
+                if signal == SIGTERM {
+                    #expect(status == 0, "a graceful stop exits 0: \(errors)")
+                } else {
+                    #expect(first.process.process.terminationReason == .uncaughtSignal && status == SIGKILL)
+                }
+                let requestsBefore = server.requests.count
+                let bytesBefore = server.bodyBytesSent
+                var kept: [String: Int64] = [:]
+                for name in Self.names {
+                    let partial = directory + "/files/\(name).haul.part"
+                    kept[name] = (try? FileManager.default.attributesOfItem(atPath: partial)[.size] as? Int64) ?? nil
+                    #expect((kept[name] ?? 0) > 0, "\(name) kept its partial data")
+                }
+
+                // Started again, it resumes every one where it was.
+                for name in Self.names { server.setStandingFaults("/\(name)", []) }
+                let second = try await RunningDaemon.start(state: state, root: root)
+                let finish = ContinuousClock.now + .seconds(60)
+                var listed: [String: [String: Any]] = [:]
+                while ContinuousClock.now < finish {
+                    listed = try await second.downloads(client)
+                    if listed.count == 5, listed.values.allSatisfy({ $0["state"] as? String == "completed" }) { break }
+                    try await Task.sleep(for: .milliseconds(50))
+                }
+                #expect(listed.values.allSatisfy { $0["state"] as? String == "completed" }, "\(listed)")
+                for name in Self.names {
+                    let resource = try #require(resources[name])
+                    #expect(try Data(contentsOf: URL(fileURLWithPath: root + "/" + name)) == Data(resource.content))
+                    // Its first request after the restart asked for the rest, if the file is unchanged.
+                    let after = server.requests.dropFirst(requestsBefore).filter { $0.path == "/\(name)" }
+                    let resume = try #require(after.first)
+                    let range = try #require(resume.header("range"), "\(name) was resumed with a range")
+                    let offset = Int64(range.dropFirst("bytes=".count).prefix { $0 != "-" }) ?? -1
+                    #expect(offset > 0 && offset <= (kept[name] ?? 0), "\(name): \(range), \(kept[name] ?? 0) kept")
+                    #expect(resume.header("if-range") == resource.entityTagValue)
+                    if signal == SIGTERM {
+                        // A graceful stop stored every byte written: the resume starts at the partial's end.
+                        #expect(offset == kept[name], "\(name): \(range), \(kept[name] ?? 0) kept")
+                    }
+                }
+                let total = resources.values.reduce(0) { $0 + $1.size }
+                if signal == SIGTERM {
+                    // Nothing fetched twice.
+                    #expect(server.bodyBytesSent == total, "\(server.bodyBytesSent) bytes sent for \(total)")
+                } else {
+                    #expect(server.bodyBytesSent - bytesBefore <= total)
+                }
+                second.process.signal(SIGTERM)
+                let (stopped, _, stopErrors) = try await second.process.finish(timeout: .seconds(30))
+                #expect(stopped == 0, "\(stopErrors)")
+                try await client.shutdown()
+            } catch {
+                try? await client.shutdown()
+                throw error
+            }
+        }
+    }
+}
