@@ -23,6 +23,8 @@ struct DownloadBody: Codable, Sendable, Equatable {
     var error: ErrorResponse.Detail?
     var createdAt: Date
     var finishedAt: Date?
+    /// What the program run at the download's end did, e.g. `on-complete exited 0`.
+    var hook: String?
 
     init(_ info: DownloadInfo) {
         id = info.id.rawValue
@@ -40,6 +42,7 @@ struct DownloadBody: Codable, Sendable, Equatable {
         error = info.error.map { .init(code: $0.code.name, message: $0.message) }
         createdAt = info.createdAt
         finishedAt = info.finishedAt
+        hook = info.hook
     }
 }
 

@@ -47,6 +47,8 @@ public final class Daemon: Sendable {
         public var downloader = DownloaderConfiguration()
         /// How often an idle event stream sends a comment line to show it is alive.
         public var keepAlive: Duration = .seconds(15)
+        /// Programs to run when a download completes or fails.
+        public var hooks = Hooks()
 
         /// Options for a daemon over `stateDirectory` writing into `downloadRoots`.
         public init(stateDirectory: String, downloadRoots: [String]) {
@@ -66,6 +68,7 @@ public final class Daemon: Sendable {
     private let manager: DownloadManager
     private let roots: DownloadRoots
     private let logger: Logger
+    private let clock: any Clock<Duration>
     private let state = Mutex(RunState())
 
     private struct RunState {
@@ -74,6 +77,7 @@ public final class Daemon: Sendable {
         var waiters: [CheckedContinuation<String?, Never>] = []
         var stopped = false
         var routes: [(method: HTTPRequest.Method, path: String)] = []
+        var closed = false
     }
 
     /// The API's routes (method and path under `/api/v1`), once ``run()`` has set them up.
@@ -81,15 +85,23 @@ public final class Daemon: Sendable {
 
     /// Takes the state directory's daemon lock (or throws naming the daemon that holds it), reads or
     /// makes the token, and opens the queue; nothing listens before ``run()``.
-    public init(options: Options, logger: Logger = Logger(label: "haul.daemon")) throws {
+    ///
+    /// - Parameter clock: the clock of the queue's rules and of the hooks' time limit; the continuous
+    ///   clock unless a test gives its own.
+    public init(
+        options: Options, logger: Logger = Logger(label: "haul.daemon"),
+        clock: any Clock<Duration> = ContinuousClock()
+    ) throws {
         if !options.allowRemote, !Self.isLoopback(options.host) {
             throw HaulError(
                 .invalidArgument,
                 "\(options.host) is not a loopback address: listening there opens the API to the network (allow it explicitly)"
             )
         }
+        try options.hooks.check()
         self.options = options
         self.logger = logger
+        self.clock = clock
         let directory = POSIX.absolutePath(options.stateDirectory)
         try POSIX.makeDirectories(directory)
         lock = try DaemonLock(stateDirectory: directory)
@@ -100,7 +112,7 @@ public final class Daemon: Sendable {
         queue.progressInterval = max(queue.progressInterval, .milliseconds(200))
         manager = try DownloadManager(
             stateDirectory: directory, configuration: queue, downloaderConfiguration: options.downloader,
-            logger: logger)
+            logger: logger, clock: clock)
     }
 
     /// Serves the API and runs the queue until SIGTERM or SIGINT, or ``shutdown()``; then every
@@ -114,6 +126,11 @@ public final class Daemon: Sendable {
             keepAlive: options.keepAlive)
         // Subscribed before the queue starts, so no event of this run is missed.
         let events = manager.events()
+        var hookServices: [ServiceGroupConfiguration.ServiceConfiguration] = []
+        if options.hooks.onComplete != nil || options.hooks.onError != nil {
+            let runner = HookRunner(hooks: options.hooks, manager: manager, logger: logger, clock: clock)
+            hookServices.append(.init(service: HookService(runner: runner, events: manager.events())))
+        }
         router.middlewares.add(SecurityHeaders())
         router.middlewares.add(
             AccessRules(
@@ -138,7 +155,9 @@ public final class Daemon: Sendable {
             configuration: ServiceGroupConfiguration(
                 // Shut down in reverse: event streams end first, so the server can close its
                 // connections; then the queue checkpoints its downloads.
-                services: [
+                // The hooks (when there are any) stop last: a download that ends while the queue
+                // stops still gets its hook.
+                services: hookServices + [
                     .init(service: QueueService(manager: manager)), .init(service: application),
                     .init(service: EventService(hub: hub, events: events)),
                 ],
@@ -157,8 +176,26 @@ public final class Daemon: Sendable {
             }
             for waiter in waiters { waiter.resume(returning: nil) }
         }
-        try await group.run()
+        do {
+            try await group.run()
+        } catch {
+            await closeManager()
+            throw error
+        }
+        await closeManager()
+    }
+
+    private func closeManager() async {
+        state.withLock { $0.closed = true }
         await manager.close()
+    }
+
+    deinit {
+        // A daemon made but never run still closes its queue's connections.
+        if !state.withLock({ $0.closed }) {
+            let manager = self.manager
+            Task { await manager.close() }
+        }
     }
 
     /// The URL the daemon listens on, once it does (`nil` when it stopped before).
@@ -207,6 +244,28 @@ struct EventService: Service {
     func run() async throws {
         await cancelWhenGracefulShutdown { await hub.forward(events) }
         hub.close()
+    }
+}
+
+/// The hooks: they run for every download that ends until a graceful shutdown; the ones running
+/// then finish (within their time limit).
+struct HookService: Service {
+    let runner: HookRunner
+    let events: AsyncStream<DownloadManagerEvent>
+
+    func run() async throws {
+        let (stream, continuation) = AsyncStream<DownloadManagerEvent>.makeStream()
+        let events = self.events
+        let forward = Task {
+            for await event in events { continuation.yield(event) }
+            continuation.finish()
+        }
+        await withGracefulShutdownHandler {
+            await runner.run(stream)
+        } onGracefulShutdown: {
+            forward.cancel()
+            continuation.finish()
+        }
     }
 }
 

@@ -51,6 +51,21 @@ struct DaemonCommand: AsyncParsableCommand {
     @Flag(help: "Print the link that opens the running daemon's page with its token, and exit.")
     var printLink = false
 
+    @Option(
+        help: ArgumentHelp(
+            "A program to run when a download completes, with its ID, file path and URL as arguments (no shell).",
+            valueName: "program"))
+    var onComplete: String?
+
+    @Option(
+        help: ArgumentHelp(
+            "A program to run when a download fails, with its ID, file path and URL as arguments (no shell).",
+            valueName: "program"))
+    var onError: String?
+
+    @Option(help: ArgumentHelp("Seconds a --on-complete or --on-error program may run before it is killed."))
+    var hookTimeLimit: Double = 60
+
     @OptionGroup var transfer: TransferOptions
     @OptionGroup var state: StateOptions
 
@@ -59,6 +74,7 @@ struct DaemonCommand: AsyncParsableCommand {
             throw ValidationError(
                 "--listen must look like 127.0.0.1:\(Daemon.defaultPort) or [::1]:\(Daemon.defaultPort)")
         }
+        guard hookTimeLimit > 0 else { throw ValidationError("--hook-time-limit must be a positive number of seconds") }
         guard Logger.Level(rawValue: logLevel) != nil else {
             throw ValidationError("--log-level must be one of trace, debug, info, notice, warning, error, critical")
         }
@@ -95,6 +111,9 @@ struct DaemonCommand: AsyncParsableCommand {
         options.allowedHosts = allowHost
         options.manager = transfer.managerConfiguration(restoring: .resume)
         options.downloader = transfer.downloaderConfiguration
+        options.hooks.onComplete = onComplete.map(POSIX.absolutePath)
+        options.hooks.onError = onError.map(POSIX.absolutePath)
+        options.hooks.timeLimit = .milliseconds(Int64(hookTimeLimit * 1000))
         var logger = Logger(label: "haul.daemon") { StreamLogHandler.standardError(label: $0) }
         logger.logLevel = Logger.Level(rawValue: logLevel) ?? .info
         let daemon = try Daemon(options: options, logger: logger)

@@ -123,6 +123,7 @@ struct List: AsyncParsableCommand {
         for info in downloads {
             var name = info.name
             if let error = info.error { name += "  (\(error.message))" }
+            if let hook = info.hook { name += "  [\(hook)]" }
             rows.append([
                 String(info.id.rawValue), info.state.rawValue,
                 info.fraction.map { "\(Int($0 * 100))%" } ?? "-", QueueRenderer.sizes(info),

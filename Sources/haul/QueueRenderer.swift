@@ -215,6 +215,7 @@ final class QueueRenderer: Sendable {
             ("error", info.error.map { .string($0.message) } ?? .null),
             ("createdAt", .integer(Int64(info.createdAt.timeIntervalSince1970))),
             ("finishedAt", info.finishedAt.map { .integer(Int64($0.timeIntervalSince1970)) } ?? .null),
+            ("hook", info.hook.map(JSONValue.string) ?? .null),
         ]
     }
 }

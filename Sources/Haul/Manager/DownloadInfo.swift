@@ -100,6 +100,9 @@ public struct DownloadInfo: Sendable, Identifiable {
     public var createdAt: Date
     /// When it completed, failed or was cancelled.
     public var finishedAt: Date?
+    /// What the program run at the download's end reported (`on-complete exited 0`), if one ran;
+    /// see ``DownloadManager/recordHookResult(_:_:)``.
+    public var hook: String?
 
     /// Between 0 and 1, when the total is known.
     public var fraction: Double? {

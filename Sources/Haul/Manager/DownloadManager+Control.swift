@@ -207,6 +207,15 @@ extension DownloadManager {
         try deleteRecord(entry)
     }
 
+    /// Records what the program run at the end of a download (a daemon's completion hook) reported,
+    /// e.g. `on-complete exited 0`; `haul ls` and ``DownloadInfo/hook`` show it until the download
+    /// is queued again.
+    public func recordHookResult(_ id: DownloadID, _ result: String) throws {
+        guard var entry = entries[id] else { throw HaulError(.unknownDownload, "no download with ID \(id)") }
+        entry.record.hook = result
+        try save(&entry)
+    }
+
     /// Pauses every queued and running download of this manager.
     public func pauseAll() async {
         let ids = entries.values.filter { $0.state == .queued || $0.state == .running }

@@ -175,7 +175,7 @@ extension DownloadManager {
                 bytesPerSecond: state == .running ? bytesPerSecond ?? record.bytesPerSecond : nil,
                 secondsRemaining: state == .running ? secondsRemaining : nil, error: record.storedError,
                 createdAt: Date(timeIntervalSince1970: record.createdAt),
-                finishedAt: record.finishedAt.map { Date(timeIntervalSince1970: $0) }
+                finishedAt: record.finishedAt.map { Date(timeIntervalSince1970: $0) }, hook: record.hook
             )
         }
     }

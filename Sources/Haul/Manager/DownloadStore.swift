@@ -109,6 +109,9 @@ final class DownloadStore: Sendable {
                 table.add(column: "request", .text).check { OwnerRequest.allCases.map(\.rawValue).contains($0) }
             }
         }
+        migrator.registerMigration("3: what the program run at a download's end said") { db in
+            try db.alter(table: "download") { table in table.add(column: "hook", .text) }
+        }
         return migrator
     }
 

@@ -29,6 +29,9 @@ struct StoredDownload: Codable, Sendable, Equatable, FetchableRecord, MutablePer
     var owner: String?
     /// What another process asks the owner to do with the download; the owner clears it once done.
     var request: OwnerRequest?
+    /// What the program run when the download ended said (`on-complete exited 0`); cleared when
+    /// it is queued again.
+    var hook: String?
     var createdAt: Double
     var startedAt: Double?
     var finishedAt: Double?
@@ -68,7 +71,8 @@ struct StoredDownload: Codable, Sendable, Equatable, FetchableRecord, MutablePer
         ("errorMessage", { $0.errorMessage.databaseValue }), ("errorStatus", { $0.errorStatus.databaseValue }),
         ("bytes", { $0.bytes.databaseValue }), ("totalBytes", { $0.totalBytes.databaseValue }),
         ("bytesPerSecond", { $0.bytesPerSecond.databaseValue }), ("owner", { $0.owner.databaseValue }),
-        ("createdAt", { $0.createdAt.databaseValue }), ("startedAt", { $0.startedAt.databaseValue }),
+        ("hook", { $0.hook.databaseValue }), ("createdAt", { $0.createdAt.databaseValue }),
+        ("startedAt", { $0.startedAt.databaseValue }),
         ("finishedAt", { $0.finishedAt.databaseValue }), ("updatedAt", { $0.updatedAt.databaseValue }),
     ]
 
@@ -116,6 +120,7 @@ struct StoredDownload: Codable, Sendable, Equatable, FetchableRecord, MutablePer
         case .queued:
             storedError = nil
             finishedAt = nil
+            hook = nil
         case .running:
             startedAt = now
             storedError = nil

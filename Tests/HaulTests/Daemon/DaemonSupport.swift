@@ -124,6 +124,7 @@ struct DownloadAnswer: Decodable, Sendable {
     let bytes: Int64
     let totalBytes: Int64?
     let error: Failure?
+    let hook: String?
 }
 
 struct DownloadListAnswer: Decodable, Sendable {
@@ -172,6 +173,7 @@ final class DaemonLogs: Sendable {
 func withDaemon<Result: Sendable>(
     _ configure: (inout Daemon.Options) -> Void = { _ in },
     stateDirectory: String? = nil,
+    clock: any Clock<Duration> = ContinuousClock(),
     _ body: @Sendable (DaemonHarness) async throws -> Result
 ) async throws -> Result {
     try await withTemporaryDirectory { directory in
@@ -184,7 +186,7 @@ func withDaemon<Result: Sendable>(
         options.downloader = testConfiguration()
         configure(&options)
         let logs = DaemonLogs()
-        let daemon = try Daemon(options: options, logger: logs.logger)
+        let daemon = try Daemon(options: options, logger: logs.logger, clock: clock)
         let client = HTTPClient(eventLoopGroupProvider: .singleton)
         return try await withThrowingTaskGroup(of: Result?.self) { group in
             group.addTask {

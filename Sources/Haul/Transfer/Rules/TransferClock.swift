@@ -1,43 +1,43 @@
 /// A point in time on a ``TransferClock``: the time since that clock was adopted. Time rules
 /// (retry delays, stalls, take-overs, checkpoints, rates, progress) compare moments, so they can be
 /// checked with any clock, including a test clock that moves only when told to.
-struct Moment: Comparable, Hashable, Sendable, CustomStringConvertible {
+package struct Moment: Comparable, Hashable, Sendable, CustomStringConvertible {
     /// The time since the clock's start.
-    let offset: Duration
+    package let offset: Duration
 
-    init(_ offset: Duration) { self.offset = offset }
+    package init(_ offset: Duration) { self.offset = offset }
 
-    static let zero = Moment(.zero)
+    package static let zero = Moment(.zero)
 
-    static func < (left: Moment, right: Moment) -> Bool { left.offset < right.offset }
-    static func + (moment: Moment, duration: Duration) -> Moment { Moment(moment.offset + duration) }
-    static func - (left: Moment, right: Moment) -> Duration { left.offset - right.offset }
+    package static func < (left: Moment, right: Moment) -> Bool { left.offset < right.offset }
+    package static func + (moment: Moment, duration: Duration) -> Moment { Moment(moment.offset + duration) }
+    package static func - (left: Moment, right: Moment) -> Duration { left.offset - right.offset }
 
-    var description: String { "\(offset)" }
+    package var description: String { "\(offset)" }
 }
 
 /// The clock a downloader and a download manager read time from: the continuous clock unless the
 /// caller gives another (a test clock, say). Wraps any `Clock` measured in `Duration`, so the
 /// engine's rules see one concrete type of instant, ``Moment``.
-struct TransferClock: Sendable {
+package struct TransferClock: Sendable {
     private let base: any ClockBase
 
-    init<C: Clock>(_ clock: C) where C.Duration == Duration {
+    package init<C: Clock>(_ clock: C) where C.Duration == Duration {
         base = ClockAdapter(clock)
     }
 
     /// The continuous clock: monotonic, and it keeps counting while the machine sleeps.
-    static let continuous = TransferClock(ContinuousClock())
+    package static let continuous = TransferClock(ContinuousClock())
 
-    var now: Moment { base.now }
+    package var now: Moment { base.now }
 
     /// Suspends until `deadline`; throws `CancellationError` when the task is cancelled first.
-    func sleep(until deadline: Moment) async throws {
+    package func sleep(until deadline: Moment) async throws {
         try await base.sleep(until: deadline)
     }
 
     /// Suspends for `duration`; throws `CancellationError` when the task is cancelled first.
-    func sleep(for duration: Duration) async throws {
+    package func sleep(for duration: Duration) async throws {
         try await base.sleep(until: now + duration)
     }
 }

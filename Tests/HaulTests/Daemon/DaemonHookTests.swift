@@ -1,0 +1,129 @@
+import Haul
+import HaulTestServer
+import NIOHTTP1
+import Testing
+
+@testable import HaulDaemon
+
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Darwin)
+    import Darwin
+#endif
+
+/// Writes an executable shell script.
+private func script(_ path: String, _ body: String) throws {
+    let text = "#!/bin/sh\n" + body + "\n"
+    let descriptor = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0o755)
+    guard descriptor >= 0 else { throw TestFailure("cannot write \(path)") }
+    _ = text.utf8CString.withUnsafeBufferPointer { write(descriptor, $0.baseAddress, $0.count - 1) }
+    close(descriptor)
+}
+
+private func text(_ path: String) -> String? {
+    (try? readFile(path)).map { String(decoding: $0, as: UTF8.self) }
+}
+
+/// `--on-complete` and `--on-error`.
+@Suite(.timeLimit(.minutes(1)))
+struct DaemonHookTests {
+    @Test func theCompletionHookGetsIDPathAndURLAsArgumentsAndNoSecretFromTheEnvironment() async throws {
+        try await HaulTestServer.withRunning { server in
+            server.add("/f", TestResource(name: "f", size: 50_000))
+            try await withTemporaryDirectory { directory in
+                let record = directory + "/hook.out"
+                try script(
+                    directory + "/hook.sh",
+                    #"for argument in "$@"; do printf '%s\n' "$argument"; done > "\#(record).tmp"; env >> "\#(record).tmp"; mv "\#(record).tmp" "\#(record)""#
+                )
+                setenv("HAUL_TEST_SECRET", "hunter2", 1)
+                defer { unsetenv("HAUL_TEST_SECRET") }
+                try await withDaemon({ $0.hooks.onComplete = directory + "/hook.sh" }) { daemon in
+                    // Characters a shell would act on reach the program as they are.
+                    let url = server.url("/f") + "?name=$(touch%20\(directory)/pwned);x=`id`"
+                    let id = try await daemon.add(#"{"url": "\#(url)", "destination": "f.bin"}"#)[0]
+                    _ = try await daemon.waitFor(id, "completed")
+                    try await waitUntil("the hook ran") { text(record) != nil }
+                    let lines = try #require(text(record)).split(separator: "\n").map(String.init)
+                    #expect(Array(lines.prefix(3)) == ["\(id)", daemon.root + "/f.bin", url])
+                    let environment = lines.dropFirst(3)
+                    #expect(!environment.contains { $0.contains("hunter2") })
+                    #expect(
+                        environment.allSatisfy {
+                            ["PATH", "HOME", "LANG", "TZ", "PWD", "SHLVL", "_"].contains(
+                                String($0.prefix { $0 != "=" }))
+                        }, "\(environment)")
+                    #expect(!POSIX.exists(directory + "/pwned"))
+                    // What it did is recorded with the download.
+                    try await waitUntilAsync("the result is recorded") {
+                        try await daemon.download(id).hook == "on-complete exited 0"
+                    }
+                }
+            }
+        }
+    }
+
+    @Test func theErrorHookRunsForAFailedDownloadAndItsStatusIsShown() async throws {
+        try await HaulTestServer.withRunning { server in
+            try await withTemporaryDirectory { directory in
+                try script(directory + "/fail.sh", "exit 3")
+                try await withDaemon({
+                    $0.hooks.onError = directory + "/fail.sh"
+                    $0.hooks.onComplete = directory + "/fail.sh"
+                }) { daemon in
+                    let id = try await daemon.add(#"{"url": "\#(server.url("/missing"))"}"#)[0]
+                    _ = try await daemon.waitFor(id, "failed")
+                    try await waitUntilAsync("the result is recorded") {
+                        try await daemon.download(id).hook == "on-error exited 3"
+                    }
+                    // Retrying clears it.
+                    server.add("/missing", TestResource(name: "missing", size: 1000))
+                    let retried = try await daemon.send(.POST, "/api/v1/downloads/\(id)/retry")
+                    #expect(try retried.json(DownloadAnswer.self).hook == nil)
+                    _ = try await daemon.waitFor(id, "completed")
+                    try await waitUntilAsync("the completion hook's result replaces it") {
+                        try await daemon.download(id).hook == "on-complete exited 3"
+                    }
+                }
+            }
+        }
+    }
+
+    @Test func aHookStillRunningAtItsTimeLimitIsKilled() async throws {
+        try await HaulTestServer.withRunning { server in
+            server.add("/f", TestResource(name: "f", size: 10_000))
+            try await withTemporaryDirectory { directory in
+                try script(directory + "/slow.sh", "touch \(directory)/started; exec sleep 30")
+                let clock = ManualClock()
+                try await withDaemon(
+                    {
+                        $0.hooks.onComplete = directory + "/slow.sh"
+                        $0.hooks.timeLimit = .seconds(60)
+                    }, clock: clock
+                ) { daemon in
+                    let id = try await daemon.add(#"{"url": "\#(server.url("/f"))"}"#)[0]
+                    _ = try await daemon.waitFor(id, "completed")
+                    try await waitUntil("the hook started") { POSIX.exists(directory + "/started") }
+                    // 59 s on the daemon's clock: still running.
+                    clock.advance(by: .seconds(59))
+                    try await Task.sleep(for: .milliseconds(100))
+                    #expect(try await daemon.download(id).hook == nil)
+                    clock.advance(by: .seconds(1))
+                    try await waitUntilAsync("the hook is killed") {
+                        try await daemon.download(id).hook == "on-complete killed after its 60 s limit"
+                    }
+                }
+            }
+        }
+    }
+
+    @Test func aHookThatIsNotAnExecutableFileIsRefusedAtStart() async throws {
+        try await withTemporaryDirectory { directory in
+            for program in [directory + "/absent", directory, "ls"] {
+                var options = Daemon.Options(stateDirectory: directory + "/state", downloadRoots: [directory])
+                options.hooks.onError = program
+                #expect(throws: HaulError.self, "\(program)") { try Daemon(options: options) }
+            }
+        }
+    }
+}
