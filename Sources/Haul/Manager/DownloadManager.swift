@@ -77,6 +77,8 @@ public actor DownloadManager {
     let downloader: Downloader
     let claim: ProcessClaim
     let subscribers = Subscribers()
+    /// The limit every download of this manager shares.
+    package let rateLimiter: RateLimiter
 
     /// Every download known to this manager, by ID.
     var entries: [DownloadID: Entry] = [:]
@@ -119,9 +121,11 @@ public actor DownloadManager {
         transfer.connectionsPerHost =
             transfer.connectionsPerHost
             ?? max(8, configuration.maxConcurrentDownloads * transfer.segmentation.connections)
-        if let limit = configuration.bytesPerSecondLimit {
-            transfer.sharedRateLimiter = RateLimiter(bytesPerSecond: limit)
-        }
+        // Always one shared limiter, so that a limit set later reaches running downloads too.
+        let limiter =
+            transfer.sharedRateLimiter ?? RateLimiter(bytesPerSecond: configuration.bytesPerSecondLimit, clock: clock)
+        transfer.sharedRateLimiter = limiter
+        self.rateLimiter = limiter
         self.downloader = Downloader(configuration: transfer, logger: logger, clock: clock)
         self.clock = downloader.clock
         self.lastSpaceCheck = self.clock.now
@@ -137,6 +141,13 @@ public actor DownloadManager {
         flushUnwritten()
         subscribers.finishAll()
         try? await downloader.shutdown()
+    }
+
+    /// Changes the limit shared by every download at run time (`nil`: no limit); running downloads
+    /// follow it from their next bytes on.
+    public func setBytesPerSecondLimit(_ limit: Int64?) {
+        configuration.bytesPerSecondLimit = limit.map { max(1, $0) }
+        rateLimiter.setRate(configuration.bytesPerSecondLimit)
     }
 
     /// Changes the limit at run time. Lowering it lets running downloads finish; none is stopped.

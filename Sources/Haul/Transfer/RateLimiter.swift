@@ -10,31 +10,53 @@ public final class RateLimiter: Sendable {
     private struct Bucket {
         var tokens: Double
         var updated: Moment
+        var rate: Int64
+        var burst: Double
     }
 
-    /// Bytes per second.
-    public let bytesPerSecond: Int64
-    private let burst: Double
+    /// The rate in bytes per second, 0 while unlimited: read without the lock on every chunk.
+    private let currentRate: Atomic<Int64>
     private let bucket: Mutex<Bucket>
     private let clock: TransferClock
 
+    /// Bytes per second; `nil` while the limiter lets everything through.
+    public var bytesPerSecond: Int64? {
+        let rate = currentRate.load(ordering: .relaxed)
+        return rate > 0 ? rate : nil
+    }
+
     /// - Parameters:
-    ///   - bytesPerSecond: the rate; at least 1.
+    ///   - bytesPerSecond: the rate; at least 1, or `nil` for no limit until ``setRate(_:)`` sets one.
     ///   - clock: the clock the rate is measured by (the continuous clock unless a test gives its own).
-    public convenience init(bytesPerSecond: Int64, clock: any Clock<Duration> = ContinuousClock()) {
+    public convenience init(bytesPerSecond: Int64?, clock: any Clock<Duration> = ContinuousClock()) {
         self.init(bytesPerSecond: bytesPerSecond, clock: TransferClock(clock))
     }
 
-    init(bytesPerSecond: Int64, clock: TransferClock) {
-        self.bytesPerSecond = max(1, bytesPerSecond)
-        // A twentieth of a second of credit: smooth, yet no stop-and-go for every network buffer.
-        self.burst = max(16 * 1024, Double(self.bytesPerSecond) / 20)
+    init(bytesPerSecond: Int64?, clock: TransferClock) {
+        let rate = bytesPerSecond.map { max(1, $0) } ?? 0
         self.clock = clock
-        self.bucket = Mutex(Bucket(tokens: 0, updated: clock.now))
+        self.currentRate = Atomic(rate)
+        self.bucket = Mutex(Bucket(tokens: 0, updated: clock.now, rate: rate, burst: Self.burst(rate)))
+    }
+
+    /// A twentieth of a second of credit: smooth, yet no stop-and-go for every network buffer.
+    private static func burst(_ rate: Int64) -> Double { max(16 * 1024, Double(rate) / 20) }
+
+    /// Changes the rate (`nil`: no limit) for every download sharing the limiter, from their next
+    /// bytes on.
+    public func setRate(_ bytesPerSecond: Int64?) {
+        let rate = bytesPerSecond.map { max(1, $0) } ?? 0
+        bucket.withLock { bucket in
+            bucket.rate = rate
+            bucket.burst = Self.burst(rate)
+            bucket.tokens = min(bucket.tokens, bucket.burst)
+        }
+        currentRate.store(rate, ordering: .relaxed)
     }
 
     /// Accounts for `count` bytes, sleeping as long as the rate requires.
     public func take(_ count: Int) async throws {
+        guard currentRate.load(ordering: .relaxed) > 0 else { return }
         let wait = debit(count, at: clock.now)
         if wait > .zero { try await clock.sleep(for: wait) }
     }
@@ -42,12 +64,14 @@ public final class RateLimiter: Sendable {
     /// Accounts for `count` bytes taken at `now`; returns how long the taker must wait.
     func debit(_ count: Int, at now: Moment) -> Duration {
         bucket.withLock { bucket -> Duration in
+            guard bucket.rate > 0 else { return .zero }
+            let rate = Double(bucket.rate)
             let elapsed = max(0, (now - bucket.updated).seconds)
-            bucket.tokens = min(burst, bucket.tokens + elapsed * Double(bytesPerSecond))
+            bucket.tokens = min(bucket.burst, bucket.tokens + elapsed * rate)
             bucket.updated = max(now, bucket.updated)
             bucket.tokens -= Double(count)
             guard bucket.tokens < 0 else { return .zero }
-            return .nanoseconds(Int64(-bucket.tokens / Double(bytesPerSecond) * 1e9))
+            return .nanoseconds(Int64(-bucket.tokens / rate * 1e9))
         }
     }
 }

@@ -23,17 +23,17 @@ struct RateLimiterRuleTests {
     /// Takes `chunk`-byte pieces as fast as the limiter lets them through, for `duration` of the
     /// limiter's time, from `takers` downloads in turn; returns the bytes that went through.
     func transfer(
-        _ limiter: RateLimiter, chunk: Int, takers: Int = 1, for duration: Duration
+        _ limiter: RateLimiter, chunk: Int, takers: Int = 1, from start: Moment = .zero, for duration: Duration
     ) -> (bytes: Int64, byTaker: [Int64]) {
-        var now = Moment.zero
-        var clocks = Array(repeating: Moment.zero, count: takers)
+        var now = start
+        var clocks = Array(repeating: start, count: takers)
         var byTaker = Array(repeating: Int64(0), count: takers)
         var bytes: Int64 = 0
         while true {
             // The taker that may take next is the one whose wait ends first.
             let taker = clocks.indices.min { clocks[$0] < clocks[$1] }!
             now = max(now, clocks[taker])
-            guard now < Moment(duration) else { break }
+            guard now < start + duration else { break }
             let wait = limiter.debit(chunk, at: now)
             bytes += Int64(chunk)
             byTaker[taker] += Int64(chunk)
@@ -67,6 +67,24 @@ struct RateLimiterRuleTests {
         #expect(limiter.debit(100_000, at: .zero) == .milliseconds(50))
         #expect(limiter.debit(100_000, at: Moment(.seconds(60))) == .zero)
         #expect(limiter.debit(100_000, at: Moment(.seconds(60))) == .milliseconds(50))
+    }
+
+    @Test func aLimitChangedAtRunTimeHoldsFromTheNextBytesOn() {
+        let clock = ManualClock()
+        let limiter = RateLimiter(bytesPerSecond: nil, clock: clock)
+        // No limit: nothing waits, however much is taken.
+        #expect(limiter.bytesPerSecond == nil)
+        #expect(limiter.debit(10_000_000, at: .zero) == .zero)
+        limiter.setRate(1_000_000)
+        #expect(limiter.bytesPerSecond == 1_000_000)
+        let (bytes, _) = transfer(limiter, chunk: 16_384, for: .seconds(10))
+        #expect(abs(Double(bytes) / 10 - 1_000_000) / 1_000_000 < 0.01, "measured \(Double(bytes) / 10) B/s")
+        // Halved: the next ten seconds hold the new rate.
+        limiter.setRate(500_000)
+        let (slower, _) = transfer(limiter, chunk: 16_384, from: Moment(.seconds(10)), for: .seconds(10))
+        #expect(abs(Double(slower) / 10 - 500_000) / 500_000 < 0.01, "measured \(Double(slower) / 10) B/s")
+        limiter.setRate(nil)
+        #expect(limiter.debit(10_000_000, at: Moment(.seconds(100))) == .zero)
     }
 
     @Test func aTakerSleepsOnTheLimitersClock() async throws {

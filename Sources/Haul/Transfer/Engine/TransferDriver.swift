@@ -73,7 +73,8 @@ final class TransferDriver {
         self.observe = observe
         self.logger = downloader.logger
         self.rateLimiters = [
-            request.bytesPerSecondLimit.map { RateLimiter(bytesPerSecond: $0, clock: downloader.clock) },
+            request.bytesPerSecondLimit.map { RateLimiter(bytesPerSecond: $0, clock: downloader.clock) }
+                as RateLimiter?,
             configuration.sharedRateLimiter,
         ].compactMap { $0 }
         self.events = events
