@@ -28,12 +28,31 @@ struct API: Sendable {
     func register<Context: RequestContext>(
         on router: some RouterMethods<Context>, recording recorder: RouteRecorder? = nil
     ) {
+        var methods: [(path: String, methods: [HTTPRequest.Method])] = []
         func route(
             _ method: HTTPRequest.Method, _ path: String,
             _ handler: @escaping @Sendable (Request, Context) async throws -> Response
         ) {
             recorder?.routes.append((method, path))
+            if let index = methods.firstIndex(where: { $0.path == path }) {
+                methods[index].methods.append(method)
+            } else {
+                methods.append((path, [method]))
+            }
             router.on(RouterPath(path), method: method, use: handler)
+        }
+        defer {
+            // Any other method on a known path: 405, with the methods it has.
+            for (path, allowed) in methods {
+                let allow = allowed.map(\.rawValue).joined(separator: ", ")
+                for method in Self.otherMethods where !allowed.contains(method) {
+                    router.on(RouterPath(path), method: method) { _, _ -> Response in
+                        throw APIError(
+                            .methodNotAllowed, "methodNotAllowed", "\(method) is not allowed here; \(allow) are",
+                            headers: [.allow: allow])
+                    }
+                }
+            }
         }
         route(.get, "openapi.json") { _, _ in
             Response(
@@ -77,17 +96,26 @@ struct API: Sendable {
         }
         route(.get, "options") { _, _ in try JSONBody.response(await options()) }
         route(.patch, "options") { request, _ in
-            let change = try await JSONBody.decode(OptionsBody.self, from: request, limit: maxBodyBytes)
-            if let limit = change.maxConcurrentDownloads {
-                guard (1...1000).contains(limit) else {
-                    throw APIError.badRequest("maxConcurrentDownloads must be between 1 and 1000, got \(limit)")
-                }
-                await manager.setMaxConcurrentDownloads(limit)
+            let change = try await JSONBody.decode(OptionsChange.self, from: request, limit: maxBodyBytes)
+            // Both checked before either changes.
+            if let limit = change.maxConcurrentDownloads, !(1...1000).contains(limit) {
+                throw APIError.badRequest("maxConcurrentDownloads must be between 1 and 1000, got \(limit)")
             }
+            if case .some(.some(let rate)) = change.totalLimitRate, rate < 1 {
+                throw APIError.badRequest("totalLimitRate must be a positive number of bytes per second, or null")
+            }
+            if let limit = change.maxConcurrentDownloads { await manager.setMaxConcurrentDownloads(limit) }
+            if let rate = change.totalLimitRate { await manager.setBytesPerSecondLimit(rate) }
             return try JSONBody.response(await options())
         }
         route(.get, "stats") { _, _ in try JSONBody.response(await stats()) }
     }
+
+    /// The methods a route answers 405 to when it does not have them. (HEAD stays with the server,
+    /// which answers it for GET routes.)
+    static let otherMethods: [HTTPRequest.Method] = [
+        .get, .post, .put, .patch, .delete, .options, .trace, HTTPRequest.Method("QUERY")!,
+    ]
 
     // MARK: Operations
 
@@ -103,9 +131,26 @@ struct API: Sendable {
                 throw APIError(error.status, error.code, "downloads.\(index): \(error.message)")
             }
         }
+        var files = Set<String>()
+        for (index, (downloadRequest, _)) in requests.enumerated() {
+            guard case .file(let path) = downloadRequest.destination else { continue }
+            guard files.insert(path).inserted else {
+                throw APIError(.conflict, "destinationExists", "downloads.\(index): \(path) is given twice")
+            }
+        }
+        let known = Set(await manager.downloads().map(\.id))
+        var ids: [DownloadID] = []
+        for (index, (downloadRequest, priority)) in requests.enumerated() {
+            do {
+                ids.append(try await perform { try await manager.enqueue(downloadRequest, priority: priority) })
+            } catch let error as APIError {
+                // The ones this request added before it are taken back: it adds all or nothing.
+                for id in ids where !known.contains(id) { try? await manager.remove(id, deletingFiles: false) }
+                throw APIError(error.status, error.code, "downloads.\(index): \(error.message)")
+            }
+        }
         var added: [DownloadBody] = []
-        for (downloadRequest, priority) in requests {
-            let id = try await perform { try await manager.enqueue(downloadRequest, priority: priority) }
+        for id in ids {
             if let info = await manager.download(id) { added.append(DownloadBody(info)) }
         }
         return try JSONBody.response(["downloads": added], status: .created)
@@ -146,6 +191,9 @@ struct API: Sendable {
         let query = request.uri.queryParameters
         var states: Set<DownloadState>?
         if let names = query.get("state") {
+            guard !names.isEmpty else {
+                throw APIError.badRequest("state is empty: give one or more, separated by commas")
+            }
             states = []
             for name in names.split(separator: ",") {
                 guard let state = DownloadState(rawValue: String(name)) else {
@@ -157,10 +205,13 @@ struct API: Sendable {
         }
         let offset = try Self.number(query.get("offset"), "offset", default: 0, in: 0...Int.max)
         let limit = try Self.number(query.get("limit"), "limit", default: 100, in: 1...1000)
+        // Taken before the list: an event stream opened from it replays whatever changed since.
+        let lastEventID = hub.lastEventID
         let all = await manager.downloads(in: states)
         let page = all.dropFirst(offset).prefix(limit).map(DownloadBody.init)
         return try JSONBody.response(
-            DownloadList(downloads: Array(page), total: all.count, offset: offset, limit: limit))
+            DownloadList(
+                downloads: Array(page), total: all.count, offset: offset, limit: limit, lastEventId: lastEventID))
     }
 
     /// `text/event-stream`: what the client missed since its `Last-Event-ID` (or a reset), then every
@@ -168,7 +219,7 @@ struct API: Sendable {
     private func events(_ request: Request) -> Response {
         let last = request.headers[HTTPField.Name("Last-Event-ID")!] ?? request.uri.queryParameters.get("lastEventId")
         let hub = self.hub
-        let (start, events) = hub.listen(after: last.map { hub.number(ofLastEventID: $0) })
+        let (start, events) = hub.listen(after: last.flatMap(hub.number(ofLastEventID:)), fresh: last == nil)
         let keepAlive = self.keepAlive
         let body = ResponseBody { writer in
             var opening = "retry: 2000\n\n"
@@ -177,16 +228,21 @@ struct API: Sendable {
             case .replay(let missed): opening += missed.map(hub.text).joined()
             }
             try await writer.write(ByteBuffer(string: opening))
-            let (lines, output) = AsyncStream<String>.makeStream()
+            // Bounded: a client that stops reading is cut off once this fills (it reconnects with
+            // Last-Event-ID and gets what it missed), instead of holding the daemon's memory.
+            let (lines, output) = AsyncStream<String>.makeStream(
+                bufferingPolicy: .bufferingOldest(EventHub.listenerBuffer))
             try await withThrowingTaskGroup(of: Void.self) { group in
                 group.addTask {
-                    for await event in events { output.yield(hub.text(event)) }
+                    for await event in events {
+                        if case .dropped = output.yield(hub.text(event)) { break }
+                    }
                     output.finish()
                 }
                 group.addTask {
                     while true {
                         try await Task.sleep(for: keepAlive)
-                        output.yield(": keep-alive\n\n")
+                        if case .dropped = output.yield(": keep-alive\n\n") { output.finish() }
                     }
                 }
                 defer { group.cancelAll() }
@@ -204,7 +260,10 @@ struct API: Sendable {
     }
 
     private func options() async -> OptionsBody {
-        OptionsBody(maxConcurrentDownloads: await manager.configuration.maxConcurrentDownloads)
+        let configuration = await manager.configuration
+        return OptionsBody(
+            maxConcurrentDownloads: configuration.maxConcurrentDownloads,
+            totalLimitRate: configuration.bytesPerSecondLimit)
     }
 
     private func stats() async -> StatsBody {
@@ -234,8 +293,9 @@ struct API: Sendable {
     }
 
     private func optionalBody<Value: Decodable>(_ type: Value.Type, _ request: Request) async throws -> Value? {
-        if request.headers[.contentLength] == "0" || request.headers[.contentType] == nil { return nil }
-        return try await JSONBody.decode(type, from: request, limit: maxBodyBytes)
+        let buffer = try await JSONBody.collect(request, limit: maxBodyBytes)
+        guard buffer.readableBytes > 0 else { return nil }
+        return try JSONBody.decode(type, from: buffer)
     }
 
     private static func id(_ context: some RequestContext) throws -> DownloadID {
@@ -267,10 +327,15 @@ struct API: Sendable {
         return min(number, range.upperBound)
     }
 
+    /// An http or https URL with a host (the pattern the OpenAPI document gives); the queue checks
+    /// the rest.
     static func checkURL(_ text: String) throws {
         let lower = text.lowercased()
-        guard lower.hasPrefix("http://") || lower.hasPrefix("https://"), text.count > 8,
-            !text.contains(where: { $0.isWhitespace })
+        let rest =
+            lower.hasPrefix("http://") ? lower.dropFirst(7) : lower.hasPrefix("https://") ? lower.dropFirst(8) : nil
+        // Printable ASCII only, as in a request line: other characters are percent-encoded.
+        guard let rest, let first = rest.first, !"/?#".contains(first),
+            text.unicodeScalars.allSatisfy({ (0x21...0x7E).contains($0.value) })
         else { throw APIError(HaulError(.invalidURL, "\"\(text)\" is not an http or https URL")) }
     }
 
@@ -294,9 +359,12 @@ final class RouteRecorder: @unchecked Sendable {
 /// rest of the path has no `..`: the API cannot be used to write `~/.ssh/authorized_keys`.
 struct DownloadRoots: Sendable {
     let directories: [String]
+    /// Directories never written into, even inside a root: the daemon's state directory.
+    let forbidden: [String]
 
     /// The roots, made absolute with links resolved; throws for one that is not a directory.
-    init(_ paths: [String]) throws {
+    init(_ paths: [String], forbidden: [String] = []) throws {
+        self.forbidden = forbidden.compactMap { Self.resolve(POSIX.absolutePath($0)) }
         directories = try paths.map { path in
             let absolute = POSIX.absolutePath(path)
             guard POSIX.isDirectory(absolute), let resolved = Self.resolve(absolute) else {
@@ -309,9 +377,9 @@ struct DownloadRoots: Sendable {
 
     /// `path` (relative ones from the first root) made absolute, when it lies inside a root.
     func confine(_ path: String, isDirectory: Bool) throws -> String {
-        guard !path.isEmpty, !path.contains("\0") else { throw APIError.badRequest("an empty path") }
+        guard !path.isEmpty, !path.contains("\0") else { throw APIError.badRequest("a path is empty or holds a NUL") }
         if path.split(separator: "/").contains("..") {
-            throw APIError.badRequest("a path with \"..\" is refused: \(path)")
+            throw APIError(.forbidden, "outsideDownloadRoot", "a path with \"..\" is refused: \(path)")
         }
         let absolute = POSIX.absolutePath(path.hasPrefix("/") ? path : directories[0] + "/" + path)
         // The deepest part that exists decides where the path really leads.
@@ -325,16 +393,29 @@ struct DownloadRoots: Sendable {
         guard let resolved = Self.resolve(existing) else {
             throw APIError.badRequest("cannot resolve \(existing)")
         }
-        let real = ([resolved == "/" ? "" : resolved] + rest.map(String.init)).joined(separator: "/")
-        guard directories.contains(where: { real == $0 || real.hasPrefix($0 == "/" ? "/" : $0 + "/") }) else {
+        var real = ([resolved == "/" ? "" : resolved] + rest.map(String.init)).joined(separator: "/")
+        if real.isEmpty { real = "/" }
+        guard let root = directories.first(where: { Self.contains($0, real) }) else {
             throw APIError(
                 .forbidden, "outsideDownloadRoot",
                 "\(path) is outside the download roots (\(directories.joined(separator: ", ")))")
         }
+        if forbidden.contains(where: { Self.contains($0, real) }) {
+            throw APIError(.forbidden, "outsideDownloadRoot", "\(path) is in the daemon's state directory")
+        }
+        // Dot files and dot directories hold settings and keys (.ssh, .bashrc, .config): never written.
+        if real.dropFirst(root.count).split(separator: "/").contains(where: { $0.hasPrefix(".") }) {
+            throw APIError(.forbidden, "outsideDownloadRoot", "\(path) is or lies in a hidden file or directory")
+        }
         if !isDirectory && real == resolved && POSIX.isDirectory(real) {
-            throw APIError.badRequest("\(path) is a directory: give it as \"directory\"")
+            throw APIError(.conflict, "destinationExists", "\(path) is a directory: give it as \"directory\"")
         }
         return real
+    }
+
+    /// Whether `path` is `directory` or lies inside it.
+    private static func contains(_ directory: String, _ path: String) -> Bool {
+        path == directory || path.hasPrefix(directory == "/" ? "/" : directory + "/")
     }
 
     private static func resolve(_ path: String) -> String? {

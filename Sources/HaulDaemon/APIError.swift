@@ -83,12 +83,20 @@ enum JSONBody {
 
     /// The request's body decoded as `type`; 413 past `limit` bytes, 400 when it is not that JSON.
     static func decode<Value: Decodable>(_ type: Value.Type, from request: Request, limit: Int) async throws -> Value {
-        let buffer: ByteBuffer
+        try decode(type, from: try await collect(request, limit: limit))
+    }
+
+    /// The request's body; 413 past `limit` bytes (a body sent in chunks has no length to check first).
+    static func collect(_ request: Request, limit: Int) async throws -> ByteBuffer {
         do {
-            buffer = try await request.body.collect(upTo: limit)
+            return try await request.body.collect(upTo: limit)
         } catch is NIOTooManyBytesError {
             throw APIError.bodyTooLarge(limit)
         }
+    }
+
+    /// `buffer` decoded as `type`; 400 when it is not that JSON.
+    static func decode<Value: Decodable>(_ type: Value.Type, from buffer: ByteBuffer) throws -> Value {
         do {
             return try JSONDecoder().decode(type, from: Data(buffer.readableBytesView))
         } catch let error as DecodingError {

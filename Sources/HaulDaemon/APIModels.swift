@@ -84,6 +84,9 @@ struct DownloadList: Codable, Sendable {
     var total: Int
     var offset: Int
     var limit: Int
+    /// The ID of the last event before this list was read: `GET /events` with it as
+    /// `Last-Event-ID` replays every change since.
+    var lastEventId: String
 }
 
 /// The body of `POST /api/v1/downloads/{id}/resume`.
@@ -95,7 +98,40 @@ struct ResumeBody: Codable, Sendable {
 /// The queue's options a client may read and change.
 struct OptionsBody: Codable, Sendable, Equatable {
     /// At most this many downloads transfer at once.
+    var maxConcurrentDownloads: Int
+    /// The most bytes per second all downloads together may receive; `null`: no limit.
+    var totalLimitRate: Int64?
+
+    func encode(to encoder: any Encoder) throws {
+        var container = encoder.container(keyedBy: CodingKeys.self)
+        try container.encode(maxConcurrentDownloads, forKey: .maxConcurrentDownloads)
+        // Written as null when there is no limit: the field is always there.
+        try container.encode(totalLimitRate, forKey: .totalLimitRate)
+    }
+}
+
+/// A change of the options: a field left out stays as it is; `totalLimitRate: null` removes the limit.
+struct OptionsChange: Decodable, Sendable {
     var maxConcurrentDownloads: Int?
+    /// `nil`: unchanged; `.some(nil)`: no limit.
+    var totalLimitRate: Int64??
+
+    enum CodingKeys: String, CodingKey {
+        case maxConcurrentDownloads, totalLimitRate
+    }
+
+    init(from decoder: any Decoder) throws {
+        let container = try decoder.container(keyedBy: CodingKeys.self)
+        if container.contains(.maxConcurrentDownloads) {
+            // Present means a number: there is no "no limit" for downloads at once.
+            maxConcurrentDownloads = try container.decode(Int.self, forKey: .maxConcurrentDownloads)
+        }
+        if container.contains(.totalLimitRate) {
+            totalLimitRate = .some(
+                try container.decodeNil(forKey: .totalLimitRate)
+                    ? nil : try container.decode(Int64.self, forKey: .totalLimitRate))
+        }
+    }
 }
 
 /// The queue as a whole.

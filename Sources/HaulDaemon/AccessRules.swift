@@ -2,6 +2,7 @@ import HTTPTypes
 import Haul
 import Hummingbird
 import NIOCore
+import Synchronization
 
 /// The daemon's rules for every request, checked before any route runs:
 ///
@@ -75,5 +76,61 @@ struct AccessRules<Context: RequestContext>: RouterMiddleware {
             host = host.prefix { $0 != ":" }
         }
         return String(host)
+    }
+}
+
+/// A cap on the request rate of clients that passed the access rules, all together: a token
+/// bucket of `perSecond` requests a second holding at most twice that. Past it, 429 with
+/// `Retry-After`, and nothing is done. (Only requests with the token count, so a foreign page
+/// cannot use the cap to lock the daemon's own clients out.)
+struct RequestRateCap<Context: RequestContext>: RouterMiddleware {
+    let bucket: RequestBucket
+    /// Paths served without a token (the page's files): any site may request those, so they must
+    /// not spend the tokens of the daemon's clients.
+    let exempt: Set<String>
+
+    func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response)
+        async throws -> Response
+    {
+        if !exempt.contains(request.uri.path), let wait = bucket.take() {
+            throw APIError(
+                .tooManyRequests, "tooManyRequests",
+                "more than \(bucket.perSecond) requests a second: wait and try again",
+                headers: [.retryAfter: String(max(1, Int(wait.rounded(.up))))])
+        }
+        return try await next(request, context)
+    }
+}
+
+/// The token bucket of ``RequestRateCap``, shared by every copy of the middleware.
+final class RequestBucket: Sendable {
+    private struct State {
+        var tokens: Double
+        var updated: Moment
+    }
+
+    let perSecond: Int
+    private let clock: TransferClock
+    private let state: Mutex<State>
+
+    init(perSecond: Int, clock: TransferClock) {
+        self.perSecond = max(1, perSecond)
+        self.clock = clock
+        self.state = Mutex(State(tokens: Double(2 * self.perSecond), updated: clock.now))
+    }
+
+    /// Takes a request's token; returns the seconds to wait instead when there is none.
+    func take() -> Double? {
+        let now = clock.now
+        let rate = Double(perSecond)
+        return state.withLock { state -> Double? in
+            let elapsed = now - state.updated
+            let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+            state.tokens = min(2 * rate, state.tokens + max(0, seconds) * rate)
+            state.updated = max(now, state.updated)
+            guard state.tokens >= 1 else { return (1 - state.tokens) / rate }
+            state.tokens -= 1
+            return nil
+        }
     }
 }

@@ -49,6 +49,9 @@ public final class Daemon: Sendable {
         public var keepAlive: Duration = .seconds(15)
         /// Programs to run when a download completes or fails.
         public var hooks = Hooks()
+        /// Requests a second the daemon answers (all clients together; twice as many at once);
+        /// past it, 429.
+        public var requestsPerSecond = 200
 
         /// Options for a daemon over `stateDirectory` writing into `downloadRoots`.
         public init(stateDirectory: String, downloadRoots: [String]) {
@@ -65,10 +68,12 @@ public final class Daemon: Sendable {
     /// The token clients must send (`Authorization: Bearer TOKEN`).
     public let token: String
     private let lock: DaemonLock
-    private let manager: DownloadManager
+    let manager: DownloadManager
     private let roots: DownloadRoots
     private let logger: Logger
     private let clock: any Clock<Duration>
+    /// The same clock, as the queue's rules read it.
+    private let transferClock: TransferClock
     private let state = Mutex(RunState())
 
     private struct RunState {
@@ -102,11 +107,12 @@ public final class Daemon: Sendable {
         self.options = options
         self.logger = logger
         self.clock = clock
+        self.transferClock = TransferClock(clock)
         let directory = POSIX.absolutePath(options.stateDirectory)
         try POSIX.makeDirectories(directory)
         lock = try DaemonLock(stateDirectory: directory)
         token = try DaemonFiles.token(in: directory)
-        roots = try DownloadRoots(options.downloadRoots)
+        roots = try DownloadRoots(options.downloadRoots, forbidden: [directory])
         // Progress reaches event streams at most every 200 ms per download.
         var queue = options.manager
         queue.progressInterval = max(queue.progressInterval, .milliseconds(200))
@@ -126,17 +132,33 @@ public final class Daemon: Sendable {
             keepAlive: options.keepAlive)
         // Subscribed before the queue starts, so no event of this run is missed.
         let events = manager.events()
-        var hookServices: [ServiceGroupConfiguration.ServiceConfiguration] = []
+        // The hooks run beside the service group, on an event stream that ends only when the queue
+        // is closed: a download that ends while the daemon stops still gets its hook.
+        var hooks: Task<Void, Never>?
         if options.hooks.onComplete != nil || options.hooks.onError != nil {
             let runner = HookRunner(hooks: options.hooks, manager: manager, logger: logger, clock: clock)
-            hookServices.append(.init(service: HookService(runner: runner, events: manager.events())))
+            let hookEvents = manager.events()
+            hooks = Task { await runner.run(hookEvents) }
         }
         router.middlewares.add(SecurityHeaders())
+        let publicPaths = Set(Page.files.keys).union(["/api/v1/openapi.json"])
         router.middlewares.add(
             AccessRules(
                 token: token, listeningHost: options.host, extraHosts: options.allowedHosts,
-                maxBodyBytes: options.maxBodyBytes, publicPaths: Set(Page.files.keys).union(["/api/v1/openapi.json"])))
+                maxBodyBytes: options.maxBodyBytes, publicPaths: publicPaths))
+        router.middlewares.add(
+            RequestRateCap(
+                bucket: RequestBucket(perSecond: options.requestsPerSecond, clock: transferClock),
+                exempt: publicPaths))
         Page.register(on: router)
+        let metrics = DaemonMetrics()
+        let manager = self.manager
+        router.get("metrics") { _, _ in
+            let text = metrics.text(downloads: await manager.downloads(), progress: await manager.aggregateProgress())
+            return Response(
+                status: .ok, headers: [.contentType: "text/plain; version=0.0.4; charset=utf-8"],
+                body: .init(byteBuffer: ByteBuffer(string: text)))
+        }
         let recorder = RouteRecorder()
         api.register(on: router.group("api/v1"), recording: recorder)
         state.withLock { $0.routes = recorder.routes }
@@ -151,17 +173,17 @@ public final class Daemon: Sendable {
                 self?.announce(url)
             },
             logger: logger)
-        let group = ServiceGroup(
-            configuration: ServiceGroupConfiguration(
-                // Shut down in reverse: event streams end first, so the server can close its
-                // connections; then the queue checkpoints its downloads.
-                // The hooks (when there are any) stop last: a download that ends while the queue
-                // stops still gets its hook.
-                services: hookServices + [
-                    .init(service: QueueService(manager: manager)), .init(service: application),
-                    .init(service: EventService(hub: hub, events: events)),
-                ],
-                gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
+        var configuration = ServiceGroupConfiguration(
+            // Shut down in reverse: event streams end first, then the queue checkpoints its
+            // downloads, then the server stops (a client that stopped reading cannot hold up the
+            // checkpoints; the time limit ends the rest).
+            services: [
+                .init(service: application), .init(service: QueueService(manager: manager)),
+                .init(service: EventService(hub: hub, metrics: metrics, events: events)),
+            ],
+            gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
+        configuration.maximumGracefulShutdownDuration = .seconds(30)
+        let group = ServiceGroup(configuration: configuration)
         let stopEarly = state.withLock { state -> Bool in
             state.group = group
             return state.stopped
@@ -180,9 +202,11 @@ public final class Daemon: Sendable {
             try await group.run()
         } catch {
             await closeManager()
+            await hooks?.value
             throw error
         }
         await closeManager()
+        await hooks?.value
     }
 
     private func closeManager() async {
@@ -229,43 +253,35 @@ public final class Daemon: Sendable {
         for waiter in waiters { waiter.resume(returning: url) }
     }
 
-    /// Whether `host` is a loopback address (or `localhost`).
+    /// Whether `host` is a loopback address (or `localhost`): 127.0.0.0/8 or ::1, as addresses, not
+    /// names that merely look like them.
     public static func isLoopback(_ host: String) -> Bool {
         let name = AccessRules<BasicRequestContext>.hostName(host)
-        return name == "localhost" || name == "::1" || name.hasPrefix("127.")
+        if name == "localhost" { return true }
+        var v4 = in_addr()
+        if inet_pton(AF_INET, name, &v4) == 1 { return UInt32(bigEndian: v4.s_addr) >> 24 == 127 }
+        var v6 = in6_addr()
+        guard inet_pton(AF_INET6, name, &v6) == 1 else { return false }
+        return withUnsafeBytes(of: &v6) { bytes in bytes.dropLast().allSatisfy { $0 == 0 } && bytes.last == 1 }
     }
 }
 
-/// The manager's events into the hub, until a graceful shutdown ends every event stream.
+/// The manager's events into the hub and the metrics, until a graceful shutdown ends every event
+/// stream.
 struct EventService: Service {
     let hub: EventHub
+    let metrics: DaemonMetrics
     let events: AsyncStream<DownloadManagerEvent>
 
     func run() async throws {
-        await cancelWhenGracefulShutdown { await hub.forward(events) }
+        let (hub, metrics, events) = (self.hub, self.metrics, self.events)
+        await cancelWhenGracefulShutdown {
+            for await event in events {
+                metrics.record(event)
+                hub.publish(event)
+            }
+        }
         hub.close()
-    }
-}
-
-/// The hooks: they run for every download that ends until a graceful shutdown; the ones running
-/// then finish (within their time limit).
-struct HookService: Service {
-    let runner: HookRunner
-    let events: AsyncStream<DownloadManagerEvent>
-
-    func run() async throws {
-        let (stream, continuation) = AsyncStream<DownloadManagerEvent>.makeStream()
-        let events = self.events
-        let forward = Task {
-            for await event in events { continuation.yield(event) }
-            continuation.finish()
-        }
-        await withGracefulShutdownHandler {
-            await runner.run(stream)
-        } onGracefulShutdown: {
-            forward.cancel()
-            continuation.finish()
-        }
     }
 }
 

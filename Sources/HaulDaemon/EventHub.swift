@@ -57,20 +57,18 @@ final class EventHub: Sendable {
     /// The event in the `text/event-stream` format.
     func text(_ event: Event) -> String { "id: \(run)-\(event.id)\nevent: \(event.name)\ndata: \(event.data)\n\n" }
 
-    /// The number in a `Last-Event-ID` of this run; 0 (everything is missed) for one of another run
-    /// or one that is not an ID of the hub's.
-    func number(ofLastEventID text: String) -> UInt64 {
+    /// The number in a `Last-Event-ID` of this run; `nil` for one of another run or one that is not
+    /// an ID of the hub's (the client missed everything: it gets a reset).
+    func number(ofLastEventID text: String) -> UInt64? {
         let parts = text.split(separator: "-")
-        guard parts.count == 2, parts[0] == run, let number = UInt64(parts[1]) else { return 0 }
+        guard parts.count == 2, parts[0] == run, let number = UInt64(parts[1]) else { return nil }
         return number
     }
 
-    /// Publishes the manager's events until they end.
-    func forward(_ events: AsyncStream<DownloadManagerEvent>) async {
-        for await event in events {
-            guard let (name, data) = Self.describe(event) else { continue }
-            publish(name, data)
-        }
+    /// Publishes a manager event, if the API shows it.
+    func publish(_ event: DownloadManagerEvent) {
+        guard let (name, data) = Self.describe(event) else { return }
+        publish(name, data)
     }
 
     /// Numbers an event, keeps it and sends it to every listener.
@@ -97,7 +95,9 @@ final class EventHub: Sendable {
 
     /// A listener's events: first what it missed since `lastEventID` (or a reset when the ring no
     /// longer holds them), then every new event until the hub closes or the listener goes.
-    func listen(after lastEventID: UInt64?) -> (Start, AsyncStream<Event>) {
+    /// - Parameter lastEventID: `nil` for a client that has seen nothing of this run: a new one
+    ///   (`fresh`) gets only new events, a returning one (`Last-Event-ID` of another run) a reset.
+    func listen(after lastEventID: UInt64?, fresh: Bool = false) -> (Start, AsyncStream<Event>) {
         let (stream, continuation) = AsyncStream<Event>.makeStream(
             bufferingPolicy: .bufferingOldest(Self.listenerBuffer))
         let (start, key) = state.withLock { state -> (Start, Int?) in
@@ -105,13 +105,13 @@ final class EventHub: Sendable {
             let start: Start
             if let lastEventID {
                 let oldest = ordered.first?.id ?? state.lastID + 1
-                if lastEventID == 0 || lastEventID > state.lastID || lastEventID + 1 < oldest {
+                if lastEventID > state.lastID || lastEventID + 1 < oldest {
                     start = .reset
                 } else {
                     start = .replay(ordered.filter { $0.id > lastEventID })
                 }
             } else {
-                start = .replay([])
+                start = fresh ? .replay([]) : .reset
             }
             guard !state.closed else { return (start, nil) }
             state.nextListener += 1
@@ -130,6 +130,9 @@ final class EventHub: Sendable {
 
     /// The ID of the last event published.
     var lastID: UInt64 { state.withLock { $0.lastID } }
+
+    /// The last event's ID as clients see it (`RUN-N`; `RUN-0` before the first event).
+    var lastEventID: String { "\(run)-\(lastID)" }
 
     /// Ends every listener's stream.
     func close() {

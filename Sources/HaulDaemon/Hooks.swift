@@ -14,7 +14,7 @@ import Logging
 /// Each runs with three arguments, the download's ID, its file's path and its URL, never through a
 /// shell (nothing in them is ever interpreted). Its environment holds only `PATH`, `HOME`, `LANG`
 /// and `TZ` from the daemon's, so no credential reaches it. It gets no input and shares the daemon's
-/// output; a program still running at the time limit is killed. What it did (`on-complete exited
+/// output; a program still running at the time limit is killed with everything it started. What it did (`on-complete exited
 /// 0`, `on-error killed after 60 s`) is logged and recorded with the download, for `haul ls` and
 /// the API.
 public struct Hooks: Sendable {
@@ -92,7 +92,23 @@ struct HookRunner: Sendable {
                 posix_spawn_file_actions_init(&actions)
                 defer { posix_spawn_file_actions_destroy(&actions) }
                 posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0)
-                return posix_spawn(&processID, program, &actions, nil, argv, envp)
+                // The daemon ignores SIGTERM, SIGINT and SIGPIPE (it handles the first two itself):
+                // the program gets them back as they normally are, nothing blocked, and a process
+                // group of its own, so that the time limit ends whatever it started too.
+                var attributes = posix_spawnattr_t()
+                posix_spawnattr_init(&attributes)
+                defer { posix_spawnattr_destroy(&attributes) }
+                var defaults = sigset_t()
+                sigemptyset(&defaults)
+                for signal in [SIGTERM, SIGINT, SIGPIPE, SIGHUP] { sigaddset(&defaults, signal) }
+                posix_spawnattr_setsigdefault(&attributes, &defaults)
+                var unblocked = sigset_t()
+                sigemptyset(&unblocked)
+                posix_spawnattr_setsigmask(&attributes, &unblocked)
+                posix_spawnattr_setpgroup(&attributes, 0)
+                posix_spawnattr_setflags(
+                    &attributes, Int16(POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETPGROUP))
+                return posix_spawn(&processID, program, &actions, &attributes, argv, envp)
             }
         }
         guard spawned == 0 else {
@@ -121,7 +137,8 @@ struct HookRunner: Sendable {
             return first
         }
         guard let status else {
-            kill(pid, SIGKILL)
+            // The whole group: the program and whatever it started.
+            kill(-pid, SIGKILL)
             var ignored: Int32 = 0
             _ = waitpid(pid, &ignored, 0)
             return "\(name) killed after its \(Int(limit.components.seconds)) s limit"

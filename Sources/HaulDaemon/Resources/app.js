@@ -146,21 +146,30 @@ function renderTotals() {
 
 // MARK: Loading and live events
 
+// The list, and where the event stream goes on from: the ID of the last event before the list was
+// read, so that every change after it is replayed and none is missed.
 async function loadAll() {
   const all = [];
+  let since = null;
   for (let offset = 0; ; offset += 1000) {
     const page = await call("GET", `/downloads?offset=${offset}&limit=1000`);
+    if (since === null) since = page.lastEventId;
     all.push(...page.downloads);
     if (all.length >= page.total || page.downloads.length === 0) break;
   }
+  if (!streaming || streaming.signal.aborted) lastEventId = since;
   downloads.clear();
   for (const d of all) downloads.set(d.id, d);
   scheduleRender();
 }
 
-async function loadOptions() {
-  const options = await call("GET", "/options");
+function showOptions(options) {
   $("max-concurrent").value = options.maxConcurrentDownloads;
+  $("total-limit").value = options.totalLimitRate == null ? "" : +(options.totalLimitRate / 1048576).toFixed(2);
+}
+
+async function loadOptions() {
+  showOptions(await call("GET", "/options"));
 }
 
 function handleEvent(name, data) {
@@ -325,14 +334,21 @@ $("filters").addEventListener("click", (event) => {
   scheduleRender();
 });
 
-$("max-concurrent").addEventListener("change", async (event) => {
-  const value = Number(event.target.value);
+async function changeOptions(change) {
   try {
-    const options = await call("PATCH", "/options", { maxConcurrentDownloads: value });
-    event.target.value = options.maxConcurrentDownloads;
+    showOptions(await call("PATCH", "/options", change));
   } catch (failure) {
     loadOptions().catch(() => {});
   }
+}
+
+$("max-concurrent").addEventListener("change", (event) =>
+  changeOptions({ maxConcurrentDownloads: Number(event.target.value) }));
+
+// Empty or 0: no limit.
+$("total-limit").addEventListener("change", (event) => {
+  const mebibytes = Number(event.target.value);
+  changeOptions({ totalLimitRate: mebibytes > 0 ? Math.max(1, Math.round(mebibytes * 1048576)) : null });
 });
 
 $("pause-all").addEventListener("click", () => call("POST", "/pause-all").then(loadAll).catch(() => {}));

@@ -44,7 +44,8 @@ struct DaemonAPITests {
             let resource = TestResource(name: "slow", size: 2_000_000)
             server.add("/slow", resource)
             server.setStandingFaults("/slow", [.throttle(bytesPerSecond: 2_000_000)])
-            try await withDaemon { daemon in
+            // One connection: the file is written in order, and the resume asks for the rest of it.
+            try await withDaemon({ $0.downloader.segmentation.connections = 1 }) { daemon in
                 let id = try await daemon.add(#"{"url": "\#(server.url("/slow"))"}"#)[0]
                 _ = try await daemon.waitFor(id, "running")
                 try await waitUntilAsync("bytes arrive") { try await daemon.download(id).bytes > 0 }
@@ -54,15 +55,16 @@ struct DaemonAPITests {
                 let kept = try await daemon.download(id).bytes
                 #expect(kept > 0 && kept < 2_000_000)
                 server.setStandingFaults("/slow", [])
+                let before = server.requests(for: "/slow").count
                 let resumed = try await daemon.send(.POST, "/api/v1/downloads/\(id)/resume")
                 #expect(resumed.status == 200)
                 #expect(try ["queued", "running"].contains(resumed.json(DownloadAnswer.self).state))
                 _ = try await daemon.waitFor(id, "completed")
                 #expect(try readFile(daemon.root + "/slow") == resource.content)
-                // The resume asked for the rest, with the validator.
-                let last = try #require(server.requests(for: "/slow").last)
-                #expect(last.header("range") == "bytes=\(kept)-" || (last.header("range")?.hasPrefix("bytes=") == true))
-                #expect(last.header("if-range") == resource.entityTagValue)
+                // The resume asked for the rest, from the byte the pause stored, with the validator.
+                let resume = try #require(server.requests(for: "/slow").dropFirst(before).first)
+                #expect(resume.header("range") == "bytes=\(kept)-")
+                #expect(resume.header("if-range") == resource.entityTagValue)
             }
         }
     }
@@ -113,6 +115,24 @@ struct DaemonAPITests {
                 let some = try await daemon.send(.GET, "/api/v1/downloads?state=failed,completed&limit=3")
                 #expect(try some.json(DownloadListAnswer.self).downloads.count == 3)
             }
+        }
+    }
+
+    @Test func aBatchWithOneItemTheQueueRefusesAddsNothing() async throws {
+        try await withDaemon { daemon in
+            // Given twice: refused before anything is added.
+            let twice = try await daemon.send(
+                .POST, "/api/v1/downloads",
+                json:
+                    #"{"downloads": [{"url": "http://127.0.0.1:9/a", "destination": "x.bin"}, {"url": "http://127.0.0.1:9/b", "destination": "x.bin"}]}"#
+            )
+            #expect(twice.status == 409 && twice.errorCode == "destinationExists" && twice.body.contains("downloads.1"))
+            // Refused by the queue itself after the first was added: the first is taken back.
+            let refused = try await daemon.send(
+                .POST, "/api/v1/downloads",
+                json: #"{"downloads": [{"url": "http://127.0.0.1:9/a"}, {"url": "http://[::1/b"}]}"#)
+            #expect(refused.status == 400 && refused.errorCode == "invalidURL", "\(refused.body)")
+            #expect(try await daemon.send(.GET, "/api/v1/downloads").json(DownloadListAnswer.self).total == 0)
         }
     }
 
@@ -174,13 +194,49 @@ struct DaemonAPITests {
         }
     }
 
+    @Test func metricsCountBytesStatesAndFailures() async throws {
+        try await HaulTestServer.withRunning { server in
+            server.add("/f", TestResource(name: "f", size: 100_000))
+            try await withDaemon { daemon in
+                let ids = try await daemon.add(
+                    #"{"url": "\#(server.url("/f"))"}, {"url": "\#(server.url("/missing"))"}"#)
+                _ = try await daemon.waitFor(ids[0], "completed")
+                _ = try await daemon.waitFor(ids[1], "failed")
+                try await waitUntilAsync("the metrics count both") {
+                    let text = try await daemon.send(.GET, "/metrics").body
+                    return text.contains("haul_failures_total{code=\"httpStatus\"} 1")
+                        && text.contains("haul_received_bytes_total 100000\n")
+                }
+                let answer = try await daemon.send(.GET, "/metrics")
+                #expect(answer.headers["Content-Type"].first?.hasPrefix("text/plain; version=0.0.4") == true)
+                for line in [
+                    "# TYPE haul_received_bytes_total counter", "haul_downloads{state=\"completed\"} 1",
+                    "haul_downloads{state=\"failed\"} 1", "haul_downloads{state=\"running\"} 0",
+                    "haul_download_speed_bytes_per_second 0",
+                ] {
+                    #expect(answer.body.split(separator: "\n").contains(Substring(line)), "\(line)")
+                }
+            }
+        }
+    }
+
     @Test func optionsAreReadAndChanged() async throws {
         try await withDaemon { daemon in
-            #expect(try await daemon.send(.GET, "/api/v1/options").json(OptionsAnswer.self).maxConcurrentDownloads == 3)
+            let start = try await daemon.send(.GET, "/api/v1/options")
+            #expect(start.body == #"{"maxConcurrentDownloads":3,"totalLimitRate":null}"#)
             let changed = try await daemon.send(.PATCH, "/api/v1/options", json: #"{"maxConcurrentDownloads": 5}"#)
             #expect(changed.status == 200)
-            #expect(try changed.json(OptionsAnswer.self).maxConcurrentDownloads == 5)
-            #expect(try await daemon.send(.GET, "/api/v1/options").json(OptionsAnswer.self).maxConcurrentDownloads == 5)
+            #expect(changed.body == #"{"maxConcurrentDownloads":5,"totalLimitRate":null}"#)
+            // A field left out stays; null removes the limit.
+            let limited = try await daemon.send(.PATCH, "/api/v1/options", json: #"{"totalLimitRate": 1048576}"#)
+            #expect(limited.body == #"{"maxConcurrentDownloads":5,"totalLimitRate":1048576}"#)
+            #expect(await daemon.daemon.manager.rateLimiter.bytesPerSecond == 1_048_576)
+            let bad = try await daemon.send(
+                .PATCH, "/api/v1/options", json: #"{"maxConcurrentDownloads": 2, "totalLimitRate": 0}"#)
+            #expect(bad.status == 400)
+            let unlimited = try await daemon.send(.PATCH, "/api/v1/options", json: #"{"totalLimitRate": null}"#)
+            #expect(unlimited.body == #"{"maxConcurrentDownloads":5,"totalLimitRate":null}"#)
+            #expect(await daemon.daemon.manager.rateLimiter.bytesPerSecond == nil)
         }
     }
 }
@@ -195,10 +251,6 @@ struct StatsAnswer: Decodable {
     let bytes: Int64
     let totalBytes: Int64
     let counts: [String: Int]
-}
-
-struct OptionsAnswer: Decodable {
-    let maxConcurrentDownloads: Int?
 }
 
 /// Polls an async condition until it holds; fails after `timeout`.

@@ -162,12 +162,15 @@ struct EventHubTests {
         let (future, _) = hub.listen(after: 6)
         #expect(future == .reset)
         #expect(hub.number(ofLastEventID: "\(hub.run)-4") == 4)
-        #expect(hub.number(ofLastEventID: "x\(hub.run)-4") == 0)
+        #expect(hub.number(ofLastEventID: "x\(hub.run)-4") == nil)
+        // Nothing seen of this run: a new client gets only new events, a returning one a reset.
+        #expect(hub.listen(after: nil, fresh: true).0 == .replay([]))
+        #expect(hub.listen(after: nil).0 == .reset)
     }
 
     @Test func aListenerThatFallsTooFarBehindIsCutOff() async {
         let hub = EventHub(capacity: 10)
-        let (_, stream) = hub.listen(after: nil)
+        let (_, stream) = hub.listen(after: nil, fresh: true)
         for index in 0..<(EventHub.listenerBuffer + 1) { hub.publish("progress", "\(index)") }
         var received = 0
         for await _ in stream { received += 1 }

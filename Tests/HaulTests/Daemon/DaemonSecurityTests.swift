@@ -1,9 +1,10 @@
 import AsyncHTTPClient
 import Haul
-import HaulDaemon
 import HaulTestServer
 import NIOHTTP1
 import Testing
+
+@testable import HaulDaemon
 
 #if canImport(Glibc)
     import Glibc
@@ -29,6 +30,7 @@ struct DaemonSecurityTests {
         (.PATCH, "/api/v1/options", #"{"maxConcurrentDownloads": 7}"#),
         (.GET, "/api/v1/stats", nil),
         (.GET, "/api/v1/events", nil),
+        (.GET, "/metrics", nil),
     ]
 
     @Test func everyRouteNeedsTheTokenAndDoesNothingWithoutIt() async throws {
@@ -111,6 +113,24 @@ struct DaemonSecurityTests {
         }
     }
 
+    @Test func requestsOverTheRateCapGet429AndDoNothing() async throws {
+        let clock = ManualClock()
+        try await withDaemon({ $0.requestsPerSecond = 10 }, clock: clock) { daemon in
+            // Twice the rate at once, then nothing until the clock moves.
+            for index in 0..<20 {
+                #expect(try await daemon.send(.GET, "/api/v1/stats").status == 200, "request \(index)")
+            }
+            let refused = try await daemon.send(
+                .POST, "/api/v1/downloads", json: #"{"downloads": [{"url": "http://127.0.0.1:9/a"}]}"#)
+            #expect(refused.status == 429 && refused.errorCode == "tooManyRequests")
+            #expect(refused.headers["Retry-After"].first == "1")
+            // A tenth of a second later, one more.
+            clock.advance(by: .milliseconds(100))
+            #expect(try await daemon.send(.GET, "/api/v1/downloads").json(DownloadListAnswer.self).total == 0)
+            #expect(try await daemon.send(.GET, "/api/v1/stats").status == 429)
+        }
+    }
+
     @Test func aBodyOverTheCapIsRefusedUnread() async throws {
         try await withDaemon({ $0.maxBodyBytes = 4096 }) { daemon in
             let padding = String(repeating: " ", count: 5000)
@@ -134,8 +154,8 @@ struct DaemonSecurityTests {
                 (#""directory": "/tmp""#, 403, "outsideDownloadRoot"),
                 (#""destination": "link/authorized_keys""#, 403, "outsideDownloadRoot"),
                 (#""directory": "link/deeper""#, 403, "outsideDownloadRoot"),
-                (#""destination": "../escape""#, 400, "invalidArgument"),
-                (#""destination": "a/../../escape""#, 400, "invalidArgument"),
+                (#""destination": "../escape""#, 403, "outsideDownloadRoot"),
+                (#""destination": "a/../../escape""#, 403, "outsideDownloadRoot"),
             ]
             for (field, status, code) in refused {
                 let answer = try await daemon.send(
@@ -151,10 +171,40 @@ struct DaemonSecurityTests {
             )
             #expect(mixed.status == 403 && mixed.body.contains("downloads.1"))
             #expect(try await daemon.send(.GET, "/api/v1/downloads").json(DownloadListAnswer.self).downloads.isEmpty)
+            // Hidden files and directories (keys, settings) are refused inside the root too.
+            for field in [
+                #""destination": ".bashrc""#, #""destination": ".ssh/authorized_keys""#, #""directory": "a/.config""#,
+            ] {
+                let answer = try await daemon.send(
+                    .POST, "/api/v1/downloads", json: #"{"downloads": [{"url": "http://127.0.0.1:9/a", \#(field)}]}"#)
+                #expect(answer.status == 403 && answer.errorCode == "outsideDownloadRoot", "\(field)")
+            }
             // Inside the root: relative paths start there.
             let ids = try await daemon.add(#"{"url": "http://127.0.0.1:9/a", "destination": "sub/a.bin"}"#)
             #expect(try await daemon.download(ids[0]).destination == daemon.root + "/sub/a.bin")
         }
+    }
+
+    @Test func theStateDirectoryIsNeverADestinationEvenInsideARoot() async throws {
+        try await withTemporaryDirectory { directory in
+            // The state directory inside the download root, as with a root of the home directory.
+            try await withDaemon({ $0.downloadRoots = [directory] }, stateDirectory: directory + "/state") { daemon in
+                for field in [#""destination": "state/daemon.token""#, #""directory": "state""#] {
+                    let answer = try await daemon.send(
+                        .POST, "/api/v1/downloads",
+                        json: #"{"downloads": [{"url": "http://127.0.0.1:9/a", "overwrite": true, \#(field)}]}"#)
+                    #expect(answer.status == 403 && answer.errorCode == "outsideDownloadRoot", "\(field)")
+                }
+                #expect(try await daemon.add(#"{"url": "http://127.0.0.1:9/a", "destination": "ok.bin"}"#).count == 1)
+            }
+        }
+    }
+
+    @Test func aRootOfSlashAcceptsAnyPathButHiddenOnes() throws {
+        let roots = try DownloadRoots(["/"])
+        #expect(try roots.confine("/srv/files/a.iso", isDirectory: false) == "/srv/files/a.iso")
+        #expect(try roots.confine(".", isDirectory: true) == "/")
+        #expect(throws: APIError.self) { try roots.confine("/root/.ssh/authorized_keys", isDirectory: false) }
     }
 
     @Test func theTokenFileIsPrivateAndTheTokenAppearsInNoLogAndNoDatabase() async throws {
@@ -212,8 +262,11 @@ struct DaemonSecurityTests {
                         && error.message.contains("pid \(getpid())")
                 }
             }
-            // Stopped: no daemon is found, and another may start.
+            // Stopped: no daemon is found, and another starts.
             #expect(DaemonFiles.runningDaemon(in: directory) == nil)
+            try await withDaemon(stateDirectory: directory) { daemon in
+                #expect(DaemonFiles.runningDaemon(in: directory)?.url == daemon.url)
+            }
         }
     }
 
@@ -226,8 +279,13 @@ struct DaemonSecurityTests {
             } throws: { error in
                 (error as? HaulError)?.code == .invalidArgument
             }
-            #expect(Daemon.isLoopback("127.0.0.1") && Daemon.isLoopback("::1") && Daemon.isLoopback("localhost"))
-            #expect(!Daemon.isLoopback("0.0.0.0") && !Daemon.isLoopback("192.168.1.2"))
+            for host in ["127.0.0.1", "127.1.2.3", "::1", "[::1]", "localhost", "LOCALHOST"] {
+                #expect(Daemon.isLoopback(host), "\(host)")
+            }
+            // Names that only look like loopback addresses may resolve anywhere.
+            for host in ["0.0.0.0", "::", "192.168.1.2", "127.evil.example", "127.0.0.1.nip.io", "::2"] {
+                #expect(!Daemon.isLoopback(host), "\(host)")
+            }
         }
     }
 }
