@@ -63,6 +63,9 @@ struct DaemonCommand: AsyncParsableCommand {
             valueName: "program"))
     var onError: String?
 
+    @Option(help: "API requests a second the daemon answers (twice as many at once); past it, 429.")
+    var requestsPerSecond = 200
+
     @Option(help: ArgumentHelp("Seconds a --on-complete or --on-error program may run before it is killed."))
     var hookTimeLimit: Double = 60
 
@@ -74,7 +77,10 @@ struct DaemonCommand: AsyncParsableCommand {
             throw ValidationError(
                 "--listen must look like 127.0.0.1:\(Daemon.defaultPort) or [::1]:\(Daemon.defaultPort)")
         }
-        guard hookTimeLimit > 0 else { throw ValidationError("--hook-time-limit must be a positive number of seconds") }
+        guard hookTimeLimit > 0, hookTimeLimit <= 86_400 else {
+            throw ValidationError("--hook-time-limit must be a number of seconds from 0 to 86400")
+        }
+        guard requestsPerSecond >= 1 else { throw ValidationError("--requests-per-second must be at least 1") }
         guard Logger.Level(rawValue: logLevel) != nil else {
             throw ValidationError("--log-level must be one of trace, debug, info, notice, warning, error, critical")
         }
@@ -111,6 +117,7 @@ struct DaemonCommand: AsyncParsableCommand {
         options.allowedHosts = allowHost
         options.manager = transfer.managerConfiguration(restoring: .resume)
         options.downloader = transfer.downloaderConfiguration
+        options.requestsPerSecond = requestsPerSecond
         options.hooks.onComplete = onComplete.map(POSIX.absolutePath)
         options.hooks.onError = onError.map(POSIX.absolutePath)
         options.hooks.timeLimit = .milliseconds(Int64(hookTimeLimit * 1000))
