@@ -220,7 +220,7 @@ struct DaemonSecurityTests {
                 _ = try await daemon.send(.GET, "/api/v1/stats", token: .some("wrong"))
                 #expect(!daemon.logs.all.isEmpty)
                 for line in daemon.logs.all { #expect(!line.contains(daemon.token), "\(line)") }
-                for name in POSIXNames.list(daemon.stateDirectory) where name != DaemonFiles.tokenName {
+                for name in listDirectory(daemon.stateDirectory) where name != DaemonFiles.tokenName {
                     let bytes = (try? readFile(daemon.stateDirectory + "/" + name)) ?? []
                     #expect(!String(decoding: bytes, as: UTF8.self).contains(daemon.token), "\(name)")
                 }
@@ -287,21 +287,5 @@ struct DaemonSecurityTests {
                 #expect(!Daemon.isLoopback(host), "\(host)")
             }
         }
-    }
-}
-
-/// Names in a directory.
-enum POSIXNames {
-    static func list(_ path: String) -> [String] {
-        guard let handle = opendir(path) else { return [] }
-        defer { closedir(handle) }
-        var names: [String] = []
-        while let entry = readdir(handle) {
-            let name = withUnsafePointer(to: entry.pointee.d_name) {
-                $0.withMemoryRebound(to: CChar.self, capacity: 256) { String(cString: $0) }
-            }
-            if name != "." && name != ".." { names.append(name) }
-        }
-        return names
     }
 }
