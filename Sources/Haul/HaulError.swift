@@ -8,8 +8,9 @@ public struct HaulError: Error, Sendable, CustomStringConvertible {
         /// The code's stable name, e.g. `"remoteChanged"`.
         public let name: String
 
-        /// Codes are made here, and read back by name from the download manager's database.
-        init(_ name: String) { self.name = name }
+        /// Codes are made here, and read back by name from the download manager's database (and
+        /// from a daemon's answers).
+        package init(_ name: String) { self.name = name }
 
         /// The code's name.
         public var description: String { name }

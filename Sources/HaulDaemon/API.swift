@@ -153,7 +153,7 @@ struct API: Sendable {
         for id in ids {
             if let info = await manager.download(id) { added.append(DownloadBody(info)) }
         }
-        return try JSONBody.response(["downloads": added], status: .created)
+        return try JSONBody.response(AddedDownloads(downloads: added), status: .created)
     }
 
     private func makeRequest(_ item: NewDownload) throws -> (DownloadRequest, DownloadPriority) {

@@ -77,6 +77,11 @@ struct AddDownloads: Codable, Sendable {
     var downloads: [NewDownload]
 }
 
+/// The answer to `POST /api/v1/downloads`: the downloads as they stand once added.
+struct AddedDownloads: Codable, Sendable {
+    var downloads: [DownloadBody]
+}
+
 /// A list of downloads and where the page of it lies in the whole.
 struct DownloadList: Codable, Sendable {
     var downloads: [DownloadBody]

@@ -104,6 +104,28 @@ public struct DownloadInfo: Sendable, Identifiable {
     /// see ``DownloadManager/recordHookResult(_:_:)``.
     public var hook: String?
 
+    /// A download as a daemon's answer describes it.
+    package init(
+        id: DownloadID, url: String, destination: String?, directory: String?, state: DownloadState,
+        priority: DownloadPriority, bytes: Int64, totalBytes: Int64?, bytesPerSecond: Double?,
+        secondsRemaining: Double?, error: HaulError?, createdAt: Date, finishedAt: Date?, hook: String?
+    ) {
+        self.id = id
+        self.url = url
+        self.destination = destination
+        self.directory = directory
+        self.state = state
+        self.priority = priority
+        self.bytes = bytes
+        self.totalBytes = totalBytes
+        self.bytesPerSecond = bytesPerSecond
+        self.secondsRemaining = secondsRemaining
+        self.error = error
+        self.createdAt = createdAt
+        self.finishedAt = finishedAt
+        self.hook = hook
+    }
+
     /// Between 0 and 1, when the total is known.
     public var fraction: Double? {
         guard let totalBytes else { return state == .completed ? 1 : nil }

@@ -1,0 +1,162 @@
+import AsyncHTTPClient
+import Haul
+import NIOCore
+import NIOHTTP1
+
+#if canImport(FoundationEssentials)
+    import FoundationEssentials
+#else
+    import Foundation
+#endif
+
+/// A client of the `haul daemon` that runs on a state directory: what the CLI uses instead of the
+/// database when a daemon runs, so that the daemon's queue is the one that downloads.
+///
+/// Every failure is a ``HaulError`` with the daemon's code (`unknownDownload`, `invalidState`, …), or
+/// `network` when the daemon cannot be reached.
+public final class DaemonClient: Sendable {
+    /// The daemon's base URL.
+    public let url: String
+    private let token: String
+    private let client: HTTPClient
+
+    /// The daemon that runs on `stateDirectory`, if one does (its address file exists and its lock is
+    /// held); `nil` otherwise. Call ``shutdown()`` when done.
+    public static func running(on stateDirectory: String) throws -> DaemonClient? {
+        guard let address = DaemonFiles.runningDaemon(in: stateDirectory),
+            let token = try DaemonFiles.existingToken(in: stateDirectory)
+        else { return nil }
+        return DaemonClient(url: address.url, token: token)
+    }
+
+    /// A client of the daemon at `url`, with its token.
+    public init(url: String, token: String) {
+        self.url = url
+        self.token = token
+        self.client = HTTPClient(eventLoopGroupProvider: .singleton)
+    }
+
+    /// Closes the client's connections.
+    public func shutdown() async throws { try await client.shutdown() }
+
+    /// Queues downloads in the daemon: all of them, or none when one is refused.
+    public func add(_ requests: [DownloadRequest], priority: DownloadPriority = .normal) async throws -> [DownloadInfo]
+    {
+        let items = requests.map { request in
+            var item = NewDownload(url: request.url)
+            switch request.destination {
+            case .file(let path): item.destination = path
+            case .directory(let path): item.directory = path
+            }
+            item.checksum = request.checksum?.description
+            item.priority = priority.rawValue
+            item.limitRate = request.bytesPerSecondLimit
+            item.headers = request.headers.isEmpty ? nil : request.headers.map { .init(name: $0.name, value: $0.value) }
+            item.overwrite = request.overwrite ? true : nil
+            return item
+        }
+        let added: AddedDownloads = try await call(.POST, "/downloads", body: AddDownloads(downloads: items))
+        return added.downloads.map(\.info)
+    }
+
+    /// Every download of the daemon (in `states`, when given), oldest first.
+    public func downloads(in states: Set<DownloadState>? = nil) async throws -> [DownloadInfo] {
+        let filter = states.map { "&state=" + $0.map(\.rawValue).sorted().joined(separator: ",") } ?? ""
+        var all: [DownloadInfo] = []
+        while true {
+            let page: DownloadList = try await call(.GET, "/downloads?offset=\(all.count)&limit=1000\(filter)")
+            all += page.downloads.map(\.info)
+            if page.downloads.isEmpty || all.count >= page.total { return all }
+        }
+    }
+
+    /// One download.
+    public func download(_ id: DownloadID) async throws -> DownloadInfo {
+        let body: DownloadBody = try await call(.GET, "/downloads/\(id)")
+        return body.info
+    }
+
+    /// Pauses a download; returns it as it stands then.
+    @discardableResult
+    public func pause(_ id: DownloadID) async throws -> DownloadInfo {
+        let body: DownloadBody = try await call(.POST, "/downloads/\(id)/pause")
+        return body.info
+    }
+
+    /// Queues a paused download again, from `url` when given.
+    @discardableResult
+    public func resume(_ id: DownloadID, url: String? = nil) async throws -> DownloadInfo {
+        let body: DownloadBody = try await call(.POST, "/downloads/\(id)/resume", body: ResumeBody(url: url))
+        return body.info
+    }
+
+    /// Queues a failed or cancelled download again.
+    @discardableResult
+    public func retry(_ id: DownloadID) async throws -> DownloadInfo {
+        let body: DownloadBody = try await call(.POST, "/downloads/\(id)/retry")
+        return body.info
+    }
+
+    /// Removes a download, and its files when `deletingFiles`.
+    public func remove(_ id: DownloadID, deletingFiles: Bool = false) async throws {
+        let _: Empty = try await call(.DELETE, "/downloads/\(id)?deleteFiles=\(deletingFiles)")
+    }
+
+    private struct Empty: Codable {}
+
+    private func call<Answer: Decodable>(_ method: HTTPMethod, _ path: String) async throws -> Answer {
+        try await send(method, path, body: nil)
+    }
+
+    private func call<Answer: Decodable>(_ method: HTTPMethod, _ path: String, body: some Encodable) async throws
+        -> Answer
+    {
+        try await send(method, path, body: try JSONBody.encode(body))
+    }
+
+    private func send<Answer: Decodable>(_ method: HTTPMethod, _ path: String, body: ByteBuffer?) async throws
+        -> Answer
+    {
+        var request = HTTPClientRequest(url: url + "/api/v1" + path)
+        request.method = method
+        request.headers.add(name: "Authorization", value: "Bearer \(token)")
+        if let body {
+            request.headers.add(name: "Content-Type", value: "application/json")
+            request.body = .bytes(body)
+        }
+        let response: HTTPClientResponse
+        let bytes: ByteBuffer
+        do {
+            response = try await client.execute(request, timeout: .seconds(30))
+            bytes = try await response.body.collect(upTo: 64 << 20)
+        } catch {
+            throw HaulError(.network, "cannot reach the haul daemon at \(url): \(error)")
+        }
+        let decoder = JSONDecoder()
+        decoder.dateDecodingStrategy = .iso8601
+        guard (200..<300).contains(response.status.code) else {
+            let failure = try? decoder.decode(ErrorResponse.self, from: Data(bytes.readableBytesView))
+            throw HaulError(
+                HaulError.Code(failure?.error.code ?? "httpStatus"),
+                failure?.error.message ?? "the haul daemon answered \(response.status.code)")
+        }
+        if response.status == .noContent, let empty = Empty() as? Answer { return empty }
+        do {
+            return try decoder.decode(Answer.self, from: Data(bytes.readableBytesView))
+        } catch {
+            throw HaulError(.protocolViolation, "the haul daemon at \(url) answered something unexpected: \(error)")
+        }
+    }
+}
+
+extension DownloadBody {
+    /// The download as the library describes it.
+    var info: DownloadInfo {
+        DownloadInfo(
+            id: DownloadID(id), url: url, destination: destination, directory: directory,
+            state: DownloadState(rawValue: state) ?? .failed, priority: DownloadPriority(priority), bytes: bytes,
+            totalBytes: totalBytes, bytesPerSecond: bytesPerSecond, secondsRemaining: secondsRemaining,
+            error: error.map { HaulError(HaulError.Code($0.code), $0.message) }, createdAt: createdAt,
+            finishedAt: finishedAt, hook: hook)
+    }
+}
