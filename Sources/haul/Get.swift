@@ -1,6 +1,7 @@
 import ArgumentParser
 import Dispatch
 import Haul
+import HaulDaemon
 
 #if canImport(Glibc)
     import Glibc
@@ -123,17 +124,27 @@ struct RequestOptions: ParsableArguments {
             DownloadManager, [DownloadID]
         )
     {
-        let requests = try requests(bytesPerSecondLimit: transfer.perDownloadRate)
-        if let expected = try parsedChecksum(), expected.algorithm.isWeak, !quiet {
-            Output.standardError(
-                "haul: note: \(expected.algorithm.rawValue) is weak: it catches corruption, not a deliberate forgery\n")
-        }
         let manager = try QueueRun.openManager(state, transfer, restoring: .leave, verbose: verbose)
         do {
-            return (manager, try await manager.enqueue(requests, priority: try parsedPriority()))
+            return (manager, try await enqueue(into: manager, transfer, quiet: quiet))
         } catch {
             await manager.close()
             throw error
+        }
+    }
+
+    /// Enqueues the requests in `manager`.
+    func enqueue(into manager: DownloadManager, _ transfer: TransferOptions, quiet: Bool) async throws -> [DownloadID] {
+        let requests = try requests(bytesPerSecondLimit: transfer.perDownloadRate)
+        noteWeakChecksum(quiet: quiet)
+        return try await manager.enqueue(requests, priority: try parsedPriority())
+    }
+
+    /// Says once that an MD5 or SHA-1 checksum catches corruption but not forgery.
+    func noteWeakChecksum(quiet: Bool) {
+        if let expected = try? parsedChecksum(), expected.algorithm.isWeak, !quiet {
+            Output.standardError(
+                "haul: note: \(expected.algorithm.rawValue) is weak: it catches corruption, not a deliberate forgery\n")
         }
     }
 }
@@ -173,10 +184,21 @@ struct Add: AsyncParsableCommand {
 
     func run() async throws {
         let transfer = TransferOptions.defaults
-        let ids = try await reportingErrors { () -> [DownloadID] in
-            let (manager, ids) = try await request.enqueue(state, transfer, quiet: false)
-            await manager.close()
-            return ids
+        let ids = try await withQueueOrDaemon(state) { manager in
+            try await request.enqueue(into: manager, transfer, quiet: false)
+        } daemon: { client in
+            request.noteWeakChecksum(quiet: false)
+            // Queued in the daemon, which runs it; paths are the ones this command was given, made
+            // absolute here (the daemon takes relative paths from its download root).
+            let requests = try request.requests(bytesPerSecondLimit: transfer.perDownloadRate).map { request in
+                var request = request
+                switch request.destination {
+                case .file(let path): request.destination = .file(POSIX.absolutePath(path))
+                case .directory(let path): request.destination = .directory(POSIX.absolutePath(path))
+                }
+                return request
+            }
+            return try await client.add(requests, priority: try request.parsedPriority()).map(\.id)
         }
         Output.standardOutput(ids.map { "\($0)\n" }.joined())
     }

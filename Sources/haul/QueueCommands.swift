@@ -1,5 +1,6 @@
 import ArgumentParser
 import Haul
+import HaulDaemon
 
 /// Parses download IDs given on the command line.
 private func parseIDs(_ values: [String]) throws -> [DownloadID] {
@@ -11,16 +12,43 @@ private func parseIDs(_ values: [String]) throws -> [DownloadID] {
     }
 }
 
-/// Does `action` to each download in `ids`, in order, printing `done ID` after each.
+/// Does `action` to each download in `ids`, in order, printing `done ID` after each: through the
+/// daemon that runs on the state directory, or else on the database.
 private func forEach(
     _ ids: [String], _ state: StateOptions, saying done: String,
-    _ action: @escaping @Sendable (DownloadManager, DownloadID) async throws -> Void
+    local: @escaping @Sendable (DownloadManager, DownloadID) async throws -> Void,
+    daemon: @escaping @Sendable (DaemonClient, DownloadID) async throws -> Void
 ) async throws {
     let selected = try parseIDs(ids)
-    try await withQueue(state) { manager in
+    try await withQueueOrDaemon(state) { manager in
         for id in selected {
-            try await action(manager, id)
+            try await local(manager, id)
             Output.standardOutput("\(done) \(id)\n")
+        }
+    } daemon: { client in
+        for id in selected {
+            try await daemon(client, id)
+            Output.standardOutput("\(done) \(id)\n")
+        }
+    }
+}
+
+/// Runs `daemon` with a client of the daemon that runs on the state directory, or else `local`
+/// with a manager on the database: the daemon's queue is the one that runs downloads while it runs.
+func withQueueOrDaemon<Result>(
+    _ state: StateOptions, local: (DownloadManager) async throws -> Result,
+    daemon: (DaemonClient) async throws -> Result
+) async throws -> Result {
+    guard let client = try await reportingErrors({ try DaemonClient.running(on: POSIX.absolutePath(state.directory)) })
+    else { return try await withQueue(state, TransferOptions.defaults, local) }
+    return try await reportingErrors {
+        do {
+            let result = try await daemon(client)
+            try? await client.shutdown()
+            return result
+        } catch {
+            try? await client.shutdown()
+            throw error
         }
     }
 }
@@ -107,7 +135,11 @@ struct List: AsyncParsableCommand {
 
     func run() async throws {
         let filter = state.isEmpty ? nil : Set(state.compactMap(DownloadState.init(rawValue:)))
-        let downloads = try await withQueue(stateOptions) { manager in await manager.downloads(in: filter) }
+        let downloads = try await withQueueOrDaemon(stateOptions) { manager in
+            await manager.downloads(in: filter)
+        } daemon: { client in
+            try await client.downloads(in: filter)
+        }
         if json {
             let objects = downloads.map {
                 JSONValue.object([("id", .integer($0.id.rawValue))] + QueueRenderer.jsonFields($0))
@@ -230,7 +262,11 @@ struct Pause: AsyncParsableCommand {
     func validate() throws { _ = try parseIDs(ids) }
 
     func run() async throws {
-        try await forEach(ids, state, saying: "paused") { manager, id in try await manager.pause(id) }
+        try await forEach(ids, state, saying: "paused") { manager, id in
+            try await manager.pause(id)
+        } daemon: { client, id in
+            try await client.pause(id)
+        }
     }
 }
 
@@ -253,6 +289,8 @@ struct Remove: AsyncParsableCommand {
         let deleteFiles = deleteFiles
         try await forEach(ids, state, saying: "removed") { manager, id in
             try await manager.remove(id, deletingFiles: deleteFiles)
+        } daemon: { client, id in
+            try await client.remove(id, deletingFiles: deleteFiles)
         }
     }
 }

@@ -63,6 +63,49 @@ struct DaemonProcessTests {
         }
     }
 
+    @Test func theQueueCommandsUseARunningDaemon() async throws {
+        try await HaulTestServer.withRunning { server in
+            let resource = TestResource(name: "via-daemon.bin", size: 300_000)
+            server.add("/via-daemon.bin", resource)
+            server.add("/slow.bin", TestResource(name: "slow.bin", size: 5_000_000))
+            server.setStandingFaults("/slow.bin", [.throttle(bytesPerSecond: 200_000)])
+            let directory = try makeTemporaryDirectory()
+            defer { try? FileManager.default.removeItem(atPath: directory) }
+            let state = directory + "/state"
+            let root = directory + "/files"
+            try FileManager.default.createDirectory(atPath: root, withIntermediateDirectories: true)
+            let daemon = try await RunningDaemon.start(state: state, root: root)
+            // `haul add` queues in the daemon, which runs it: nothing else is running here.
+            let added = try await HaulProcess.run(
+                ["add", server.url("/via-daemon.bin"), "-d", "files", "--state-dir", state], directory: directory)
+            #expect(added.status == 0, "\(added.errors)")
+            let id = added.output.trimmingCharacters(in: .whitespacesAndNewlines)
+            var listed: [[String: Any]] = []
+            let deadline = ContinuousClock.now + .seconds(30)
+            while ContinuousClock.now < deadline {
+                let ls = try await HaulProcess.run(["ls", "--json", "--state-dir", state])
+                listed = (try JSONSerialization.jsonObject(with: Data(ls.output.utf8)) as? [[String: Any]]) ?? []
+                if listed.first?["state"] as? String == "completed" { break }
+                try await Task.sleep(for: .milliseconds(50))
+            }
+            #expect(listed.count == 1 && "\(listed.first?["id"] ?? "")" == id)
+            #expect(listed.first?["state"] as? String == "completed")
+            #expect(try Data(contentsOf: URL(fileURLWithPath: root + "/via-daemon.bin")) == Data(resource.content))
+            // `haul pause` and `haul rm` act on the daemon's download.
+            let slow = try await HaulProcess.run(["add", server.url("/slow.bin"), "-d", root, "--state-dir", state])
+            let slowID = slow.output.trimmingCharacters(in: .whitespacesAndNewlines)
+            let paused = try await HaulProcess.run(["pause", slowID, "--state-dir", state])
+            #expect(paused.status == 0 && paused.output == "paused \(slowID)\n", "\(paused.errors)")
+            let removed = try await HaulProcess.run(["rm", slowID, "--delete-files", "--state-dir", state])
+            #expect(removed.status == 0 && removed.output == "removed \(slowID)\n", "\(removed.errors)")
+            // A download the daemon does not know is the same error as without a daemon.
+            let unknown = try await HaulProcess.run(["pause", "999", "--state-dir", state])
+            #expect(unknown.status == 17 && unknown.errors.contains("999"), "\(unknown.errors)")
+            daemon.process.signal(SIGTERM)
+            #expect(try await daemon.process.finish(timeout: .seconds(30)).status == 0)
+        }
+    }
+
     @Test(arguments: [SIGKILL, SIGTERM])
     func aDaemonStoppedMidTransferFinishesEveryDownloadWhenStartedAgain(signal: Int32) async throws {
         try await HaulTestServer.withRunning { server in
