@@ -26,9 +26,22 @@ private func forEach(
             Output.standardOutput("\(done) \(id)\n")
         }
     } daemon: { client in
+        var others: [DownloadID] = []
         for id in selected {
-            try await daemon(client, id)
-            Output.standardOutput("\(done) \(id)\n")
+            do {
+                try await daemon(client, id)
+                Output.standardOutput("\(done) \(id)\n")
+            } catch let error as HaulError where error.code == .unknownDownload {
+                // Not the daemon's: another haul process (or none) has it, as without a daemon.
+                others.append(id)
+            }
+        }
+        guard !others.isEmpty else { return }
+        try await withQueue(state) { manager in
+            for id in others {
+                try await local(manager, id)
+                Output.standardOutput("\(done) \(id)\n")
+            }
         }
     }
 }
@@ -135,11 +148,8 @@ struct List: AsyncParsableCommand {
 
     func run() async throws {
         let filter = state.isEmpty ? nil : Set(state.compactMap(DownloadState.init(rawValue:)))
-        let downloads = try await withQueueOrDaemon(stateOptions) { manager in
-            await manager.downloads(in: filter)
-        } daemon: { client in
-            try await client.downloads(in: filter)
-        }
+        // The database, not a running daemon: it also holds the downloads other haul processes run.
+        let downloads = try await withQueue(stateOptions) { manager in await manager.downloads(in: filter) }
         if json {
             let objects = downloads.map {
                 JSONValue.object([("id", .integer($0.id.rawValue))] + QueueRenderer.jsonFields($0))

@@ -98,6 +98,23 @@ struct DaemonProcessTests {
             #expect(paused.status == 0 && paused.output == "paused \(slowID)\n", "\(paused.errors)")
             let removed = try await HaulProcess.run(["rm", slowID, "--delete-files", "--state-dir", state])
             #expect(removed.status == 0 && removed.output == "removed \(slowID)\n", "\(removed.errors)")
+            // One that another haul process runs beside the daemon is paused as without a daemon.
+            let local = try HaulProcess(["get", server.url("/slow.bin"), "-d", directory, "--state-dir", state, "-q"])
+            var localID = ""
+            let started = ContinuousClock.now + .seconds(20)
+            while localID.isEmpty && ContinuousClock.now < started {
+                let ls = try await HaulProcess.run(["ls", "--json", "--state-dir", state])
+                let all = (try JSONSerialization.jsonObject(with: Data(ls.output.utf8)) as? [[String: Any]]) ?? []
+                if let entry = all.first(where: { $0["state"] as? String == "running" }) {
+                    localID = "\(entry["id"] ?? "")"
+                }
+                if localID.isEmpty { try await Task.sleep(for: .milliseconds(50)) }
+            }
+            let pausedLocal = try await HaulProcess.run(["pause", localID, "--state-dir", state])
+            #expect(pausedLocal.status == 0 && pausedLocal.output == "paused \(localID)\n", "\(pausedLocal.errors)")
+            _ = try await local.finish(timeout: .seconds(30))
+            let afterPause = try await HaulProcess.run(["ls", "--json", "--state-dir", state])
+            #expect(afterPause.output.contains(#""state":"paused""#), "\(afterPause.output)")
             // A download the daemon does not know is the same error as without a daemon.
             let unknown = try await HaulProcess.run(["pause", "999", "--state-dir", state])
             #expect(unknown.status == 17 && unknown.errors.contains("999"), "\(unknown.errors)")
