@@ -32,7 +32,7 @@ public struct Hooks: Sendable {
     public func check() throws {
         for (option, path) in [("--on-complete", onComplete), ("--on-error", onError)] {
             guard let path else { continue }
-            guard path.hasPrefix("/") || path.contains("/"), access(path, X_OK) == 0, !POSIX.isDirectory(path) else {
+            guard path.contains("/"), access(path, X_OK) == 0, !POSIX.isDirectory(path) else {
                 throw HaulError(
                     .invalidArgument, "\(option) \(path) is not an executable file (give its path; no shell runs it)")
             }

@@ -33,10 +33,7 @@ final class EventReader: @unchecked Sendable {
     let status: Int
 
     init(_ daemon: DaemonHarness, lastEventID: String? = nil) async throws {
-        var request = HTTPClientRequest(url: daemon.url + "/api/v1/events")
-        request.headers.add(name: "Authorization", value: "Bearer \(daemon.token)")
-        if let lastEventID { request.headers.add(name: "Last-Event-ID", value: lastEventID) }
-        let response = try await daemon.client.execute(request, timeout: .seconds(30))
+        let response = try await daemon.openEvents(lastEventID: lastEventID)
         status = Int(response.status.code)
         iterator = response.body.makeAsyncIterator()
     }
@@ -123,9 +120,7 @@ struct DaemonEventTests {
 
     @Test func anIdleStreamSendsKeepAliveComments() async throws {
         try await withDaemon({ $0.keepAlive = .milliseconds(20) }) { daemon in
-            var request = HTTPClientRequest(url: daemon.url + "/api/v1/events")
-            request.headers.add(name: "Authorization", value: "Bearer \(daemon.token)")
-            let response = try await daemon.client.execute(request, timeout: .seconds(30))
+            let response = try await daemon.openEvents()
             #expect(response.headers["Content-Type"].first?.hasPrefix("text/event-stream") == true)
             var text = ""
             for try await buffer in response.body {

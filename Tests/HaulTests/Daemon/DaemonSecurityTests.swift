@@ -218,8 +218,8 @@ struct DaemonSecurityTests {
                 _ = try await daemon.waitFor(ids[0], "completed")
                 _ = try await daemon.send(.GET, "/api/v1/downloads/999")
                 _ = try await daemon.send(.GET, "/api/v1/stats", token: .some("wrong"))
-                #expect(!daemon.logs.all.isEmpty)
-                for line in daemon.logs.all { #expect(!line.contains(daemon.token), "\(line)") }
+                #expect(!daemon.logs.wholeLines.isEmpty)
+                for line in daemon.logs.wholeLines { #expect(!line.contains(daemon.token), "\(line)") }
                 for name in listDirectory(daemon.stateDirectory) where name != DaemonFiles.tokenName {
                     let bytes = (try? readFile(daemon.stateDirectory + "/" + name)) ?? []
                     #expect(!String(decoding: bytes, as: UTF8.self).contains(daemon.token), "\(name)")

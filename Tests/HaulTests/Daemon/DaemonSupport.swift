@@ -30,7 +30,7 @@ struct DaemonHarness: Sendable {
     /// The download root.
     let root: String
     let client: HTTPClient
-    let logs: DaemonLogs
+    let logs: LogRecorder
 
     var token: String { daemon.token }
 
@@ -57,6 +57,14 @@ struct DaemonHarness: Sendable {
             let message: String
         }
         let error: Detail
+    }
+
+    /// Opens the event stream with the right token, from `lastEventID` when given.
+    func openEvents(lastEventID: String? = nil) async throws -> HTTPClientResponse {
+        var request = HTTPClientRequest(url: url + "/api/v1/events")
+        request.headers.add(name: "Authorization", value: "Bearer \(token)")
+        if let lastEventID { request.headers.add(name: "Last-Event-ID", value: lastEventID) }
+        return try await client.execute(request, timeout: .seconds(30))
     }
 
     /// Sends a request; the right token unless `token` says otherwise (`.some(nil)`: none at all).
@@ -140,35 +148,6 @@ extension JSONDecoder {
     }
 }
 
-/// Every log line of a daemon, with its metadata, for checks that secrets stay out of logs.
-final class DaemonLogs: Sendable {
-    private let lines = Mutex<[String]>([])
-
-    var all: [String] { lines.withLock { $0 } }
-
-    var logger: Logger {
-        var logger = Logger(label: "haul-daemon-test") { _ in Handler(logs: self) }
-        logger.logLevel = .trace
-        return logger
-    }
-
-    struct Handler: LogHandler {
-        let logs: DaemonLogs
-        var metadata: Logger.Metadata = [:]
-        var logLevel: Logger.Level = .trace
-
-        subscript(metadataKey key: String) -> Logger.Metadata.Value? {
-            get { metadata[key] }
-            set { metadata[key] = newValue }
-        }
-
-        func log(event: LogEvent) {
-            let merged = metadata.merging(event.metadata ?? [:]) { $1 }
-            logs.lines.withLock { $0.append("\(event.level) \(event.message) \(merged)") }
-        }
-    }
-}
-
 /// Runs a daemon on a free port over a new temporary directory while `body` runs, then stops it.
 func withDaemon<Result: Sendable>(
     _ configure: (inout Daemon.Options) -> Void = { _ in },
@@ -185,7 +164,7 @@ func withDaemon<Result: Sendable>(
         options.manager = managerConfiguration(limit: 3)
         options.downloader = testConfiguration()
         configure(&options)
-        let logs = DaemonLogs()
+        let logs = LogRecorder(level: .trace)
         let daemon = try Daemon(options: options, logger: logs.logger, clock: clock)
         let client = HTTPClient(eventLoopGroupProvider: .singleton)
         return try await withThrowingTaskGroup(of: Result?.self) { group in

@@ -5,24 +5,29 @@ import Testing
 
 @testable import Haul
 
-/// Collects log messages, for tests.
+/// Collects log messages, for tests: each message with its level, and each line whole (level,
+/// message and metadata) for checks that a secret appears nowhere in a log.
 final class LogRecorder: Sendable {
-    private let lines = Mutex<[(Logger.Level, String)]>([])
+    private let lines = Mutex<[(level: Logger.Level, message: String, whole: String)]>([])
+    private let level: Logger.Level
 
-    var all: [(Logger.Level, String)] { lines.withLock { $0 } }
+    init(level: Logger.Level = .debug) { self.level = level }
 
-    func record(_ level: Logger.Level, _ message: String) { lines.withLock { $0.append((level, message)) } }
+    var all: [(Logger.Level, String)] { lines.withLock { $0.map { ($0.level, $0.message) } } }
+
+    /// Every line with its level and metadata.
+    var wholeLines: [String] { lines.withLock { $0.map(\.whole) } }
 
     var logger: Logger {
         var logger = Logger(label: "haul-test") { _ in RecordingHandler(recorder: self) }
-        logger.logLevel = .debug
+        logger.logLevel = level
         return logger
     }
 
     struct RecordingHandler: LogHandler {
         let recorder: LogRecorder
         var metadata: Logger.Metadata = [:]
-        var logLevel: Logger.Level = .debug
+        var logLevel: Logger.Level = .trace
 
         subscript(metadataKey key: String) -> Logger.Metadata.Value? {
             get { metadata[key] }
@@ -30,7 +35,10 @@ final class LogRecorder: Sendable {
         }
 
         func log(event: LogEvent) {
-            recorder.record(event.level, "\(event.message)")
+            let merged = metadata.merging(event.metadata ?? [:]) { $1 }
+            recorder.lines.withLock {
+                $0.append((event.level, "\(event.message)", "\(event.level) \(event.message) \(merged)"))
+            }
         }
     }
 }
