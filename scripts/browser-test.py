@@ -4,7 +4,7 @@
 Starts the test server (`haul-test-server`, throttled files) and `haul daemon` on free ports with a
 temporary state directory, then, in Chromium: connects with the token, adds a download and watches
 its progress bar move to "completed" (the file's bytes equal the server's), pauses and resumes a
-second one, filters by state, removes one keeping its file, and checks a phone-width window. A
+second one added with two connections, filters by state, removes one keeping its file, and checks a phone-width window. A
 screenshot mid-download goes to OUT/daemon.png (checked in as docs/daemon.png).
 
     scripts/browser-test.py [--bin .build/debug] [--out .build/browser-test]
@@ -155,10 +155,14 @@ def main():
             match = re.search(r"width:\s*([\d.]+)%", style)
             return float(match.group(1)) if match else 0.0
 
-        def add(urls):
+        def add(urls, connections=None):
             box = driver.find_element(By.ID, "urls")
             box.clear()
             box.send_keys("\n".join(urls))
+            field = driver.find_element(By.ID, "connections")
+            field.clear()
+            if connections:
+                field.send_keys(str(connections))
             driver.find_element(By.CSS_SELECTOR, "#add-form button[type=submit]").click()
 
         # 1. A download's progress bar moves while it runs, and it completes with the server's bytes.
@@ -178,13 +182,15 @@ def main():
         if sha256_of_file(os.path.join(root, "movie.mkv")) != sha256_of_url(files_url + "/movie.mkv"):
             fail("movie.mkv differs from the server's file")
 
-        # 2. Pause and resume from the page.
-        add([files_url + "/dataset.tar"])
+        # 2. Two connections asked for in the form, shown while it runs; pause and resume from the page.
+        add([files_url + "/dataset.tar"], connections=2)
         wait_for("dataset.tar runs", lambda: state_of("dataset.tar") == "running" and fill("dataset.tar") > 0)
+        wait_for("its two connections are shown",
+                 lambda: "2 connections" in row("dataset.tar").find_element(By.CSS_SELECTOR, ".speed").text)
         row("dataset.tar").find_element(By.CSS_SELECTOR, '[data-action="pause"]').click()
         wait_for("dataset.tar is paused", lambda: state_of("dataset.tar") == "paused")
         paused = [d for d in api("/downloads")["downloads"] if d["name"] == "dataset.tar"][0]
-        if paused["state"] != "paused" or not 0 < paused["bytes"] < 9000000:
+        if paused["state"] != "paused" or not 0 < paused["bytes"] < 9000000 or paused.get("connections") != 2:
             fail(f"the API shows dataset.tar as {paused}")
         row("dataset.tar").find_element(By.CSS_SELECTOR, '[data-action="resume"]').click()
         wait_for("dataset.tar completes", lambda: state_of("dataset.tar") == "completed", timeout=2 * DEADLINE)

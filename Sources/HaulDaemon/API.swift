@@ -78,7 +78,8 @@ struct API: Sendable {
             let id = try Self.id(context)
             let body = try await optionalBody(ResumeBody.self, request)
             if let url = body?.url { try Self.checkURL(url) }
-            try await perform { try await manager.resume(id, url: body?.url) }
+            let headers = try body?.headers.map(Self.checkHeaders)
+            try await perform { try await manager.resume(id, url: body?.url, headers: headers) }
             return try await current(id)
         }
         route(.post, "downloads/{id}/retry") { _, context in
@@ -174,16 +175,14 @@ struct API: Sendable {
         if let limit = item.limitRate, limit <= 0 {
             throw APIError.badRequest("limitRate must be a positive number of bytes per second, got \(limit)")
         }
-        var headers: [(name: String, value: String)] = []
-        for header in item.headers ?? [] {
-            guard Self.isHeaderName(header.name), !header.value.contains(where: { $0 == "\r" || $0 == "\n" }) else {
-                throw APIError.badRequest("the header \"\(header.name)\" is not a valid header")
-            }
-            headers.append((header.name, header.value))
+        if let connections = item.connections, !(1...DownloadRequest.maximumConnections).contains(connections) {
+            throw APIError.badRequest(
+                "connections must be from 1 to \(DownloadRequest.maximumConnections), got \(connections)")
         }
         let request = DownloadRequest(
-            url: item.url, destination: destination, headers: headers, overwrite: item.overwrite ?? false,
-            checksum: checksum, bytesPerSecondLimit: item.limitRate)
+            url: item.url, destination: destination, headers: try Self.checkHeaders(item.headers ?? []),
+            overwrite: item.overwrite ?? false, checksum: checksum, bytesPerSecondLimit: item.limitRate,
+            connections: item.connections)
         return (request, DownloadPriority(item.priority ?? 0))
     }
 
@@ -337,6 +336,16 @@ struct API: Sendable {
         guard let rest, let first = rest.first, !"/?#".contains(first),
             text.unicodeScalars.allSatisfy({ (0x21...0x7E).contains($0.value) })
         else { throw APIError(HaulError(.invalidURL, "\"\(text)\" is not an http or https URL")) }
+    }
+
+    /// The headers as the library takes them; throws for a name or value that is not valid.
+    private static func checkHeaders(_ headers: [NewDownload.Header]) throws -> [(name: String, value: String)] {
+        try headers.map { header in
+            guard Self.isHeaderName(header.name), !header.value.contains(where: { $0 == "\r" || $0 == "\n" }) else {
+                throw APIError.badRequest("the header \"\(header.name)\" is not a valid header")
+            }
+            return (header.name, header.value)
+        }
     }
 
     private static func isHeaderName(_ name: String) -> Bool {

@@ -25,6 +25,10 @@ struct DownloadBody: Codable, Sendable, Equatable {
     var finishedAt: Date?
     /// What the program run at the download's end did, e.g. `on-complete exited 0`.
     var hook: String?
+    /// The connections the download asked for; absent: the daemon's default.
+    var connections: Int?
+    /// Connections open now, while running.
+    var openConnections: Int?
 
     init(_ info: DownloadInfo) {
         id = info.id.rawValue
@@ -43,6 +47,8 @@ struct DownloadBody: Codable, Sendable, Equatable {
         createdAt = info.createdAt
         finishedAt = info.finishedAt
         hook = info.hook
+        connections = info.connections
+        openConnections = info.openConnections
     }
 }
 
@@ -65,6 +71,8 @@ struct NewDownload: Codable, Sendable {
     var headers: [Header]?
     /// Replace an existing file at the destination once the download is complete.
     var overwrite: Bool?
+    /// Connections to open at once when the server serves ranges; absent: the daemon's default.
+    var connections: Int?
 
     struct Header: Codable, Sendable {
         var name: String
@@ -98,6 +106,9 @@ struct DownloadList: Codable, Sendable {
 struct ResumeBody: Codable, Sendable {
     /// A new URL for the same file (a link that expired).
     var url: String?
+    /// Request headers for this and later attempts, in place of the stored ones (credentials are
+    /// never stored, so a resume that needs them gives them again).
+    var headers: [NewDownload.Header]?
 }
 
 /// The queue's options a client may read and change.

@@ -156,6 +156,12 @@ final class EventHub: Sendable {
             return ("removed", Self.json(DownloadEventBody(download: download)))
         case .transfer(.progress):
             return ("progress", Self.json(DownloadEventBody(download: download)))
+        case .transfer(.started(let start)):
+            return ("started", Self.json(DownloadEventBody(download: download, start: StartBody(start))))
+        case .transfer(.restarted(let reason)):
+            return ("restarted", Self.json(DownloadEventBody(download: download, restart: RestartBody(reason))))
+        case .transfer(.completed(let result)):
+            return ("completed", Self.json(DownloadEventBody(download: download, result: ResultBody(result))))
         case .transfer(.retrying(let attempt, let delay, let error)):
             let retry = RetryBody(
                 attempt: attempt,
@@ -163,7 +169,8 @@ final class EventHub: Sendable {
                     + Double(delay.components.attoseconds) / 1e18,
                 error: .init(code: error.code.name, message: error.message))
             return ("retrying", Self.json(DownloadEventBody(download: download, retry: retry)))
-        case .transfer:
+        case .transfer(.failed):
+            // The state event that follows carries the error.
             return nil
         }
     }
@@ -177,10 +184,80 @@ final class EventHub: Sendable {
     }
 }
 
-/// The data of an event: the download as it stands, and for a retry its details.
+/// The data of an event: the download as it stands, and the details of a start, restart, retry or
+/// completion.
 struct DownloadEventBody: Codable, Sendable {
     var download: DownloadBody
     var retry: RetryBody?
+    var start: StartBody?
+    var restart: RestartBody?
+    var result: ResultBody?
+}
+
+/// What the server's answer told when a transfer started.
+struct StartBody: Codable, Sendable {
+    var destination: String
+    var url: String
+    var totalBytes: Int64?
+    var resumedFrom: Int64
+    var resumable: Bool
+    var validator: ResourceValidator
+
+    init(_ start: DownloadStart) {
+        destination = start.destination
+        url = start.url
+        totalBytes = start.totalBytes
+        resumedFrom = start.resumedFrom
+        resumable = start.resumable
+        validator = start.validator
+    }
+
+    var start: DownloadStart {
+        DownloadStart(
+            destination: destination, url: url, totalBytes: totalBytes, resumedFrom: resumedFrom,
+            resumable: resumable, validator: validator)
+    }
+}
+
+/// Why a download threw its partial data away and started again.
+struct RestartBody: Codable, Sendable {
+    /// The reason's name, e.g. `remoteChanged`.
+    var reason: String
+    var detail: String?
+    /// The reason for people.
+    var message: String
+
+    init(_ reason: RestartReason) {
+        (self.reason, detail) = reason.parts
+        message = reason.description
+    }
+}
+
+/// A completed transfer.
+struct ResultBody: Codable, Sendable {
+    var destination: String
+    var url: String
+    var bytes: Int64
+    var bytesFetched: Int64
+    var resumedFrom: Int64
+    var restarts: Int
+    var validator: ResourceValidator
+
+    init(_ result: DownloadResult) {
+        destination = result.destination
+        url = result.url
+        bytes = result.bytes
+        bytesFetched = result.bytesFetched
+        resumedFrom = result.resumedFrom
+        restarts = result.restarts
+        validator = result.validator
+    }
+
+    var result: DownloadResult {
+        DownloadResult(
+            destination: destination, url: url, bytes: bytes, bytesFetched: bytesFetched, resumedFrom: resumedFrom,
+            restarts: restarts, validator: validator)
+    }
 }
 
 /// A retry a download waits for.

@@ -2,7 +2,7 @@ import Haul
 import Synchronization
 
 /// The daemon's figures for Prometheus, at `/metrics` (text exposition format 0.0.4, behind the
-/// token): bytes received, downloads by state, failures by code, the total speed.
+/// token): bytes received, downloads by state, failures by code, the total speed, connections open.
 ///
 /// Written by hand rather than through swift-metrics and swift-prometheus: four figures do not pay
 /// for two more packages built in every CI run, and the format is a few lines of text.
@@ -63,6 +63,9 @@ final class DaemonMetrics: Sendable {
             "# HELP haul_download_speed_bytes_per_second The running downloads' speed together.",
             "# TYPE haul_download_speed_bytes_per_second gauge",
             "haul_download_speed_bytes_per_second \(Int64(progress.bytesPerSecond))",
+            "# HELP haul_active_connections Connections the running downloads have open (a request out or an answer arriving).",
+            "# TYPE haul_active_connections gauge",
+            "haul_active_connections \(downloads.reduce(0) { $0 + ($1.openConnections ?? 0) })",
         ]
         return lines.joined(separator: "\n") + "\n"
     }

@@ -26,22 +26,11 @@ private func forEach(
             Output.standardOutput("\(done) \(id)\n")
         }
     } daemon: { client in
-        var others: [DownloadID] = []
+        // The daemon also acts on downloads another haul process added or runs, as a manager on the
+        // database would.
         for id in selected {
-            do {
-                try await daemon(client, id)
-                Output.standardOutput("\(done) \(id)\n")
-            } catch let error as HaulError where error.code == .unknownDownload {
-                // Not the daemon's: another haul process (or none) has it, as without a daemon.
-                others.append(id)
-            }
-        }
-        guard !others.isEmpty else { return }
-        try await withQueue(state) { manager in
-            for id in others {
-                try await local(manager, id)
-                Output.standardOutput("\(done) \(id)\n")
-            }
+            try await daemon(client, id)
+            Output.standardOutput("\(done) \(id)\n")
         }
     }
 }

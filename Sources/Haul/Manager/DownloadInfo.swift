@@ -103,12 +103,17 @@ public struct DownloadInfo: Sendable, Identifiable {
     /// What the program run at the download's end reported (`on-complete exited 0`), if one ran;
     /// see ``DownloadManager/recordHookResult(_:_:)``.
     public var hook: String?
+    /// The connections the request asked for (`nil`: the manager's default).
+    public var connections: Int?
+    /// Connections open at the last progress report, while running.
+    public var openConnections: Int?
 
     /// A download as a daemon's answer describes it.
     package init(
         id: DownloadID, url: String, destination: String?, directory: String?, state: DownloadState,
         priority: DownloadPriority, bytes: Int64, totalBytes: Int64?, bytesPerSecond: Double?,
-        secondsRemaining: Double?, error: HaulError?, createdAt: Date, finishedAt: Date?, hook: String?
+        secondsRemaining: Double?, error: HaulError?, createdAt: Date, finishedAt: Date?, hook: String?,
+        connections: Int? = nil, openConnections: Int? = nil
     ) {
         self.id = id
         self.url = url
@@ -124,6 +129,8 @@ public struct DownloadInfo: Sendable, Identifiable {
         self.createdAt = createdAt
         self.finishedAt = finishedAt
         self.hook = hook
+        self.connections = connections
+        self.openConnections = openConnections
     }
 
     /// Between 0 and 1, when the total is known.
@@ -186,6 +193,12 @@ public struct DownloadManagerEvent: Sendable {
     public let kind: Kind
     /// The download as it stands after the event.
     public let download: DownloadInfo
+
+    /// An event as a daemon's event stream describes it.
+    package init(kind: Kind, download: DownloadInfo) {
+        self.kind = kind
+        self.download = download
+    }
 }
 
 extension String {

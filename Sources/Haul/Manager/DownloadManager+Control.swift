@@ -10,6 +10,7 @@ extension DownloadManager {
     /// completed unless the request asks to overwrite.
     ///
     /// - Throws: ``HaulError/Code/invalidURL`` or ``HaulError/Code/unsupportedScheme`` for a bad URL,
+    ///   ``HaulError/Code/invalidArgument`` for a limit or connection count out of range,
     ///   ``HaulError/Code/destinationExists`` when a file the manager did not download is in the way,
     ///   ``HaulError/Code/locked`` when another process runs this download.
     @discardableResult
@@ -20,7 +21,7 @@ extension DownloadManager {
     /// Adds several downloads in one database transaction (much faster than one by one for long lists).
     /// Nothing is added when one of them is refused.
     public func enqueue(_ requests: [DownloadRequest], priority: DownloadPriority = .normal) throws -> [DownloadID] {
-        for request in requests { _ = try DownloadURL(request.url) }
+        for request in requests { try request.check() }
         var batch = Batch()
         // The memory changes only once the transaction has committed. Changes still waiting to be
         // written go first, so a download queued again here is not overwritten by its older record.
@@ -70,7 +71,8 @@ extension DownloadManager {
         var record = StoredDownload(
             key: identity.key, url: request.url, directory: identity.directory, destination: identity.destination,
             overwrite: request.overwrite, checksum: request.checksum?.description,
-            rateLimit: request.bytesPerSecondLimit, priority: priority.rawValue, owner: claim.name, now: now
+            rateLimit: request.bytesPerSecondLimit, connections: request.connections, priority: priority.rawValue,
+            owner: claim.name, now: now
         )
         Self.refreshFromDisk(&record)
         try record.insert(db)
@@ -109,6 +111,7 @@ extension DownloadManager {
         entry.record.overwrite = request.overwrite
         entry.record.checksum = request.checksum?.description
         entry.record.rateLimit = request.bytesPerSecondLimit
+        entry.record.connections = request.connections
         entry.record.priority = priority.rawValue
         try storeHeaders(request.headers, of: id, db: db)
         markQueued(&entry)
@@ -234,6 +237,7 @@ extension DownloadManager {
 
     /// The entry, when this manager may act on it (it is not another live process's).
     func controllable(_ id: DownloadID) throws -> Entry {
+        try learn(id)
         guard let entry = entries[id] else { throw HaulError(.unknownDownload, "there is no download \(id)") }
         if let owner = entry.record.owner, owner != claim.name, claim.isAlive(owner) {
             throw HaulError(
@@ -242,6 +246,14 @@ extension DownloadManager {
                     + "pause it there, or stop that process")
         }
         return entry
+    }
+
+    /// Reads a download another process added after this manager opened (a `haul get` beside a
+    /// daemon), so that it can be controlled here too.
+    func learn(_ id: DownloadID) throws {
+        guard entries[id] == nil else { return }
+        try reload(id)
+        if let entry = entries[id] { index.add(entry.record) }
     }
 
     /// Marks the entry queued and owned by this manager.
@@ -332,10 +344,13 @@ struct DestinationIndex {
     init() {}
 
     init(_ entries: some Sequence<DownloadManager.Entry>) {
-        for entry in entries {
-            byKey[entry.record.key] = entry.id
-            if let destination = entry.record.destination { byDestination[destination] = entry.id }
-        }
+        for entry in entries { add(entry.record) }
+    }
+
+    /// Adds a download that was recorded before.
+    mutating func add(_ record: StoredDownload) {
+        byKey[record.key] = record.downloadID
+        if let destination = record.destination { byDestination[destination] = record.downloadID }
     }
 
     func find(_ identity: Identity) -> DownloadID? {

@@ -8,6 +8,7 @@ extension DownloadManager {
     /// Asks the live manager of another process that owns `id` to stop it; returns `false` when no
     /// other live manager owns it (the caller then acts itself).
     func askOwner(_ id: DownloadID, _ reason: StopReason, timeout: Duration = .seconds(30)) async throws -> Bool {
+        try learn(id)
         guard let entry = entries[id], let owner = entry.record.owner, owner != claim.name, claim.isAlive(owner)
         else { return false }
         let request = reason.request

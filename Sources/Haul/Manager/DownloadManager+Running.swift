@@ -160,7 +160,7 @@ extension DownloadManager {
             destination: entry.record.destination.map { .file($0) } ?? .directory(entry.record.directory ?? "."),
             headers: headers, overwrite: entry.record.overwrite,
             checksum: entry.record.checksum.flatMap { try? Checksum(parsing: $0) },
-            bytesPerSecondLimit: entry.record.rateLimit
+            bytesPerSecondLimit: entry.record.rateLimit, connections: entry.record.connections
         )
     }
 
@@ -181,6 +181,7 @@ extension DownloadManager {
             entry.record.totalBytes = progress.totalBytes ?? entry.record.totalBytes
             entry.bytesPerSecond = progress.bytesPerSecond
             entry.secondsRemaining = progress.secondsRemaining
+            entry.openConnections = progress.connections
         case .restarted:
             entry.record.bytes = 0
         case .retrying, .completed, .failed:
@@ -200,6 +201,7 @@ extension DownloadManager {
         guard var entry = entries[id] else { return }
         entry.bytesPerSecond = nil
         entry.secondsRemaining = nil
+        entry.openConnections = nil
         entry.record.bytesPerSecond = nil
         if case .remove(let deletingFiles) = job?.reason {
             do {

@@ -165,6 +165,8 @@ extension DownloadManager {
         var headers: [(name: String, value: String)]?
         var bytesPerSecond: Double?
         var secondsRemaining: Double?
+        /// Connections open at the last progress report.
+        var openConnections: Int?
 
         var id: DownloadID { record.downloadID }
         var state: DownloadState { record.state }
@@ -186,7 +188,8 @@ extension DownloadManager {
                 bytesPerSecond: state == .running ? bytesPerSecond ?? record.bytesPerSecond : nil,
                 secondsRemaining: state == .running ? secondsRemaining : nil, error: record.storedError,
                 createdAt: Date(timeIntervalSince1970: record.createdAt),
-                finishedAt: record.finishedAt.map { Date(timeIntervalSince1970: $0) }, hook: record.hook
+                finishedAt: record.finishedAt.map { Date(timeIntervalSince1970: $0) }, hook: record.hook,
+                connections: record.connections, openConnections: state == .running ? openConnections : nil
             )
         }
     }

@@ -112,6 +112,11 @@ final class DownloadStore: Sendable {
         migrator.registerMigration("3: what the program run at a download's end said") { db in
             try db.alter(table: "download") { table in table.add(column: "hook", .text) }
         }
+        migrator.registerMigration("4: a download's own connection count") { db in
+            try db.alter(table: "download") { table in
+                table.add(column: "connections", .integer).check { $0 >= 1 && $0 <= DownloadRequest.maximumConnections }
+            }
+        }
         return migrator
     }
 

@@ -15,6 +15,8 @@ struct StoredDownload: Codable, Sendable, Equatable, FetchableRecord, MutablePer
     var overwrite: Bool
     var checksum: String?
     var rateLimit: Int64?
+    /// The connections the request asked for; NULL: the manager's default.
+    var connections: Int?
     var priority: Int
     /// Changed only by ``move(to:at:error:)``, which allows only the transitions of
     /// ``DownloadState/successors``.
@@ -40,7 +42,7 @@ struct StoredDownload: Codable, Sendable, Equatable, FetchableRecord, MutablePer
     /// A new download's record: queued, owned by `owner`.
     init(
         key: String, url: String, directory: String?, destination: String?, overwrite: Bool, checksum: String?,
-        rateLimit: Int64?, priority: Int, owner: String?, now: Double
+        rateLimit: Int64?, connections: Int? = nil, priority: Int, owner: String?, now: Double
     ) {
         self.key = key
         self.url = url
@@ -49,6 +51,7 @@ struct StoredDownload: Codable, Sendable, Equatable, FetchableRecord, MutablePer
         self.overwrite = overwrite
         self.checksum = checksum
         self.rateLimit = rateLimit
+        self.connections = connections
         self.priority = priority
         self.state = .queued
         self.bytes = 0
@@ -66,7 +69,8 @@ struct StoredDownload: Codable, Sendable, Equatable, FetchableRecord, MutablePer
         ("key", { $0.key.databaseValue }), ("url", { $0.url.databaseValue }),
         ("directory", { $0.directory.databaseValue }), ("destination", { $0.destination.databaseValue }),
         ("overwrite", { $0.overwrite.databaseValue }), ("checksum", { $0.checksum.databaseValue }),
-        ("rateLimit", { $0.rateLimit.databaseValue }), ("priority", { $0.priority.databaseValue }),
+        ("rateLimit", { $0.rateLimit.databaseValue }), ("connections", { $0.connections.databaseValue }),
+        ("priority", { $0.priority.databaseValue }),
         ("state", { $0.state.rawValue.databaseValue }), ("errorCode", { $0.errorCode.databaseValue }),
         ("errorMessage", { $0.errorMessage.databaseValue }), ("errorStatus", { $0.errorStatus.databaseValue }),
         ("bytes", { $0.bytes.databaseValue }), ("totalBytes", { $0.totalBytes.databaseValue }),

@@ -25,6 +25,19 @@ public struct DownloadStart: Sendable, Equatable {
     public let resumable: Bool
     /// What identifies the version of the file being downloaded.
     public let validator: ResourceValidator
+
+    /// The facts as a daemon's event describes them.
+    package init(
+        destination: String, url: String, totalBytes: Int64?, resumedFrom: Int64, resumable: Bool,
+        validator: ResourceValidator
+    ) {
+        self.destination = destination
+        self.url = url
+        self.totalBytes = totalBytes
+        self.resumedFrom = resumedFrom
+        self.resumable = resumable
+        self.validator = validator
+    }
 }
 
 /// A progress report; `bytes` never decreases between two `started` events and never exceeds `totalBytes`.
@@ -37,6 +50,18 @@ public struct DownloadProgress: Sendable, Equatable {
     public let bytesPerSecond: Double
     /// Estimated time left, when the total and a speed are known.
     public let secondsRemaining: Double?
+    /// Connections with a request out or an answer arriving when the report was made.
+    public let connections: Int
+
+    /// A report as a daemon's event describes it.
+    package init(bytes: Int64, totalBytes: Int64?, bytesPerSecond: Double, secondsRemaining: Double?, connections: Int)
+    {
+        self.bytes = bytes
+        self.totalBytes = totalBytes
+        self.bytesPerSecond = bytesPerSecond
+        self.secondsRemaining = secondsRemaining
+        self.connections = connections
+    }
 
     /// Between 0 and 1, when the total is known.
     public var fraction: Double? {
@@ -65,6 +90,38 @@ public enum RestartReason: Sendable, Equatable, CustomStringConvertible {
     case untrustedPartial(String)
     /// The complete file does not match the digest the server announced for it.
     case digestMismatch(String)
+
+    /// The case's name and its detail, as a daemon's event carries them.
+    package var parts: (name: String, detail: String?) {
+        switch self {
+        case .remoteChanged(let detail): ("remoteChanged", detail)
+        case .rangeIgnored: ("rangeIgnored", nil)
+        case .invalidContentRange(let detail): ("invalidContentRange", detail)
+        case .contentEncoded(let coding): ("contentEncoded", coding)
+        case .multipartResponse: ("multipartResponse", nil)
+        case .rangeNotSatisfiable(let detail): ("rangeNotSatisfiable", detail)
+        case .unvalidated: ("unvalidated", nil)
+        case .untrustedPartial(let detail): ("untrustedPartial", detail)
+        case .digestMismatch(let detail): ("digestMismatch", detail)
+        }
+    }
+
+    /// The reason with this name and detail (see ``parts``); `nil` for a name Haul does not know.
+    package init?(name: String, detail: String?) {
+        let detail = detail ?? ""
+        switch name {
+        case "remoteChanged": self = .remoteChanged(detail)
+        case "rangeIgnored": self = .rangeIgnored
+        case "invalidContentRange": self = .invalidContentRange(detail)
+        case "contentEncoded": self = .contentEncoded(detail)
+        case "multipartResponse": self = .multipartResponse
+        case "rangeNotSatisfiable": self = .rangeNotSatisfiable(detail)
+        case "unvalidated": self = .unvalidated
+        case "untrustedPartial": self = .untrustedPartial(detail)
+        case "digestMismatch": self = .digestMismatch(detail)
+        default: return nil
+        }
+    }
 
     /// A one-line explanation for people.
     public var description: String {
@@ -100,4 +157,18 @@ public struct DownloadResult: Sendable, Equatable {
     public let restarts: Int
     /// What identifies the version of the file being downloaded.
     public let validator: ResourceValidator
+
+    /// A finished download as a daemon's event describes it.
+    package init(
+        destination: String, url: String, bytes: Int64, bytesFetched: Int64, resumedFrom: Int64, restarts: Int,
+        validator: ResourceValidator
+    ) {
+        self.destination = destination
+        self.url = url
+        self.bytes = bytes
+        self.bytesFetched = bytesFetched
+        self.resumedFrom = resumedFrom
+        self.restarts = restarts
+        self.validator = validator
+    }
 }

@@ -22,11 +22,19 @@ public struct DownloadRequest: Sendable {
     public var checksum: Checksum?
     /// The most bytes per second this download may receive (`nil`: no limit of its own).
     public var bytesPerSecondLimit: Int64?
+    /// The connections this download opens at once when the server serves ranges, from 1 to
+    /// ``maximumConnections`` (`nil`: as the downloader's
+    /// ``DownloaderConfiguration/Segmentation`` says).
+    public var connections: Int?
 
-    /// A request for `url` into `destination`; the rest has defaults (no extra headers, no overwriting, no checksum, no limit of its own).
+    /// The most connections one download may ask for.
+    public static let maximumConnections = 64
+
+    /// A request for `url` into `destination`; the rest has defaults (no extra headers, no overwriting,
+    /// no checksum, no limit of its own, the downloader's connections).
     public init(
         url: String, destination: Destination, headers: [(name: String, value: String)] = [], overwrite: Bool = false,
-        checksum: Checksum? = nil, bytesPerSecondLimit: Int64? = nil
+        checksum: Checksum? = nil, bytesPerSecondLimit: Int64? = nil, connections: Int? = nil
     ) {
         self.url = url
         self.destination = destination
@@ -34,5 +42,20 @@ public struct DownloadRequest: Sendable {
         self.overwrite = overwrite
         self.checksum = checksum
         self.bytesPerSecondLimit = bytesPerSecondLimit
+        self.connections = connections
+    }
+
+    /// Throws ``HaulError`` for what no download could use: a URL that is not http or https, a limit
+    /// or a connection count out of range.
+    package func check() throws {
+        _ = try DownloadURL(url)
+        if let limit = bytesPerSecondLimit, limit <= 0 {
+            throw HaulError(
+                .invalidArgument, "a rate limit must be a positive number of bytes per second, not \(limit)")
+        }
+        if let connections, !(1...Self.maximumConnections).contains(connections) {
+            throw HaulError(
+                .invalidArgument, "connections must be from 1 to \(Self.maximumConnections), not \(connections)")
+        }
     }
 }

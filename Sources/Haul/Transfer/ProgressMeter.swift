@@ -17,15 +17,16 @@ struct ProgressMeter {
         self.window = window
     }
 
-    /// Records `bytes` at `now`; returns a report when one is due (or when `force` is set).
-    mutating func record(_ bytes: Int64, at now: Moment, force: Bool = false) -> DownloadProgress? {
+    /// Records `bytes` at `now`, with `connections` open; returns a report when one is due (or when
+    /// `force` is set).
+    mutating func record(_ bytes: Int64, at now: Moment, connections: Int, force: Bool = false) -> DownloadProgress? {
         let bytes = min(max(bytes, lastBytes), totalBytes ?? Int64.max)
         lastBytes = bytes
         if let lastReport, !force, now - lastReport < interval { return nil }
         lastReport = now
         samples.append((now, bytes))
         while let first = samples.first, samples.count > 2, now - first.time > window { samples.removeFirst() }
-        return report(at: now)
+        return report(at: now, connections: connections)
     }
 
     /// The speed over the recent samples, in bytes per second (0 before there are enough).
@@ -35,12 +36,13 @@ struct ProgressMeter {
         return seconds > 0.05 ? Double(last.bytes - first.bytes) / seconds : 0
     }
 
-    private func report(at now: Moment) -> DownloadProgress {
+    private func report(at now: Moment, connections: Int) -> DownloadProgress {
         let speed = bytesPerSecond
         var remaining: Double?
         if let totalBytes, speed > 0 { remaining = Double(totalBytes - lastBytes) / speed }
         return DownloadProgress(
-            bytes: lastBytes, totalBytes: totalBytes, bytesPerSecond: speed, secondsRemaining: remaining)
+            bytes: lastBytes, totalBytes: totalBytes, bytesPerSecond: speed, secondsRemaining: remaining,
+            connections: connections)
     }
 }
 

@@ -121,7 +121,9 @@ function update(row, d) {
   row.querySelector(".sizes").textContent =
     d.totalBytes != null ? `${bytes(d.bytes)} / ${bytes(d.totalBytes)}` : bytes(d.bytes);
   const running = d.state === "running";
-  row.querySelector(".speed").textContent = running && d.bytesPerSecond ? bytes(Math.round(d.bytesPerSecond)) + "/s" : "";
+  let speed = running && d.bytesPerSecond ? bytes(Math.round(d.bytesPerSecond)) + "/s" : "";
+  if (speed && d.openConnections > 1) speed += ` · ${d.openConnections} connections`;
+  row.querySelector(".speed").textContent = speed;
   row.querySelector(".eta").textContent = running && d.secondsRemaining != null ? duration(d.secondsRemaining) + " left" : "";
   row.querySelector('[data-action="pause"]').hidden = !(d.state === "queued" || running);
   row.querySelector('[data-action="resume"]').hidden = d.state !== "paused";
@@ -285,10 +287,12 @@ $("add-form").addEventListener("submit", async (event) => {
   const directory = $("directory").value.trim();
   const checksum = $("checksum").value.trim();
   const priority = Number($("priority").value);
+  const connections = $("connections").value.trim();
   const items = urls.map((url) => {
     const item = { url, priority };
     if (directory) item.directory = directory;
     if (checksum) item.checksum = checksum;
+    if (connections) item.connections = Number(connections);
     return item;
   });
   const error = $("add-error");

@@ -220,6 +220,42 @@ struct DaemonAPITests {
         }
     }
 
+    @Test func aDownloadAsksForItsConnectionsAndTheMetricsCountThoseOpen() async throws {
+        try await HaulTestServer.withRunning { server in
+            let resource = TestResource(name: "wide", size: 6 * 1024 * 1024 + 123)
+            server.add("/wide", resource)
+            server.setStandingFaults("/wide", [.throttle(bytesPerSecond: 1 << 20)])
+            // The daemon's default is one connection: the download's own count decides.
+            try await withDaemon({ $0.downloader.segmentation.connections = 1 }) { daemon in
+                let answer = try await daemon.send(
+                    .POST, "/api/v1/downloads",
+                    json: #"{"downloads": [{"url": "\#(server.url("/wide"))", "connections": 3}]}"#)
+                #expect(answer.status == 201, "\(answer.body)")
+                let id = try #require(try answer.json(DownloadListAnswer.self).downloads.first?.id)
+                try await waitUntilAsync("three connections are open") {
+                    try await daemon.download(id).openConnections == 3
+                }
+                #expect(try await daemon.download(id).connections == 3)
+                try await waitUntilAsync("the metrics count them") {
+                    try await daemon.send(.GET, "/metrics").body.contains("\nhaul_active_connections 3\n")
+                }
+                server.setStandingFaults("/wide", [])
+                let done = try await daemon.waitFor(id, "completed")
+                #expect(done.openConnections == nil && done.connections == 3)
+                #expect(try readFile(daemon.root + "/wide") == resource.content)
+                let ranges = server.requests(for: "/wide").compactMap { $0.header("Range") }
+                #expect(Set(ranges.dropFirst().prefix(2)) == ["bytes=2097152-4194303", "bytes=4194304-6291578"])
+                #expect(try await daemon.send(.GET, "/metrics").body.contains("\nhaul_active_connections 0\n"))
+                for bad in [0, 65] {
+                    let refused = try await daemon.send(
+                        .POST, "/api/v1/downloads",
+                        json: #"{"downloads": [{"url": "\#(server.url("/x"))", "connections": \#(bad)}]}"#)
+                    #expect(refused.status == 400 && refused.errorCode == "invalidArgument", "\(refused.body)")
+                }
+            }
+        }
+    }
+
     @Test func optionsAreReadAndChanged() async throws {
         try await withDaemon { daemon in
             let start = try await daemon.send(.GET, "/api/v1/options")

@@ -133,6 +133,8 @@ struct DownloadAnswer: Decodable, Sendable {
     let totalBytes: Int64?
     let error: Failure?
     let hook: String?
+    let connections: Int?
+    let openConnections: Int?
 }
 
 struct DownloadListAnswer: Decodable, Sendable {

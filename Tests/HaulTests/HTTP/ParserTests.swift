@@ -146,12 +146,14 @@ struct ProgressMeterTests {
     @Test func reportsAreMonotonicCappedAndThrottled() {
         var meter = ProgressMeter(startingAt: 100, totalBytes: 1000, interval: .milliseconds(100))
         let start = Moment.zero
-        let first = meter.record(200, at: start)
+        let first = meter.record(200, at: start, connections: 1)
         #expect(first?.bytes == 200)
-        #expect(meter.record(300, at: start + .milliseconds(10)) == nil)
-        let second = meter.record(150, at: start + .milliseconds(200))
+        #expect(first?.connections == 1)
+        #expect(meter.record(300, at: start + .milliseconds(10), connections: 4) == nil)
+        let second = meter.record(150, at: start + .milliseconds(200), connections: 4)
         #expect(second?.bytes == 300)
-        let third = meter.record(5000, at: start + .milliseconds(400))
+        #expect(second?.connections == 4)
+        let third = meter.record(5000, at: start + .milliseconds(400), connections: 0)
         #expect(third?.bytes == 1000)
         #expect(third?.fraction == 1)
         #expect((third?.bytesPerSecond ?? 0) > 0)

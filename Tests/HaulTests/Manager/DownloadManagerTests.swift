@@ -235,6 +235,34 @@ import Testing
         }
     }
 
+    @Test("a download another manager added after this one opened can be paused, resumed and removed here")
+    func controlsADownloadAddedLater() async throws {
+        try await HaulTestServer.withRunning { server in
+            try await withTemporaryDirectory { directory in
+                let resource = TestResource(name: "later", size: 100_000)
+                server.add("/later", resource)
+                let state = directory + "/state"
+                try await withManager(state) { first in
+                    let id = try await withManager(state) { second in
+                        try await second.enqueue(
+                            DownloadRequest(url: server.url("/later"), destination: .file(directory + "/later")))
+                    }
+                    #expect(await first.download(id) == nil, "added after the first manager read the database")
+                    try await first.pause(id)
+                    #expect(await first.download(id)?.state == .paused)
+                    try await first.resume(id)
+                    await first.runUntilIdle()
+                    #expect(await first.download(id)?.state == .completed)
+                    #expect(try readFile(directory + "/later") == resource.content)
+                    try await first.remove(id, deletingFiles: true)
+                    #expect(await first.download(id) == nil)
+                    #expect(!POSIX.exists(directory + "/later"))
+                    await expectHaulError(.unknownDownload) { try await first.pause(id) }
+                }
+            }
+        }
+    }
+
     @Test("resume with a refreshed URL keeps the partial data when the validator matches")
     func resumeWithNewURL() async throws {
         try await HaulTestServer.withRunning { server in
@@ -308,6 +336,36 @@ import Testing
                 #expect(last.header("Range") == "bytes=\(storedBytes)-")
                 #expect(last.header("X-Trace") == "kept")
                 #expect(last.header("Authorization") == nil)
+            }
+        }
+    }
+
+    @Test("a download's own connection count is stored and used by the manager that runs it")
+    func ownConnectionCountSurvivesAReopen() async throws {
+        try await HaulTestServer.withRunning { server in
+            try await withTemporaryDirectory { directory in
+                let resource = TestResource(name: "wide", size: 6 * 1024 * 1024 + 123)
+                server.add("/wide", resource)
+                server.setStandingFaults("/wide", [.throttle(bytesPerSecond: 2 << 20)])
+                let state = directory + "/state"
+                let id = try await withManager(state) { manager in
+                    try await manager.enqueue(
+                        DownloadRequest(
+                            url: server.url("/wide"), destination: .file(directory + "/wide"), connections: 3))
+                }
+                // The next manager's downloader opens one connection by default: the stored count decides.
+                try await withManager(state, downloader: segmentedConfiguration(connections: 1)) { manager in
+                    #expect(await manager.download(id)?.connections == 3)
+                    try await whileRunning(manager) {
+                        let running = try await waitFor(manager, id) { $0.openConnections == 3 }
+                        #expect(running.state == .running)
+                        let done = try await waitFor(manager, id) { $0.state == .completed }
+                        #expect(done.openConnections == nil && done.connections == 3)
+                    }
+                }
+                #expect(try readFile(directory + "/wide") == resource.content)
+                let ranges = server.requests(for: "/wide").compactMap { $0.header("Range") }
+                #expect(Set(ranges.dropFirst().prefix(2)) == ["bytes=2097152-4194303", "bytes=4194304-6291578"])
             }
         }
     }

@@ -103,21 +103,7 @@ final class EventLog: Sendable {
     }
 
     /// The restart reasons by case name, e.g. `["remoteChanged"]`, for exact comparisons.
-    var restartKinds: [String] {
-        restartReasons.map { reason in
-            switch reason {
-            case .remoteChanged: "remoteChanged"
-            case .rangeIgnored: "rangeIgnored"
-            case .invalidContentRange: "invalidContentRange"
-            case .contentEncoded: "contentEncoded"
-            case .multipartResponse: "multipartResponse"
-            case .rangeNotSatisfiable: "rangeNotSatisfiable"
-            case .unvalidated: "unvalidated"
-            case .untrustedPartial: "untrustedPartial"
-            case .digestMismatch: "digestMismatch"
-            }
-        }
-    }
+    var restartKinds: [String] { restartReasons.map(\.parts.name) }
 
     var retries: [HaulError] {
         all.compactMap { if case .retrying(_, _, let error) = $0 { error } else { nil } }

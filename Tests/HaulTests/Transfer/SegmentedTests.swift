@@ -92,6 +92,47 @@ func pauseWhenRanges(
         }
     }
 
+    @Test("a request's own connection count replaces the downloader's, and progress reports the open ones")
+    func requestChoosesItsConnections() async throws {
+        try await HaulTestServer.withRunning { server in
+            try await withTemporaryDirectory { directory in
+                let resource = TestResource(name: "own", size: 6 * 1024 * 1024 + 123)
+                server.add("/own", resource)
+                server.setStandingFaults("/own", [.throttle(bytesPerSecond: 2 << 20)])
+                let log = EventLog()
+                var request = DownloadRequest(url: server.url("/own"), destination: .file(directory + "/own"))
+                request.connections = 3
+                // The downloader's own setting is one connection, and no ramp: the request decides.
+                try await withDownloader(segmentedConfiguration(connections: 1)) { downloader in
+                    try await downloader.download(request, observing: log.record)
+                }
+                #expect(try readFile(directory + "/own") == resource.content)
+                let ranges = server.requests(for: "/own").compactMap { $0.header("Range") }
+                #expect(ranges.first == "bytes=0-")
+                #expect(Set(ranges.dropFirst().prefix(2)) == ["bytes=2097152-4194303", "bytes=4194304-6291578"])
+                #expect(log.progress.map(\.connections).max() == 3)
+                #expect(log.progress.last?.connections == 0, "the last report comes once every connection ended")
+            }
+        }
+    }
+
+    @Test("a connection count out of range is refused before anything is sent", arguments: [0, 65])
+    func connectionCountOutOfRange(connections: Int) async throws {
+        try await HaulTestServer.withRunning { server in
+            try await withTemporaryDirectory { directory in
+                server.add("/never", TestResource(name: "never", size: 1000))
+                var request = DownloadRequest(url: server.url("/never"), destination: .file(directory + "/never"))
+                request.connections = connections
+                let error = await expectHaulError(.invalidArgument) {
+                    try await withDownloader { downloader in try await downloader.download(request) }
+                }
+                #expect(error?.message.contains("from 1 to 64") == true)
+                #expect(server.requests.isEmpty)
+                #expect(listDirectory(directory).isEmpty)
+            }
+        }
+    }
+
     @Test("one connection is used when the server ignores ranges")
     func fallsBackToOneConnection() async throws {
         try await HaulTestServer.withRunning { server in

@@ -1,4 +1,5 @@
 import AsyncHTTPClient
+import Synchronization
 
 /// One HTTP client per connection of a download, so that `N` connections are `N` transport
 /// connections whatever the protocol: over HTTP/2 the requests given to one client share one TCP
@@ -6,23 +7,31 @@ import AsyncHTTPClient
 ///
 /// Connection `k` of every download uses client `k`: with HTTP/1.1 each client keeps its own
 /// connections alive for the next request; with HTTP/2 client `k` multiplexes connection `k` of every
-/// download running at once over one connection per host.
+/// download running at once over one connection per host. The clients of the configured connection
+/// count are made at once; a download that asks for more (``DownloadRequest/connections``) adds
+/// clients when it first uses them.
 final class ConnectionLanes: Sendable {
-    private let clients: [HTTPClient]
+    private let clients: Mutex<[HTTPClient]>
+    private let make: @Sendable () -> HTTPClient
 
-    init(count: Int, make: () -> HTTPClient) {
-        clients = (0..<max(1, count)).map { _ in make() }
+    init(count: Int, make: @escaping @Sendable () -> HTTPClient) {
+        self.make = make
+        clients = Mutex((0..<max(1, count)).map { _ in make() })
     }
 
     /// The client for connection `connection` of a download.
     func client(for connection: Int) -> HTTPClient {
-        clients[min(max(0, connection), clients.count - 1)]
+        let index = min(max(0, connection), DownloadRequest.maximumConnections - 1)
+        return clients.withLock { clients in
+            while clients.count <= index { clients.append(make()) }
+            return clients[index]
+        }
     }
 
     /// Closes every connection.
     func shutdown() async throws {
         var failure: (any Error)?
-        for client in clients {
+        for client in clients.withLock({ $0 }) {
             do {
                 try await client.shutdown()
             } catch {

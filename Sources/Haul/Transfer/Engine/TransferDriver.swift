@@ -63,7 +63,8 @@ final class TransferDriver {
     ) {
         let configuration = downloader.configuration
         self.machine = TransferMachine(
-            settings: TransferMachine.Settings(configuration), url: url.string, bootID: BootIdentity.current,
+            settings: TransferMachine.Settings(configuration, request: request), url: url.string,
+            bootID: BootIdentity.current,
             now: downloader.clock.now)
         self.files = files
         self.fetcher = HTTPFetcher(

@@ -110,7 +110,10 @@ extension TransferMachine {
         }
         guard phase == .transferring else { return [] }
         var actions: [TransferAction] = []
-        if let progress = meter?.record(table.written, at: now) { actions.append(.report(.progress(progress))) }
+        let open = openConnections
+        if let progress = meter?.record(table.written, at: now, connections: open) {
+            actions.append(.report(.progress(progress)))
+        }
         if table.isComplete { return actions + stop(then: .verify, now: now) }
         ramp.begin(at: now, bytes: table.written)
         if ramp.isSettling, (0..<ramp.allowed).allSatisfy({ delivers(connections[$0]) }) {
@@ -185,6 +188,16 @@ extension TransferMachine {
         ]
         if let displaced { actions += stopConnection(displaced, .replaced) }
         return actions
+    }
+
+    /// Connections with a request out or an answer arriving.
+    var openConnections: Int {
+        connections.count { connection in
+            switch connection.state {
+            case .requesting, .receiving: true
+            case .idle, .waiting, .stopping, .retired: false
+            }
+        }
     }
 
     /// The most bytes a connection reads and drops to go on into the next range rather than ask

@@ -661,7 +661,8 @@ struct TransferMachine: Sendable {
         }
         phase = .verifying
         var actions: [TransferAction] = []
-        if let progress = meter?.record(table.written, at: now, force: true) {
+        let open = openConnections
+        if let progress = meter?.record(table.written, at: now, connections: open, force: true) {
             actions.append(.report(.progress(progress)))
         }
         return actions + [.verify(totalBytes: total, validator: manifest?.validator ?? ResourceValidator())]
