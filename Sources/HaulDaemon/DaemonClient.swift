@@ -18,7 +18,7 @@ public final class DaemonClient: Sendable {
     /// The daemon's base URL.
     public let url: String
     private let token: String
-    private let client: HTTPClient
+    let client: HTTPClient
 
     /// The daemon that runs on `stateDirectory`, if one does (its address file exists and its lock is
     /// held); `nil` otherwise. Call ``shutdown()`` when done.
@@ -33,7 +33,12 @@ public final class DaemonClient: Sendable {
     public init(url: String, token: String) {
         self.url = url
         self.token = token
-        self.client = HTTPClient(eventLoopGroupProvider: .singleton)
+        // The event stream sends a comment at least every 15 s: a minute of silence is a daemon
+        // that hangs, not one that has nothing to say.
+        var configuration = HTTPClient.Configuration(timeout: .init(connect: .seconds(5), read: .seconds(60)))
+        // A daemon that is gone refuses at once: that is the answer, not a reason to try for seconds.
+        configuration.connectionPool.retryConnectionEstablishment = false
+        self.client = HTTPClient(eventLoopGroupProvider: .singleton, configuration: configuration)
     }
 
     /// Closes the client's connections.
@@ -53,6 +58,7 @@ public final class DaemonClient: Sendable {
             item.limitRate = request.bytesPerSecondLimit
             item.headers = request.headers.isEmpty ? nil : request.headers.map { .init(name: $0.name, value: $0.value) }
             item.overwrite = request.overwrite ? true : nil
+            item.connections = request.connections
             return item
         }
         let added: AddedDownloads = try await call(.POST, "/downloads", body: AddDownloads(downloads: items))
@@ -83,10 +89,14 @@ public final class DaemonClient: Sendable {
         return body.info
     }
 
-    /// Queues a paused download again, from `url` when given.
+    /// Queues a paused download again, from `url` when given, with `headers` in place of the stored
+    /// ones when given (they are held in the daemon's memory only).
     @discardableResult
-    public func resume(_ id: DownloadID, url: String? = nil) async throws -> DownloadInfo {
-        let body: DownloadBody = try await call(.POST, "/downloads/\(id)/resume", body: ResumeBody(url: url))
+    public func resume(_ id: DownloadID, url: String? = nil, headers: [(name: String, value: String)]? = nil)
+        async throws -> DownloadInfo
+    {
+        let resume = ResumeBody(url: url, headers: headers?.map { .init(name: $0.name, value: $0.value) })
+        let body: DownloadBody = try await call(.POST, "/downloads/\(id)/resume", body: resume)
         return body.info
     }
 
@@ -104,6 +114,14 @@ public final class DaemonClient: Sendable {
 
     private struct Empty: Codable {}
 
+    /// The daemon's error answer as a ``HaulError`` with its code.
+    static func failure(_ status: HTTPResponseStatus, _ body: ByteBuffer) -> HaulError {
+        let failure = try? JSONDecoder().decode(ErrorResponse.self, from: Data(body.readableBytesView))
+        return HaulError(
+            HaulError.Code(failure?.error.code ?? "httpStatus"),
+            failure?.error.message ?? "the haul daemon answered \(status.code)")
+    }
+
     private func call<Answer: Decodable>(_ method: HTTPMethod, _ path: String) async throws -> Answer {
         try await send(method, path, body: nil)
     }
@@ -114,12 +132,18 @@ public final class DaemonClient: Sendable {
         try await send(method, path, body: try JSONBody.encode(body))
     }
 
-    private func send<Answer: Decodable>(_ method: HTTPMethod, _ path: String, body: ByteBuffer?) async throws
-        -> Answer
-    {
+    /// A request to the API with the token.
+    func request(_ method: HTTPMethod, _ path: String) -> HTTPClientRequest {
         var request = HTTPClientRequest(url: url + "/api/v1" + path)
         request.method = method
         request.headers.add(name: "Authorization", value: "Bearer \(token)")
+        return request
+    }
+
+    private func send<Answer: Decodable>(_ method: HTTPMethod, _ path: String, body: ByteBuffer?) async throws
+        -> Answer
+    {
+        var request = request(method, path)
         if let body {
             request.headers.add(name: "Content-Type", value: "application/json")
             request.body = .bytes(body)
@@ -134,12 +158,7 @@ public final class DaemonClient: Sendable {
         }
         let decoder = JSONDecoder()
         decoder.dateDecodingStrategy = .iso8601
-        guard (200..<300).contains(response.status.code) else {
-            let failure = try? decoder.decode(ErrorResponse.self, from: Data(bytes.readableBytesView))
-            throw HaulError(
-                HaulError.Code(failure?.error.code ?? "httpStatus"),
-                failure?.error.message ?? "the haul daemon answered \(response.status.code)")
-        }
+        guard (200..<300).contains(response.status.code) else { throw Self.failure(response.status, bytes) }
         if response.status == .noContent, let empty = Empty() as? Answer { return empty }
         do {
             return try decoder.decode(Answer.self, from: Data(bytes.readableBytesView))
@@ -157,6 +176,6 @@ extension DownloadBody {
             state: DownloadState(rawValue: state) ?? .failed, priority: DownloadPriority(priority), bytes: bytes,
             totalBytes: totalBytes, bytesPerSecond: bytesPerSecond, secondsRemaining: secondsRemaining,
             error: error.map { HaulError(HaulError.Code($0.code), $0.message) }, createdAt: createdAt,
-            finishedAt: finishedAt, hook: hook)
+            finishedAt: finishedAt, hook: hook, connections: connections, openConnections: openConnections)
     }
 }

@@ -28,6 +28,8 @@ enum ExitCodes {
         case .invalidState: 18
         case .database: 19
         case .cancelled: interrupted
+        // A haul daemon refused a destination outside its download roots: bad input, as anywhere else.
+        case let code where code.name == "outsideDownloadRoot": 2
         default: unexpected
         }
     }

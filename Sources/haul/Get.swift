@@ -95,6 +95,20 @@ struct RequestOptions: ParsableArguments {
         }
     }
 
+    /// The requests as a haul daemon takes them: paths made absolute here (the daemon takes
+    /// relative ones from its download root), with this command's connection count.
+    func daemonRequests(_ transfer: TransferOptions) throws -> [DownloadRequest] {
+        try requests(bytesPerSecondLimit: transfer.perDownloadRate).map { request in
+            var request = request
+            switch request.destination {
+            case .file(let path): request.destination = .file(POSIX.absolutePath(path))
+            case .directory(let path): request.destination = .directory(POSIX.absolutePath(path))
+            }
+            request.connections = transfer.connections
+            return request
+        }
+    }
+
     /// The requests from the command line, then those of the input file; never empty.
     func requests(bytesPerSecondLimit rate: Int64?) throws -> [DownloadRequest] {
         let common = try parseHeaders(headers)
@@ -156,7 +170,9 @@ struct Get: AsyncParsableCommand {
             Without -o, each file is named after the server's Content-Disposition, else the URL's last path \
             segment, else index.html, always inside the target directory. An existing file is never replaced \
             unless --force is given. Every download is recorded in the state directory: `haul ls` lists them \
-            and `haul resume` continues those a killed or interrupted run left unfinished.
+            and `haul resume` continues those a killed or interrupted run left unfinished. When a haul daemon \
+            runs on the state directory, it runs the downloads and this command follows them (Ctrl-C leaves \
+            them running there); --no-daemon downloads in this process instead.
             """
     )
 
@@ -164,8 +180,14 @@ struct Get: AsyncParsableCommand {
     @OptionGroup var transfer: TransferOptions
     @OptionGroup var state: StateOptions
     @OptionGroup var display: OutputOptions
+    @OptionGroup var daemon: DaemonUseOptions
 
     func run() async throws {
+        try await followInDaemon(state, transfer, display, daemon) { client in
+            let requests = try request.daemonRequests(transfer)
+            request.noteWeakChecksum(quiet: display.quiet || display.json)
+            return try await client.add(requests, priority: try request.parsedPriority()).map(\.id)
+        }
         let (manager, ids) = try await reportingErrors {
             try await request.enqueue(
                 state, transfer, quiet: display.quiet || display.json, verbose: display.verbose)
@@ -188,17 +210,9 @@ struct Add: AsyncParsableCommand {
             try await request.enqueue(into: manager, transfer, quiet: false)
         } daemon: { client in
             request.noteWeakChecksum(quiet: false)
-            // Queued in the daemon, which runs it; paths are the ones this command was given, made
-            // absolute here (the daemon takes relative paths from its download root).
-            let requests = try request.requests(bytesPerSecondLimit: transfer.perDownloadRate).map { request in
-                var request = request
-                switch request.destination {
-                case .file(let path): request.destination = .file(POSIX.absolutePath(path))
-                case .directory(let path): request.destination = .directory(POSIX.absolutePath(path))
-                }
-                return request
-            }
-            return try await client.add(requests, priority: try request.parsedPriority()).map(\.id)
+            // Queued in the daemon, which runs it.
+            return try await client.add(try request.daemonRequests(transfer), priority: try request.parsedPriority())
+                .map(\.id)
         }
         Output.standardOutput(ids.map { "\($0)\n" }.joined())
     }

@@ -11,6 +11,9 @@ extension HaulError {
             "\(message) (-o NAME names the file)"
         case .destinationExists:
             "\(message); use --force to replace it once the new download is complete"
+        case let code where code.name == "outsideDownloadRoot":
+            "\(message); give the haul daemon a --download-root that holds it, or add --no-daemon to download "
+                + "in this process"
         default:
             message
         }

@@ -115,6 +115,25 @@ struct TransferOptions: ParsableArguments {
 
     var perDownloadRate: Int64? { try? Self.rate(limitRate, option: "--limit-rate") }
 
+    /// The options given that belong to the process that runs the queue, not to one download: a
+    /// haul daemon runs its downloads with its own.
+    var queueSettingsGiven: [String] {
+        let defaults = Self.defaults
+        let settings: [(String, Bool)] = [
+            ("--jobs", jobs != defaults.jobs), ("--min-split-size", minSplitSize != defaults.minSplitSize),
+            ("--total-limit-rate", totalLimitRate != nil), ("--retries", retries != defaults.retries),
+            ("--retry-delay", retryDelay != defaults.retryDelay),
+            ("--stall-timeout", stallTimeout != defaults.stallTimeout),
+            ("--connect-timeout", connectTimeout != defaults.connectTimeout),
+            ("--keep-free", keepFree != defaults.keepFree),
+            ("--file-allocation", fileAllocation != defaults.fileAllocation),
+            ("--durable-checkpoint-interval", durableCheckpointInterval != defaults.durableCheckpointInterval),
+            ("--trust-unvalidated", trustUnvalidated), ("--allow-insecure-redirects", allowInsecureRedirects),
+            ("--ca-cert", !caCertificates.isEmpty), ("--no-http2", noHTTP2),
+        ]
+        return settings.filter(\.1).map(\.0)
+    }
+
     static func rate(_ text: String?, option: String) throws -> Int64? {
         guard let text else { return nil }
         do {
@@ -155,6 +174,15 @@ struct TransferOptions: ParsableArguments {
         configuration.tls.allowHTTP2 = !noHTTP2
         return configuration
     }
+}
+
+/// Whether `get`, `resume` and `retry` hand their downloads to a running haul daemon.
+struct DaemonUseOptions: ParsableArguments {
+    @Flag(
+        help:
+            "Download in this process even when a haul daemon runs on the state directory (otherwise the daemon runs the downloads and this command follows them)."
+    )
+    var noDaemon = false
 }
 
 /// How progress is shown.

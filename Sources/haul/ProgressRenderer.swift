@@ -127,7 +127,8 @@ final class ProgressRenderer: Sendable {
         writeRaw("\r" + line + "\u{1B}[K")
     }
 
-    private func clearBar() {
+    /// Takes the bar off the screen, so that a line can be printed in its place.
+    func clearBar() {
         let drawn = state.withLock { state -> Bool in
             defer { state.barDrawn = false }
             return state.barDrawn

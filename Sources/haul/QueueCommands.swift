@@ -55,6 +55,43 @@ func withQueueOrDaemon<Result>(
     }
 }
 
+/// When a haul daemon runs on the state directory (and `--no-daemon` is not given): lets `queue` put
+/// downloads in it, follows them to their end and exits as a run in this process would. Returns
+/// without doing anything when no daemon runs.
+func followInDaemon(
+    _ state: StateOptions, _ transfer: TransferOptions, _ display: OutputOptions, _ use: DaemonUseOptions,
+    _ queue: (DaemonClient) async throws -> [DownloadID]
+) async throws {
+    guard !use.noDaemon,
+        let client = try await reportingErrors({ try DaemonClient.running(on: POSIX.absolutePath(state.directory)) })
+    else { return }
+    let ids = try await reportingErrors { () -> ([DownloadID], DaemonClient.EventStream) in
+        do {
+            if let setting = transfer.queueSettingsGiven.first {
+                throw HaulError(
+                    .invalidArgument,
+                    "\(setting) is a setting of the haul daemon that runs on \(state.directory), which runs this "
+                        + "download: give it to `haul daemon`, or add --no-daemon to download in this process")
+            }
+            if display.verbose {
+                Output.standardError(
+                    "haul: note: the haul daemon runs this download; its log has the details -v would show\n")
+            }
+            // Opened first: no event of the downloads queued next is missed.
+            let stream = try await client.events()
+            return (try await queue(client), stream)
+        } catch {
+            try? await client.shutdown()
+            throw error
+        }
+    }
+    guard !ids.0.isEmpty else {
+        try? await client.shutdown()
+        throw ExitCode.success
+    }
+    try await QueueRun.follow(client, ids.1, ids.0, output: display)
+}
+
 /// Runs `body`, turning a ``HaulError`` into its one-line message and exit code.
 func reportingErrors<Result>(_ body: () async throws -> Result) async throws -> Result {
     do {
@@ -200,6 +237,7 @@ struct Resume: AsyncParsableCommand {
     @OptionGroup var transfer: TransferOptions
     @OptionGroup var state: StateOptions
     @OptionGroup var display: OutputOptions
+    @OptionGroup var daemon: DaemonUseOptions
 
     func validate() throws {
         if url != nil && ids.count != 1 { throw ValidationError("--url applies to exactly one download ID") }
@@ -209,6 +247,22 @@ struct Resume: AsyncParsableCommand {
 
     func run() async throws {
         let headers = try parseHeaders(headers)
+        try await followInDaemon(state, transfer, display, daemon) { client in
+            var selected = try parseIDs(ids)
+            if selected.isEmpty {
+                let waiting = try await client.downloads(in: [.paused, .queued])
+                selected = waiting.map(\.id)
+                if selected.isEmpty { Output.standardError("haul: nothing to resume\n") }
+                for info in waiting where info.state == .paused {
+                    try await client.resume(info.id, headers: headers.isEmpty ? nil : headers)
+                }
+                return selected
+            }
+            for id in selected {
+                try await client.resume(id, url: url, headers: headers.isEmpty ? nil : headers)
+            }
+            return selected
+        }
         try await runQueue(state, transfer, display) { manager in
             var selected = try parseIDs(ids)
             if selected.isEmpty {
@@ -235,11 +289,16 @@ struct Retry: AsyncParsableCommand {
     @OptionGroup var transfer: TransferOptions
     @OptionGroup var state: StateOptions
     @OptionGroup var display: OutputOptions
+    @OptionGroup var daemon: DaemonUseOptions
 
     func validate() throws { _ = try parseIDs(ids) }
 
     func run() async throws {
         let selected = try parseIDs(ids)
+        try await followInDaemon(state, transfer, display, daemon) { client in
+            for id in selected { try await client.retry(id) }
+            return selected
+        }
         try await runQueue(state, transfer, display) { manager in
             for id in selected { try await manager.retry(id) }
             return selected

@@ -112,6 +112,11 @@ final class QueueRenderer: Sendable {
         }
     }
 
+    /// Takes the progress block off the screen, so that a line can be printed in its place.
+    func clear() {
+        state.withLock { state in Output.standardError(erase(&state)) }
+    }
+
     private func erase(_ state: inout State) -> String {
         guard style == .terminal, state.drawnLines > 0 else { return "" }
         defer { state.drawnLines = 0 }

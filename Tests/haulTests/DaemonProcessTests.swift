@@ -99,7 +99,9 @@ struct DaemonProcessTests {
             let removed = try await HaulProcess.run(["rm", slowID, "--delete-files", "--state-dir", state])
             #expect(removed.status == 0 && removed.output == "removed \(slowID)\n", "\(removed.errors)")
             // One that another haul process runs beside the daemon is paused as without a daemon.
-            let local = try HaulProcess(["get", server.url("/slow.bin"), "-d", directory, "--state-dir", state, "-q"])
+            let local = try HaulProcess([
+                "get", server.url("/slow.bin"), "-d", directory, "--state-dir", state, "-q", "--no-daemon",
+            ])
             var localID = ""
             let started = ContinuousClock.now + .seconds(20)
             while localID.isEmpty && ContinuousClock.now < started {
