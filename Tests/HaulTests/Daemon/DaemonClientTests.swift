@@ -78,4 +78,82 @@ struct DaemonClientTests {
             }
         }
     }
+
+    @Test func theEventStreamCarriesATransferAsAManagerReportsIt() async throws {
+        try await HaulTestServer.withRunning { server in
+            let resource = TestResource(name: "e", size: 600_000)
+            server.add("/e", resource)
+            server.setStandingFaults("/e", [.throttle(bytesPerSecond: 2_000_000)])
+            try await withTemporaryDirectory { state in
+                try await withDaemon({ $0.downloader.segmentation.connections = 1 }, stateDirectory: state) { daemon in
+                    let client = try #require(try DaemonClient.running(on: state))
+                    defer { Task { try? await client.shutdown() } }
+                    let stream = try await client.events()
+                    let id = try await client.add([
+                        DownloadRequest(url: server.url("/e"), destination: .file(daemon.root + "/e"))
+                    ])[0].id
+                    var kinds: [String] = []
+                    var result: DownloadResult?
+                    var start: DownloadStart?
+                    var progress: [DownloadProgress] = []
+                    for try await event in stream {
+                        guard case .download(let event) = event, event.download.id == id else { continue }
+                        switch event.kind {
+                        case .added: kinds.append("added")
+                        case .stateChanged: kinds.append("state:\(event.download.state)")
+                        case .transfer(.started(let started)):
+                            kinds.append("started")
+                            start = started
+                        case .transfer(.progress(let report)): progress.append(report)
+                        case .transfer(.completed(let done)):
+                            kinds.append("completed")
+                            result = done
+                        default: kinds.append("other")
+                        }
+                        if event.download.state == .completed, case .stateChanged = event.kind { break }
+                    }
+                    #expect(kinds == ["added", "state:running", "started", "completed", "state:completed"])
+                    #expect(start?.totalBytes == 600_000 && start?.resumedFrom == 0 && start?.resumable == true)
+                    #expect(start?.validator.entityTag?.description == resource.entityTagValue)
+                    #expect(result?.bytes == 600_000 && result?.bytesFetched == 600_000)
+                    #expect(result?.destination == daemon.root + "/e")
+                    #expect(!progress.isEmpty && progress.allSatisfy { $0.totalBytes == 600_000 })
+                    #expect(progress.map(\.bytes) == progress.map(\.bytes).sorted())
+                    // The ID to reconnect from: this run of the daemon and the event's number.
+                    let last = try #require(stream.lastEventID?.split(separator: "-"))
+                    #expect(last.count == 2 && Int(last[1]).map { $0 >= 5 } == true, "\(last)")
+                }
+            }
+        }
+    }
+
+    @Test(arguments: [1, 3, 7, 1000])
+    func theEventParserReadsMessagesCutAnywhere(chunk: Int) {
+        let body = #"{"download":{"id":4,"url":"http://h/x","name":"x","state":"running","priority":0,"bytes":5,"#
+            + #""totalBytes":10,"bytesPerSecond":2.5,"openConnections":2,"createdAt":"2026-11-24T06:00:00Z"}}"#
+        let text =
+            "retry: 2000\r\n\r\n: keep-alive\n\nid: r-1\nevent: progress\ndata: \(body)\n\n"
+            + "event: reset\ndata: {}\n\nid: r-2\nevent: unknown\ndata: {}\n\n"
+        var parser = EventParser()
+        var messages: [EventParser.Message] = []
+        var rest = Substring(text)
+        while !rest.isEmpty {
+            messages += parser.feed(String(rest.prefix(chunk)))
+            rest = rest.dropFirst(chunk)
+        }
+        #expect(messages.map(\.id) == ["r-1", nil, "r-2"])
+        #expect(messages.map(\.events.count) == [1, 1, 0])
+        guard case .download(let event) = messages.first?.events.first,
+            case .transfer(.progress(let progress)) = event.kind
+        else {
+            Issue.record("the first message is not a progress event")
+            return
+        }
+        #expect(progress.bytes == 5 && progress.totalBytes == 10 && progress.connections == 2)
+        #expect(event.download.id == DownloadID(4) && event.download.state == .running)
+        guard case .reset = messages[1].events.first else {
+            Issue.record("the second message is not a reset")
+            return
+        }
+    }
 }
