@@ -8,7 +8,7 @@ let package = Package(
         .library(name: "Haul", targets: ["Haul"]),
         .library(name: "HaulTestServer", targets: ["HaulTestServer"]),
         .library(name: "HaulDaemon", targets: ["HaulDaemon"]),
-        .executable(name: "haul", targets: ["haul"]),
+        .executable(name: "haul", targets: ["HaulCLI"]),
         .executable(name: "haul-torture", targets: ["HaulTorture"]),
         .executable(name: "haul-fuzz", targets: ["HaulFuzz"]),
         .executable(name: "haul-test-server", targets: ["HaulTestServerTool"]),
@@ -74,8 +74,9 @@ let package = Package(
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
             ]
         ),
+        // The `haul` executable; named apart from the `Haul` library so no two paths differ only by case.
         .executableTarget(
-            name: "haul",
+            name: "HaulCLI",
             dependencies: [
                 "Haul", "HaulDaemon",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
@@ -106,9 +107,9 @@ let package = Package(
             ]
         ),
         .testTarget(
-            name: "haulTests",
+            name: "HaulCLITests",
             dependencies: [
-                "haul", "Haul", "HaulTestServer", .product(name: "Crypto", package: "swift-crypto"),
+                "HaulCLI", "Haul", "HaulTestServer", .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"), .product(name: "NIOHTTP1", package: "swift-nio"),
             ]
