@@ -173,6 +173,30 @@ public struct AggregateProgress: Sendable, Equatable {
         guard totalBytes > 0 else { return nil }
         return min(1, Double(bytes) / Double(totalBytes))
     }
+
+    /// Nothing counted yet.
+    public init() {}
+
+    /// The progress over `downloads`.
+    public init(_ downloads: [DownloadInfo]) {
+        for info in downloads {
+            self.downloads += 1
+            bytes += info.bytes
+            if let size = info.totalBytes {
+                totalBytes += size
+            } else {
+                downloadsWithUnknownTotal += 1
+            }
+            bytesPerSecond += info.bytesPerSecond ?? 0
+            switch info.state {
+            case .running: running += 1
+            case .queued: queued += 1
+            case .completed: completed += 1
+            case .failed: failed += 1
+            case .paused, .cancelled: break
+            }
+        }
+    }
 }
 
 /// What a ``DownloadManager`` reports about its downloads.

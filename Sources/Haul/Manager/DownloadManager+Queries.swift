@@ -12,27 +12,8 @@ extension DownloadManager {
     /// Progress over `ids` (every download when `nil`), weighted by bytes: a 1 GiB download counts
     /// a thousand times more than a 1 MiB one.
     public func aggregateProgress(of ids: [DownloadID]? = nil) -> AggregateProgress {
-        var total = AggregateProgress()
         let selected = ids.map { $0.compactMap { entries[$0] } } ?? Array(entries.values)
-        for entry in selected {
-            let info = entry.info
-            total.downloads += 1
-            total.bytes += info.bytes
-            if let size = info.totalBytes {
-                total.totalBytes += size
-            } else {
-                total.downloadsWithUnknownTotal += 1
-            }
-            total.bytesPerSecond += info.bytesPerSecond ?? 0
-            switch info.state {
-            case .running: total.running += 1
-            case .queued: total.queued += 1
-            case .completed: total.completed += 1
-            case .failed: total.failed += 1
-            case .paused, .cancelled: break
-            }
-        }
-        return total
+        return AggregateProgress(selected.map(\.info))
     }
 
     /// The process ID of the `haul` process running a download, when it is another live one.

@@ -231,9 +231,10 @@ extension DownloadManager {
                 entry.move(to: .cancelled)
                 entry.record.owner = nil
             case .remove, nil:
-                // The manager is stopping: the download waits for the next one.
+                // The manager is stopping: the download waits for the next one (or the next start).
                 entry.move(to: .queued)
                 entry.record.owner = nil
+                interrupted.insert(id)
             }
         case .failure(let error) where error.code == .diskFull:
             // Kept by this manager, which resumes it once there is room again.

@@ -58,13 +58,22 @@ public actor DownloadManager {
         public init() {}
     }
 
-    /// `$XDG_STATE_HOME/haul`, else `~/.local/state/haul`.
+    /// Where a download queue's state lives unless told otherwise: on Linux `$XDG_STATE_HOME/haul`,
+    /// else `~/.local/state/haul`; on Apple platforms `Library/Application Support/haul` in the home
+    /// directory (an app's own container on iOS).
     public static var defaultStateDirectory: String {
         let environment = ProcessInfo.processInfo.environment
-        if let state = environment["XDG_STATE_HOME"], state.hasPrefix("/") { return state + "/haul" }
         let home = environment["HOME"].flatMap { $0.isEmpty ? nil : $0 } ?? "/tmp"
-        return home + "/.local/state/haul"
+        #if canImport(Darwin)
+            return home + "/Library/Application Support/haul"
+        #else
+            if let state = environment["XDG_STATE_HOME"], state.hasPrefix("/") { return state + "/haul" }
+            return home + "/.local/state/haul"
+        #endif
     }
+
+    /// ``defaultStateDirectory`` as a file URL.
+    public static var defaultStateLocation: URL { URL(fileURLWithPath: defaultStateDirectory, isDirectory: true) }
 
     /// The database file's name inside the state directory.
     public static let databaseName = "downloads.sqlite"
@@ -98,6 +107,21 @@ public actor DownloadManager {
     /// Record changes not written yet (see ``writeSoon(_:)``).
     var unwritten: [DownloadID: StoredDownload] = [:]
     var flushScheduled = false
+    /// The queue ``start()`` runs.
+    var owned: Task<Void, Never>?
+    /// Downloads a stop of the queue left queued and unowned, for the next ``start()`` to take back.
+    var interrupted: Set<DownloadID> = []
+
+    /// Opens (creating when needed) the state in `location` and reconciles it with the files on disk.
+    public init(
+        location: URL, configuration: Configuration = .init(),
+        downloaderConfiguration: DownloaderConfiguration = .init(),
+        logger: Logger? = nil
+    ) throws {
+        try self.init(
+            stateDirectory: location.path, configuration: configuration,
+            downloaderConfiguration: downloaderConfiguration, logger: logger)
+    }
 
     /// Opens (creating when needed) the state in `stateDirectory` and reconciles it with the files on disk.
     ///
@@ -105,7 +129,7 @@ public actor DownloadManager {
     ///   for another process) and its downloads' rules follow; the continuous clock unless a test gives
     ///   its own.
     public init(
-        stateDirectory: String, configuration: Configuration = .init(),
+        stateDirectory: String = DownloadManager.defaultStateDirectory, configuration: Configuration = .init(),
         downloaderConfiguration: DownloaderConfiguration = .init(), logger: Logger? = nil,
         clock: any Clock<Duration> = ContinuousClock()
     ) throws {
@@ -136,8 +160,10 @@ public actor DownloadManager {
         self.index = DestinationIndex(entries.values)
     }
 
-    /// Closes the connections and ends every event stream. Call it after ``run()`` has returned.
+    /// Closes the connections and ends every event stream. Call it after ``run()`` has returned; a
+    /// queue ``start()`` runs is stopped first.
     public func close() async {
+        await stop()
         flushUnwritten()
         subscribers.finishAll()
         try? await downloader.shutdown()

@@ -129,7 +129,8 @@ struct DaemonClientTests {
 
     @Test(arguments: [1, 3, 7, 1000])
     func theEventParserReadsMessagesCutAnywhere(chunk: Int) {
-        let body = #"{"download":{"id":4,"url":"http://h/x","name":"x","state":"running","priority":0,"bytes":5,"#
+        let body =
+            #"{"download":{"id":4,"url":"http://h/x","name":"x","state":"running","priority":0,"bytes":5,"#
             + #""totalBytes":10,"bytesPerSecond":2.5,"openConnections":2,"createdAt":"2026-11-24T06:00:00Z"}}"#
         let text =
             "retry: 2000\r\n\r\n: keep-alive\n\nid: r-1\nevent: progress\ndata: \(body)\n\n"

@@ -1,0 +1,134 @@
+#if canImport(FoundationEssentials)
+    import FoundationEssentials
+#else
+    import Foundation
+#endif
+
+/// What apps have at hand: the URL they asked for and where the file should go. These calls are the
+/// same queue as the ID-based ones, keyed differently: the same URL and destination are one download.
+extension DownloadManager {
+    // MARK: Running without a task group
+
+    /// Runs the queue in a task this manager owns, for apps without a task group of their own, and
+    /// returns at once; ``stop()`` ends it. Downloads an earlier ``stop()`` interrupted go on. Does
+    /// nothing while the queue already runs.
+    public func start() {
+        guard owned == nil else { return }
+        // What the last stop interrupted waits queued and unowned: this manager takes it back.
+        for id in interrupted.sorted() {
+            guard var entry = entries[id], entry.state == .queued, entry.record.owner == nil else { continue }
+            markQueued(&entry)
+            guard (try? write([entry.record])) != nil else { continue }
+            enter(entry)
+        }
+        interrupted = []
+        owned = Task { await self.run() }
+    }
+
+    /// Stops the queue ``start()`` started: every running download stores a durable checkpoint and is
+    /// queued again, to go on at the next ``start()`` (or in the next manager on this state). Returns
+    /// once they have stopped.
+    public func stop() async {
+        guard let task = owned else { return }
+        task.cancel()
+        await task.value
+        owned = nil
+    }
+
+    // MARK: Keyed by URL
+
+    /// Queues a download of `url` into `destination` and returns its ID; the same URL and
+    /// destination give the same download, and a completed one whose file is still there is
+    /// reported complete, not fetched again.
+    ///
+    /// - Parameters:
+    ///   - onProgress: called with the download as it stands after each progress report (at most
+    ///     once per ``Configuration/progressInterval``).
+    ///   - onStateChange: called with the download's current state at once, then after each change.
+    ///   Both are called in order, on a task of their own, until the download completes, is
+    ///   cancelled or removed, or the manager closes.
+    /// - Throws: as ``enqueue(_:priority:)``.
+    @discardableResult
+    public func download(
+        _ url: URL, to destination: DownloadRequest.Destination, checksum: Checksum? = nil,
+        headers: [(name: String, value: String)] = [], priority: DownloadPriority = .normal,
+        onProgress: (@Sendable (DownloadInfo) -> Void)? = nil,
+        onStateChange: (@Sendable (DownloadInfo) -> Void)? = nil
+    ) throws -> DownloadID {
+        let request = DownloadRequest(
+            url: url.absoluteString, destination: destination, headers: headers, checksum: checksum)
+        let id = try enqueue(request, priority: priority)
+        if onProgress != nil || onStateChange != nil {
+            let events = events(for: id)
+            Task {
+                for await event in events {
+                    switch event.kind {
+                    case .transfer(.progress): onProgress?(event.download)
+                    case .stateChanged: onStateChange?(event.download)
+                    case .added, .removed, .transfer: break
+                    }
+                }
+            }
+        }
+        return id
+    }
+
+    /// The download of `url` (the latest one, when the same URL goes to several places); `nil` when
+    /// there is none. A download given a new URL by ``resume(_:url:headers:)`` is found by that one.
+    public func info(for url: URL) -> DownloadInfo? {
+        self.id(of: url).flatMap { entries[$0]?.info }
+    }
+
+    /// Where the file of `url`'s download is (once complete) or will be; `nil` while a download into
+    /// a directory has not learnt its name from the server, or when there is no download of `url`.
+    public func fileURL(for url: URL) -> URL? {
+        info(for: url)?.fileURL
+    }
+
+    /// Whether `url`'s download is complete and its file is still in place.
+    public func isCompleted(_ url: URL) -> Bool {
+        guard let info = info(for: url), info.state == .completed, let path = info.destination else { return false }
+        return POSIX.exists(path)
+    }
+
+    /// Pauses `url`'s download (see ``pause(_:)-(DownloadID)``).
+    /// - Throws: ``HaulError/Code/unknownDownload`` when there is no download of `url`.
+    public func pause(_ url: URL) async throws {
+        try await pause(try existing(url))
+    }
+
+    /// Queues `url`'s paused download again (see ``resume(_:url:headers:)``).
+    /// - Throws: ``HaulError/Code/unknownDownload`` when there is no download of `url`.
+    public func resume(_ url: URL) throws {
+        try resume(try existing(url))
+    }
+
+    /// Removes `url`'s download, and its finished file when `deletingFiles` (see
+    /// ``remove(_:deletingFiles:)-(DownloadID,_)``).
+    /// - Throws: ``HaulError/Code/unknownDownload`` when there is no download of `url`.
+    public func remove(_ url: URL, deletingFiles: Bool = false) async throws {
+        try await remove(try existing(url), deletingFiles: deletingFiles)
+    }
+
+    private func id(of url: URL) -> DownloadID? {
+        let text = url.absoluteString
+        return entries.values.filter { $0.record.url == text }.map(\.id).max()
+    }
+
+    private func existing(_ url: URL) throws -> DownloadID {
+        guard let id = id(of: url) else { throw HaulError(.unknownDownload, "there is no download of \(url)") }
+        return id
+    }
+}
+
+extension DownloadRequest.Destination {
+    /// Exactly this file.
+    public static func file(_ url: URL) -> Self { .file(url.path) }
+    /// A file in this directory, named from the server's answer (see ``directory(_:)-(String)``).
+    public static func directory(_ url: URL) -> Self { .directory(url.path) }
+}
+
+extension DownloadInfo {
+    /// ``destination`` as a file URL, once known.
+    public var fileURL: URL? { destination.map { URL(fileURLWithPath: $0) } }
+}

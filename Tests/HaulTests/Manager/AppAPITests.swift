@@ -1,0 +1,228 @@
+import Foundation
+import HaulTestServer
+import Observation
+import Synchronization
+import Testing
+
+@testable import Haul
+
+/// The calls an app makes: keyed by URL, `start()`/`stop()` without a task group, observable models
+/// and closures, against the test server and a real state directory.
+@Suite("The app-facing API", .timeLimit(.minutes(1)))
+struct AppAPITests {
+    @Test("a download by URL is found by URL in a second manager, as after an app relaunch")
+    func downloadByURLSurvivesARelaunch() async throws {
+        try await HaulTestServer.withRunning { server in
+            try await withTemporaryDirectory { directory in
+                let resource = TestResource(name: "report.pdf", size: 300_000)
+                server.add("/report.pdf", resource)
+                let url = try #require(URL(string: server.url("/report.pdf")))
+                let folder = URL(fileURLWithPath: directory + "/files", isDirectory: true)
+                try POSIX.makeDirectories(folder.path)
+                let state = URL(fileURLWithPath: directory + "/state")
+                let first = try DownloadManager(location: state, configuration: managerConfiguration())
+                #expect(await first.info(for: url) == nil)
+                #expect(await first.isCompleted(url) == false)
+                let id = try await first.download(url, to: .directory(folder))
+                await first.start()
+                let done = try await waitFor(first, id) { $0.state == .completed }
+                #expect(done.fileURL?.path == folder.path + "/report.pdf")
+                await first.close()
+
+                let second = try DownloadManager(location: state, configuration: managerConfiguration())
+                let info = try #require(await second.info(for: url))
+                #expect(info.id == id && info.state == .completed && info.bytes == 300_000)
+                #expect(await second.fileURL(for: url)?.path == folder.path + "/report.pdf")
+                #expect(await second.isCompleted(url))
+                #expect(try readFile(folder.path + "/report.pdf") == resource.content)
+                // Asked again: the same download, complete, not fetched again.
+                #expect(try await second.download(url, to: .directory(folder)) == id)
+                await second.start()
+                #expect(await second.info(for: url)?.state == .completed)
+                await second.close()
+                #expect(server.requests(for: "/report.pdf").count == 1)
+                // A file that went away is not complete any more.
+                try FileManager.default.removeItem(atPath: folder.path + "/report.pdf")
+                let third = try DownloadManager(location: state, configuration: managerConfiguration())
+                #expect(await third.isCompleted(url) == false)
+                await third.close()
+            }
+        }
+    }
+
+    @Test("pause, resume and remove by URL; an unknown URL is a clear error")
+    func pauseResumeAndRemoveByURL() async throws {
+        try await HaulTestServer.withRunning { server in
+            try await withTemporaryDirectory { directory in
+                let resource = TestResource(name: "movie", size: 2_000_000)
+                server.add("/movie", resource)
+                server.setStandingFaults("/movie", [.throttle(bytesPerSecond: 1_000_000)])
+                let url = try #require(URL(string: server.url("/movie")))
+                let file = URL(fileURLWithPath: directory + "/movie.mp4")
+                try await withManager(directory + "/state", downloader: segmentedConfiguration(connections: 1)) {
+                    manager in
+                    let id = try await manager.download(url, to: .file(file))
+                    await manager.start()
+                    try await waitFor(manager, id) { $0.bytes > 0 }
+                    try await manager.pause(url)
+                    let paused = try #require(await manager.info(for: url))
+                    #expect(paused.state == .paused && paused.bytes > 0 && paused.bytes < 2_000_000)
+                    server.setStandingFaults("/movie", [])
+                    let before = server.requests(for: "/movie").count
+                    try await manager.resume(url)
+                    try await waitFor(manager, id) { $0.state == .completed }
+                    #expect(try readFile(file.path) == resource.content)
+                    let resumed = try #require(server.requests(for: "/movie").dropFirst(before).first)
+                    #expect(resumed.header("Range") == "bytes=\(paused.bytes)-")
+                    #expect(resumed.header("If-Range") == resource.entityTagValue)
+                    try await manager.remove(url, deletingFiles: true)
+                    #expect(await manager.info(for: url) == nil && !POSIX.exists(file.path))
+                    let unknown = try #require(URL(string: server.url("/never")))
+                    await expectHaulError(.unknownDownload) { try await manager.pause(unknown) }
+                    await expectHaulError(.unknownDownload) { try await manager.resume(unknown) }
+                }
+            }
+        }
+    }
+
+    @Test("stop() checkpoints what runs; the next start() goes on from the stored bytes, as does a new manager")
+    func startAndStopWithDownloadsInFlight() async throws {
+        try await HaulTestServer.withRunning { server in
+            try await withTemporaryDirectory { directory in
+                let resources = ["a", "b"].map { TestResource(name: $0, size: 3_000_000) }
+                for resource in resources {
+                    server.add("/\(resource.name)", resource)
+                    server.setStandingFaults("/\(resource.name)", [.throttle(bytesPerSecond: 1_000_000)])
+                }
+                let state = directory + "/state"
+                let urls = try resources.map { try #require(URL(string: server.url("/\($0.name)"))) }
+                let manager = try DownloadManager(
+                    stateDirectory: state, configuration: managerConfiguration(),
+                    downloaderConfiguration: segmentedConfiguration(connections: 1))
+                var ids: [DownloadID] = []
+                for url in urls {
+                    ids.append(try await manager.download(url, to: .directory(URL(fileURLWithPath: directory))))
+                }
+                await manager.start()
+                for id in ids { try await waitFor(manager, id) { $0.bytes > 0 } }
+                await manager.stop()
+                var stored: [Int64] = []
+                for id in ids {
+                    let info = try #require(await manager.download(id))
+                    #expect(info.state == .queued && info.bytes > 0 && info.bytes < 3_000_000)
+                    stored.append(info.bytes)
+                }
+                // The next start() takes them back and goes on from where each stopped.
+                let before = server.requests.count
+                await manager.start()
+                for id in ids { try await waitFor(manager, id) { $0.bytes > stored[ids.firstIndex(of: id)!] } }
+                for (index, resource) in resources.enumerated() {
+                    let next = try #require(server.requests.dropFirst(before).first { $0.path == "/\(resource.name)" })
+                    #expect(next.header("Range") == "bytes=\(stored[index])-", "\(resource.name)")
+                }
+                await manager.stop()
+                await manager.close()
+                // A new manager on the same state (an app relaunched) finishes them.
+                for resource in resources { server.setStandingFaults("/\(resource.name)", []) }
+                let relaunched = try DownloadManager(
+                    stateDirectory: state, configuration: managerConfiguration(),
+                    downloaderConfiguration: segmentedConfiguration(connections: 1))
+                await relaunched.start()
+                for id in ids { try await waitFor(relaunched, id) { $0.state == .completed } }
+                await relaunched.close()
+                for resource in resources {
+                    #expect(try readFile(directory + "/\(resource.name)") == resource.content)
+                }
+            }
+        }
+    }
+
+    @Test("the observable models change as the download goes and end completed")
+    func observableModels() async throws {
+        try await HaulTestServer.withRunning { server in
+            try await withTemporaryDirectory { directory in
+                let resource = TestResource(name: "big", size: 1_500_000)
+                server.add("/big", resource)
+                server.setStandingFaults("/big", [.throttle(bytesPerSecond: 1_500_000)])
+                let url = try #require(URL(string: server.url("/big")))
+                try await withManager(directory + "/state", downloader: segmentedConfiguration(connections: 1)) {
+                    manager in
+                    let id = try await manager.download(url, to: .directory(URL(fileURLWithPath: directory)))
+                    let model = try await manager.observe(url)
+                    let queue = await manager.observeQueue()
+                    let start = await model.info
+                    #expect(start.id == id && start.state == .queued && start.bytes == 0)
+                    #expect(await queue.downloads.map(\.id) == [id])
+                    #expect(await queue.queued == 1)
+                    let changes = Changes()
+                    await Self.track(model, changes)
+                    await manager.start()
+                    var seen: [Int64] = []
+                    while await model.state != .completed {
+                        let bytes = await model.bytes
+                        if bytes > (seen.last ?? 0) { seen.append(bytes) }
+                        try await Task.sleep(for: .milliseconds(5))
+                    }
+                    #expect(seen.count >= 2, "bytes seen in between: \(seen)")
+                    #expect(changes.count > 0, "Observation reported changes")
+                    let (fraction, bytes, total) = await (model.fraction, model.bytes, model.totalBytes)
+                    #expect(fraction == 1 && bytes == 1_500_000 && total == 1_500_000)
+                    let (file, error) = await (model.fileURL, model.error)
+                    #expect(file?.path == directory + "/big" && error == nil)
+                    while await queue.completed != 1 { try await Task.sleep(for: .milliseconds(5)) }
+                    let (queueFraction, running) = await (queue.fraction, queue.running)
+                    #expect(queueFraction == 1 && running == 0)
+                    #expect(await queue.downloads.first?.state == .completed)
+                    let missing = try #require(URL(string: server.url("/none")))
+                    await expectHaulError(.unknownDownload) { try await manager.observe(missing) }
+                }
+            }
+        }
+    }
+
+    /// Counts every change Observation reports for the model's byte count, tracking it again after each.
+    @MainActor
+    static func track(_ model: ObservedDownload, _ changes: Changes) {
+        withObservationTracking {
+            _ = model.bytes
+        } onChange: {
+            changes.add()
+            Task { @MainActor in track(model, changes) }
+        }
+    }
+
+    @Test("the closures are called in order: the state at once, progress, then each change")
+    func closuresInOrder() async throws {
+        try await HaulTestServer.withRunning { server in
+            try await withTemporaryDirectory { directory in
+                let resource = TestResource(name: "c", size: 1_000_000)
+                server.add("/c", resource)
+                server.setStandingFaults("/c", [.throttle(bytesPerSecond: 2_000_000)])
+                let url = try #require(URL(string: server.url("/c")))
+                let calls = Mutex<[String]>([])
+                try await withManager(directory + "/state") { manager in
+                    let id = try await manager.download(
+                        url, to: .directory(URL(fileURLWithPath: directory)),
+                        onProgress: { info in calls.withLock { $0.append("progress \(info.bytes)") } },
+                        onStateChange: { info in calls.withLock { $0.append(info.state.rawValue) } })
+                    await manager.start()
+                    try await waitFor(manager, id) { $0.state == .completed }
+                    try await waitUntil("the last call") { calls.withLock { $0.last } == "completed" }
+                }
+                let all = calls.withLock { $0 }
+                #expect(Array(all.prefix(2)) == ["queued", "running"], "\(all)")
+                #expect(all.last == "completed")
+                let progress = all.dropFirst(2).dropLast().map { Int64($0.dropFirst("progress ".count)) ?? -1 }
+                #expect(!progress.isEmpty && progress == progress.sorted() && progress.allSatisfy { $0 > 0 })
+                #expect(progress.last == 1_000_000, "\(all)")
+            }
+        }
+    }
+}
+
+/// How often Observation reported a change.
+final class Changes: Sendable {
+    private let value = Mutex(0)
+    var count: Int { value.withLock { $0 } }
+    func add() { value.withLock { $0 += 1 } }
+}
