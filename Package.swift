@@ -3,7 +3,9 @@ import PackageDescription
 
 let package = Package(
     name: "Haul",
-    platforms: [.macOS(.v15)],
+    // The lowest versions the code needs: Synchronization's Mutex (the standard library's lock, used
+    // throughout) first shipped with macOS 15, iOS 18, tvOS 18 and visionOS 2; Observation needs less.
+    platforms: [.macOS(.v15), .iOS(.v18), .tvOS(.v18), .visionOS(.v2)],
     products: [
         .library(name: "Haul", targets: ["Haul"]),
         .library(name: "HaulTestServer", targets: ["HaulTestServer"]),

@@ -107,9 +107,12 @@ public enum DaemonFiles {
         let lockPath = stateDirectory + "/" + lockName
         guard let descriptor = try? POSIX.open(lockPath, flags: O_RDWR | O_NOFOLLOW) else { return nil }
         defer { POSIX.close(descriptor) }
-        if POSIX.exists("/proc/locks") {
-            // Read who holds it rather than try it: a daemon starting now must not find it taken.
-            return POSIX.flockOwner(descriptor) != nil ? address : nil
+        // Read who holds it rather than try it, where the platform tells: a daemon starting now must
+        // not find it taken.
+        switch Platform.lockHolder(descriptor) {
+        case .process: return address
+        case .nobody: return nil
+        case .unknown: break
         }
         if flock(descriptor, LOCK_SH | LOCK_NB) == 0 {
             // Nobody holds it: the daemon that wrote the address is gone.

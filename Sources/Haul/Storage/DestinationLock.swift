@@ -36,14 +36,14 @@ final class DestinationLock: Sendable {
             let (descriptor, created) = try POSIX.openOrCreate(path, flags: O_RDWR)
             if flock(descriptor, LOCK_EX | LOCK_NB) != 0 {
                 let code = errno
-                let owner = POSIX.flockOwner(descriptor)
+                let owner = Platform.lockHolder(descriptor)
                 POSIX.close(descriptor)
                 guard code == EWOULDBLOCK || code == EAGAIN else { throw POSIX.error("lock", path: path, errno: code) }
                 let who: String
                 switch owner {
-                case nil: who = "another process"
-                case POSIX.processID: who = "another download in this process (pid \(POSIX.processID))"
-                case let pid?: who = "another process (pid \(pid))"
+                case .nobody, .unknown: who = "another process"
+                case .process(POSIX.processID): who = "another download in this process (pid \(POSIX.processID))"
+                case .process(let pid): who = "another process (pid \(pid))"
                 }
                 throw HaulError(.locked, "\(paths.destination) is being downloaded by \(who)")
             }
@@ -82,15 +82,5 @@ final class DestinationLock: Sendable {
 /// Identifies the current boot of the kernel, so `written` (page-cache) offsets recorded before a
 /// reboot are never trusted after it.
 enum BootIdentity {
-    static let current: String? = {
-        #if os(Linux)
-            guard let bytes = try? POSIX.readWholeFile("/proc/sys/kernel/random/boot_id", limit: 64),
-                let text = String(validating: bytes, as: UTF8.self)
-            else { return nil }
-            let trimmed = text.filter { !$0.isWhitespace }
-            return trimmed.isEmpty ? nil : trimmed
-        #else
-            return nil
-        #endif
-    }()
+    static let current: String? = Platform.bootIdentity()
 }

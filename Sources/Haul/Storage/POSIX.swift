@@ -44,45 +44,6 @@ package enum POSIX {
         }
     }
 
-    /// The process that holds a `flock` on the open file `descriptor`, as `/proc/locks` lists it;
-    /// `nil` where that list is not available.
-    package static func flockOwner(_ descriptor: Int32) -> Int32? {
-        #if os(Linux)
-            var status = stat()
-            guard fstat(descriptor, &status) == 0,
-                let bytes = try? readWholeFile("/proc/locks", limit: 1 << 20),
-                let text = String(validating: bytes, as: UTF8.self)
-            else { return nil }
-            let device = UInt64(status.st_dev)
-            let major = ((device >> 8) & 0xfff) | ((device >> 32) & ~0xfff)
-            let minor = (device & 0xff) | ((device >> 12) & ~0xff)
-            let file =
-                String(major, radix: 16).leftPadded(to: 2) + ":" + String(minor, radix: 16).leftPadded(to: 2)
-                + ":" + String(status.st_ino)
-            // "1: FLOCK  ADVISORY  WRITE 4242 fd:01:1234 0 EOF"; waiting requests carry "->" and are skipped.
-            for line in text.split(separator: "\n") {
-                let fields = line.split(separator: " ")
-                guard fields.count >= 6, fields[1] == "FLOCK", fields[5] == file else { continue }
-                return Int32(fields[4])
-            }
-            return nil
-        #else
-            return nil
-        #endif
-    }
-
-    /// The open flag for direct I/O (`O_DIRECT`, which Glibc's module does not export); `nil` where
-    /// Haul does not use it.
-    package static var directIOFlag: Int32? {
-        #if os(Linux) && arch(x86_64)
-            return 0o40000
-        #elseif os(Linux) && arch(arm64)
-            return 0o200000
-        #else
-            return nil
-        #endif
-    }
-
     /// The device and inode of an open file.
     package static func identity(_ descriptor: Int32) throws -> [UInt64] {
         var status = stat()
@@ -143,12 +104,7 @@ package enum POSIX {
 
     /// Flushes the file's data (and the metadata needed to read it back) to stable storage.
     package static func syncData(_ descriptor: Int32, path: String) throws {
-        #if canImport(Darwin)
-            let result = fcntl(descriptor, F_FULLFSYNC)
-        #else
-            let result = fdatasync(descriptor)
-        #endif
-        if result != 0 { throw error("sync", path: path) }
+        if Platform.syncData(descriptor) != 0 { throw error("sync", path: path) }
     }
 
     package static func syncAll(_ descriptor: Int32, path: String) throws {
@@ -296,9 +252,3 @@ public struct SystemError: Error, Sendable, Equatable {
     }
     private let systemUnlink: @Sendable (UnsafePointer<CChar>) -> Int32 = { Darwin.unlink($0) }
 #endif
-
-extension String {
-    fileprivate func leftPadded(to width: Int) -> String {
-        count >= width ? self : String(repeating: "0", count: width - count) + self
-    }
-}

@@ -1,4 +1,3 @@
-import CHaulSystem
 import NIOCore
 import NIOPosix
 import Synchronization
@@ -46,10 +45,10 @@ final class PartialFile: Sendable {
     /// returns false when the file system or the platform does not offer it.
     @discardableResult
     func enableDirectWrites() -> Bool {
-        guard let flag = POSIX.directIOFlag else { return false }
-        return directDescriptor.withLock { direct in
+        directDescriptor.withLock { direct in
             if direct != nil { return true }
-            guard let opened = try? POSIX.open(path, flags: O_WRONLY | O_NOFOLLOW | flag) else { return false }
+            let opened = Platform.openUncached(path, flags: O_WRONLY | O_NOFOLLOW)
+            guard opened >= 0 else { return false }
             // The same file, not one that replaced it at this path in between.
             guard let mine = try? POSIX.identity(descriptor), let theirs = try? POSIX.identity(opened), mine == theirs
             else {
@@ -112,14 +111,16 @@ final class PartialFile: Sendable {
     func reserve(from offset: Int64, upTo length: Int64, keepingSize: Bool) async throws -> Bool {
         guard offset < length else { return true }
         return try await io.run { [descriptor, path] in
-            while haul_fallocate(descriptor, keepingSize ? 1 : 0, off_t(offset), off_t(length - offset)) != 0 {
-                switch errno {
+            while true {
+                let failure = Platform.reserveSpace(
+                    descriptor, offset: offset, length: length - offset, keepingSize: keepingSize)
+                switch failure {
+                case 0: return true
                 case EINTR: continue
                 case EOPNOTSUPP, ENOSYS, EINVAL: return false
-                default: throw POSIX.error("reserve space for", path: path)
+                default: throw POSIX.error("reserve space for", path: path, errno: failure)
                 }
             }
-            return true
         }
     }
 

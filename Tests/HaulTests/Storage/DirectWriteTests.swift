@@ -11,10 +11,10 @@ import Testing
 
 /// Whether the file system under `directory` takes direct I/O (tmpfs and some others do not).
 func directIOAvailable(in directory: String) -> Bool {
-    guard let flag = POSIX.directIOFlag else { return false }
     let path = directory + "/.direct-probe"
-    let descriptor = open(path, O_WRONLY | O_CREAT | flag, 0o644)
+    close(open(path, O_WRONLY | O_CREAT, 0o644))
     defer { unlink(path) }
+    let descriptor = Platform.openUncached(path, flags: O_WRONLY)
     guard descriptor >= 0 else { return false }
     close(descriptor)
     return true

@@ -1,0 +1,69 @@
+#if canImport(Darwin)
+    import Darwin
+
+    extension Platform {
+        /// An identity of the running kernel's boot: the `kern.bootsessionuuid` sysctl; `nil` when it
+        /// cannot be read.
+        package static func bootIdentity() -> String? {
+            var size = 0
+            guard sysctlbyname("kern.bootsessionuuid", nil, &size, nil, 0) == 0, size > 0 else { return nil }
+            var buffer = [CChar](repeating: 0, count: size)
+            guard sysctlbyname("kern.bootsessionuuid", &buffer, &size, nil, 0) == 0 else { return nil }
+            let text = String(cString: buffer).filter { !$0.isWhitespace }
+            return text.isEmpty ? nil : text
+        }
+
+        /// Reserves disk space for bytes `offset..<offset + length` of the open file
+        /// (`F_PREALLOCATE`, contiguous when it can be, from the end of the space already
+        /// allocated); without `keepingSize` the file is then extended to `offset + length`.
+        /// Returns 0, or the `errno` of the failure.
+        package static func reserveSpace(_ descriptor: Int32, offset: Int64, length: Int64, keepingSize: Bool)
+            -> Int32
+        {
+            var current = stat()
+            guard fstat(descriptor, &current) == 0 else { return errno }
+            // F_PEOFPOSMODE counts from the end of what the file has allocated: ask for what lies past it.
+            let wanted = offset + length - Int64(current.st_blocks) * 512
+            if wanted > 0 {
+                var store = fstore_t(
+                    fst_flags: UInt32(F_ALLOCATECONTIG), fst_posmode: F_PEOFPOSMODE, fst_offset: 0,
+                    fst_length: off_t(wanted), fst_bytesalloc: 0)
+                if fcntl(descriptor, F_PREALLOCATE, &store) != 0 {
+                    // Not in one piece: anywhere will do.
+                    store.fst_flags = UInt32(F_ALLOCATEALL)
+                    guard fcntl(descriptor, F_PREALLOCATE, &store) == 0 else { return errno }
+                }
+            }
+            if !keepingSize && Int64(current.st_size) < offset + length {
+                guard ftruncate(descriptor, off_t(offset + length)) == 0 else { return errno }
+            }
+            return 0
+        }
+
+        /// Opens `path` for writes that bypass the page cache (`F_NOCACHE` on the new descriptor);
+        /// -1 with `errno` set when the file cannot be opened so.
+        package static func openUncached(_ path: String, flags: Int32) -> Int32 {
+            guard let descriptor = try? POSIX.open(path, flags: flags) else { return -1 }
+            guard fcntl(descriptor, F_NOCACHE, 1) == 0 else {
+                let code = errno
+                POSIX.close(descriptor)
+                errno = code
+                return -1
+            }
+            return descriptor
+        }
+
+        /// Flushes the file's data to stable storage: `F_FULLFSYNC`, which also empties the drive's
+        /// own cache (plain `fsync` does not on Apple platforms), else `fsync` where the file system
+        /// does not take it. Returns 0, or -1 with `errno` set.
+        package static func syncData(_ descriptor: Int32) -> Int32 {
+            fcntl(descriptor, F_FULLFSYNC) == 0 ? 0 : fsync(descriptor)
+        }
+
+        /// Who holds a `flock` on the open file: the platform keeps no list to read, so the caller
+        /// tries the lock instead.
+        package static func lockHolder(_ descriptor: Int32) -> LockHolder {
+            .unknown
+        }
+    }
+#endif

@@ -1,0 +1,84 @@
+#if os(Linux)
+    import CHaulSystem
+
+    #if canImport(Glibc)
+        import Glibc
+    #elseif canImport(Musl)
+        import Musl
+    #endif
+
+    extension Platform {
+        /// An identity of the running kernel's boot: `/proc/sys/kernel/random/boot_id`; `nil` when it
+        /// cannot be read.
+        package static func bootIdentity() -> String? {
+            guard let bytes = try? POSIX.readWholeFile("/proc/sys/kernel/random/boot_id", limit: 64),
+                let text = String(validating: bytes, as: UTF8.self)
+            else { return nil }
+            let trimmed = text.filter { !$0.isWhitespace }
+            return trimmed.isEmpty ? nil : trimmed
+        }
+
+        /// Reserves disk space for bytes `offset..<offset + length` of the open file (`fallocate`);
+        /// with `keepingSize` the file's length stays as it is. Returns 0, or the `errno` of the
+        /// failure (`EOPNOTSUPP` where the file system cannot).
+        package static func reserveSpace(_ descriptor: Int32, offset: Int64, length: Int64, keepingSize: Bool)
+            -> Int32
+        {
+            haul_fallocate(descriptor, keepingSize ? 1 : 0, off_t(offset), off_t(length)) == 0 ? 0 : errno
+        }
+
+        /// Opens `path` for writes that bypass the page cache (`O_DIRECT`: whole pages from
+        /// page-aligned memory); -1 with `errno` set when the file system refuses.
+        package static func openUncached(_ path: String, flags: Int32) -> Int32 {
+            // Glibc's module does not export O_DIRECT; its value differs between architectures.
+            #if arch(x86_64)
+                let direct: Int32? = 0o40000
+            #elseif arch(arm64)
+                let direct: Int32? = 0o200000
+            #else
+                let direct: Int32? = nil
+            #endif
+            guard let direct else {
+                errno = EINVAL
+                return -1
+            }
+            return (try? POSIX.open(path, flags: flags | direct)) ?? -1
+        }
+
+        /// Flushes the file's data, and the metadata needed to read it back, to stable storage
+        /// (`fdatasync`). Returns 0, or -1 with `errno` set.
+        package static func syncData(_ descriptor: Int32) -> Int32 {
+            fdatasync(descriptor)
+        }
+
+        /// The process holding a `flock` on the open file, from `/proc/locks`.
+        package static func lockHolder(_ descriptor: Int32) -> LockHolder {
+            var status = stat()
+            guard fstat(descriptor, &status) == 0,
+                let bytes = try? POSIX.readWholeFile("/proc/locks", limit: 1 << 20),
+                let text = String(validating: bytes, as: UTF8.self)
+            else { return .unknown }
+            let device = UInt64(status.st_dev)
+            let major = ((device >> 8) & 0xfff) | ((device >> 32) & ~0xfff)
+            let minor = (device & 0xff) | ((device >> 12) & ~0xff)
+            let file =
+                String(major, radix: 16).leftPadded(to: 2) + ":" + String(minor, radix: 16).leftPadded(to: 2)
+                + ":" + String(status.st_ino)
+            // "1: FLOCK  ADVISORY  WRITE 4242 fd:01:1234 0 EOF"; waiting requests carry "->" and are skipped.
+            for line in text.split(separator: "\n") {
+                let fields = line.split(separator: " ")
+                guard fields.count >= 6, fields[1] == "FLOCK", fields[5] == file, let pid = Int32(fields[4]) else {
+                    continue
+                }
+                return .process(pid)
+            }
+            return .nobody
+        }
+    }
+
+    extension String {
+        fileprivate func leftPadded(to width: Int) -> String {
+            count >= width ? self : String(repeating: "0", count: width - count) + self
+        }
+    }
+#endif
