@@ -1,4 +1,5 @@
 import Haul
+import HaulDaemon
 
 /// The exit codes `haul` documents in its README; scripts may rely on them.
 enum ExitCodes {
@@ -29,7 +30,7 @@ enum ExitCodes {
         case .database: 19
         case .cancelled: interrupted
         // A haul daemon refused a destination outside its download roots: bad input, as anywhere else.
-        case let code where code.name == "outsideDownloadRoot": 2
+        case .outsideDownloadRoot: 2
         default: unexpected
         }
     }

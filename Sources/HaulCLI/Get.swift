@@ -183,10 +183,15 @@ struct Get: AsyncParsableCommand {
     @OptionGroup var daemon: DaemonUseOptions
 
     func run() async throws {
-        try await followInDaemon(state, transfer, display, daemon) { client in
+        let request = self.request
+        let transfer = self.transfer
+        let quiet = display.quiet || display.json
+        try await followInDaemon(
+            state, transfer, display, daemon, perDownload: true, headers: try parseHeaders(request.headers)
+        ) { client, queued in
             let requests = try request.daemonRequests(transfer)
-            request.noteWeakChecksum(quiet: display.quiet || display.json)
-            return try await client.add(requests, priority: try request.parsedPriority()).map(\.id)
+            request.noteWeakChecksum(quiet: quiet)
+            queued.add(try await client.add(requests, priority: try request.parsedPriority()))
         }
         let (manager, ids) = try await reportingErrors {
             try await request.enqueue(

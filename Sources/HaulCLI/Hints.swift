@@ -1,4 +1,5 @@
 import Haul
+import HaulDaemon
 
 /// What `haul` adds to the library's messages: the option that helps, where one does. The library
 /// describes what happened; only the command line knows its own options.
@@ -11,7 +12,7 @@ extension HaulError {
             "\(message) (-o NAME names the file)"
         case .destinationExists:
             "\(message); use --force to replace it once the new download is complete"
-        case let code where code.name == "outsideDownloadRoot":
+        case .outsideDownloadRoot:
             "\(message); give the haul daemon a --download-root that holds it, or add --no-daemon to download "
                 + "in this process"
         default:

@@ -87,8 +87,8 @@ struct TransferOptions: ParsableArguments {
 
     func validate() throws {
         guard jobs >= 1 else { throw ValidationError("--jobs must be 1 or more") }
-        if let connections, !(1...64).contains(connections) {
-            throw ValidationError("--connections must be from 1 to 64")
+        if let connections, !(1...DownloadRequest.maximumConnections).contains(connections) {
+            throw ValidationError("--connections must be from 1 to \(DownloadRequest.maximumConnections)")
         }
         guard let split = try Self.rate(minSplitSize, option: "--min-split-size"), split >= 64 * 1024 else {
             throw ValidationError("--min-split-size must be at least 64k")

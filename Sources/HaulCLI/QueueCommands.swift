@@ -1,6 +1,15 @@
 import ArgumentParser
 import Haul
 import HaulDaemon
+import Synchronization
+
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Musl)
+    import Musl
+#elseif canImport(Darwin)
+    import Darwin
+#endif
 
 /// Parses download IDs given on the command line.
 private func parseIDs(_ values: [String]) throws -> [DownloadID] {
@@ -55,41 +64,85 @@ func withQueueOrDaemon<Result>(
     }
 }
 
+/// The downloads a command has queued in the haul daemon so far, to name them if a later one fails.
+final class QueuedInDaemon: Sendable {
+    private let queued = Mutex<[DownloadInfo]>([])
+
+    var all: [DownloadInfo] { queued.withLock { $0 } }
+
+    /// Adds what the daemon answered.
+    func add(_ infos: [DownloadInfo]) { queued.withLock { $0 += infos } }
+}
+
 /// When a haul daemon runs on the state directory (and `--no-daemon` is not given): lets `queue` put
 /// downloads in it, follows them to their end and exits as a run in this process would. Returns
 /// without doing anything when no daemon runs.
+///
+/// - Parameters:
+///   - perDownload: whether `-x` and `--limit-rate` apply (to downloads being added); otherwise
+///     they are refused like the queue's settings.
+///   - headers: the request headers given, which go to the daemon only when it runs on this machine
+///     (credentials never cross the network in the clear).
 func followInDaemon(
     _ state: StateOptions, _ transfer: TransferOptions, _ display: OutputOptions, _ use: DaemonUseOptions,
-    _ queue: (DaemonClient) async throws -> [DownloadID]
+    perDownload: Bool, headers: [(name: String, value: String)],
+    _ queue: @escaping (DaemonClient, QueuedInDaemon) async throws -> Void
 ) async throws {
     guard !use.noDaemon,
         let client = try await reportingErrors({ try DaemonClient.running(on: POSIX.absolutePath(state.directory)) })
     else { return }
-    let ids = try await reportingErrors { () -> ([DownloadID], DaemonClient.EventStream) in
-        do {
-            if let setting = transfer.queueSettingsGiven.first {
-                throw HaulError(
-                    .invalidArgument,
-                    "\(setting) is a setting of the haul daemon that runs on \(state.directory), which runs this "
-                        + "download: give it to `haul daemon`, or add --no-daemon to download in this process")
-            }
-            if display.verbose {
-                Output.standardError(
-                    "haul: note: the haul daemon runs this download; its log has the details -v would show\n")
-            }
-            // Opened first: no event of the downloads queued next is missed.
-            let stream = try await client.events()
-            return (try await queue(client), stream)
-        } catch {
-            try? await client.shutdown()
-            throw error
+    // Installed before anything is queued: a Ctrl-C from here on leaves what was queued running.
+    let signals = SignalWatcher(signals: [SIGINT, SIGTERM])
+    let queued = QueuedInDaemon()
+    let stream: DaemonClient.EventStream
+    let target: String
+    do {
+        var refused = transfer.queueSettingsGiven
+        if !perDownload {
+            if transfer.connections != nil { refused.append("--connections") }
+            if transfer.limitRate != nil { refused.append("--limit-rate") }
         }
+        if let setting = refused.first {
+            let whose =
+                perDownload
+                ? "a setting of the haul daemon that runs on \(state.directory), which runs this download: give it to `haul daemon`"
+                : "given when a download is added; the haul daemon that runs on \(state.directory) keeps what it was added with"
+            throw HaulError(.invalidArgument, "\(setting) is \(whose), or add --no-daemon to download in this process")
+        }
+        let credentials = ["authorization", "proxy-authorization", "cookie"]
+        if !client.isLocal, let secret = headers.first(where: { credentials.contains($0.name.lowercased()) }) {
+            throw HaulError(
+                .invalidArgument,
+                "the haul daemon at \(client.url) is not on this machine: \(secret.name) is not sent to it; add "
+                    + "--no-daemon to download in this process")
+        }
+        if display.verbose {
+            Output.standardError(
+                "haul: note: the haul daemon runs this download; its log has the details -v would show\n")
+        }
+        // Opened first: no event of the downloads queued next is missed.
+        stream = try await client.events()
+        try await queue(client, queued)
+        target = try await client.lastEventID()
+    } catch {
+        signals.stop()
+        try? await client.shutdown()
+        let message = (error as? HaulError)?.messageWithHint ?? "\(error)"
+        Output.standardError("haul: error: \(message)\n")
+        let done = queued.all.map(\.id.description)
+        if !done.isEmpty {
+            Output.standardError(
+                "haul: note: \(done.joined(separator: " ")) queued in the haul daemon before that, and running there "
+                    + "(`haul ls` shows \(done.count == 1 ? "it" : "them"))\n")
+        }
+        throw ExitCode((error as? HaulError).map { ExitCodes.code(for: $0.code) } ?? ExitCodes.unexpected)
     }
-    guard !ids.0.isEmpty else {
+    guard !queued.all.isEmpty else {
+        signals.stop()
         try? await client.shutdown()
         throw ExitCode.success
     }
-    try await QueueRun.follow(client, ids.1, ids.0, output: display)
+    try await QueueRun.follow(client, stream, queued.all, syncedAt: target, signals: signals, output: display)
 }
 
 /// Runs `body`, turning a ``HaulError`` into its one-line message and exit code.
@@ -247,21 +300,24 @@ struct Resume: AsyncParsableCommand {
 
     func run() async throws {
         let headers = try parseHeaders(headers)
-        try await followInDaemon(state, transfer, display, daemon) { client in
+        let ids = self.ids
+        let url = self.url
+        let given = headers.isEmpty ? nil : headers
+        try await followInDaemon(state, transfer, display, daemon, perDownload: false, headers: headers) {
+            client, queued in
             var selected = try parseIDs(ids)
             if selected.isEmpty {
-                let waiting = try await client.downloads(in: [.paused, .queued])
-                selected = waiting.map(\.id)
-                if selected.isEmpty { Output.standardError("haul: nothing to resume\n") }
-                for info in waiting where info.state == .paused {
-                    try await client.resume(info.id, headers: headers.isEmpty ? nil : headers)
+                // Chosen from the database, as without a daemon: what is paused or waits, and is not
+                // another process's (the daemon's own are).
+                let manager = try QueueRun.openManager(state, TransferOptions.defaults, restoring: .leave)
+                for info in await manager.downloads(in: [.paused, .queued]) {
+                    let owner = await manager.runningProcess(of: info.id)
+                    if owner == nil || owner == client.processID.map(String.init) { selected.append(info.id) }
                 }
-                return selected
+                await manager.close()
+                if selected.isEmpty { Output.standardError("haul: nothing to resume\n") }
             }
-            for id in selected {
-                try await client.resume(id, url: url, headers: headers.isEmpty ? nil : headers)
-            }
-            return selected
+            for id in selected { queued.add([try await client.resume(id, url: url, headers: given)]) }
         }
         try await runQueue(state, transfer, display) { manager in
             var selected = try parseIDs(ids)
@@ -295,9 +351,8 @@ struct Retry: AsyncParsableCommand {
 
     func run() async throws {
         let selected = try parseIDs(ids)
-        try await followInDaemon(state, transfer, display, daemon) { client in
-            for id in selected { try await client.retry(id) }
-            return selected
+        try await followInDaemon(state, transfer, display, daemon, perDownload: false, headers: []) { client, queued in
+            for id in selected { queued.add([try await client.retry(id)]) }
         }
         try await runQueue(state, transfer, display) { manager in
             for id in selected { try await manager.retry(id) }

@@ -79,7 +79,7 @@ final class QueueRenderer: Sendable {
                 permanent("haul: [\(info.id)] saved \(info.destination ?? info.name) (\(ByteCount.format(info.bytes)))")
             case .failed:
                 permanent("haul: [\(info.id)] error: \(info.error?.message ?? "failed")")
-            case .paused where info.error?.code == .diskFull:
+            case .paused where info.isWaitingForSpace:
                 permanent(
                     "haul: [\(info.id)] paused: \(info.error?.message ?? "disk full"); continues once there is room")
             case .paused:

@@ -172,17 +172,12 @@ struct API: Sendable {
         if let text = item.checksum {
             do { checksum = try Checksum(parsing: text) } catch let error as HaulError { throw APIError(error) }
         }
-        if let limit = item.limitRate, limit <= 0 {
-            throw APIError.badRequest("limitRate must be a positive number of bytes per second, got \(limit)")
-        }
-        if let connections = item.connections, !(1...DownloadRequest.maximumConnections).contains(connections) {
-            throw APIError.badRequest(
-                "connections must be from 1 to \(DownloadRequest.maximumConnections), got \(connections)")
-        }
         let request = DownloadRequest(
             url: item.url, destination: destination, headers: try Self.checkHeaders(item.headers ?? []),
             overwrite: item.overwrite ?? false, checksum: checksum, bytesPerSecondLimit: item.limitRate,
             connections: item.connections)
+        // The library's own rules (limits, connections, headers it manages), before anything is queued.
+        try perform { try request.check() }
         return (request, DownloadPriority(item.priority ?? 0))
     }
 
@@ -218,7 +213,8 @@ struct API: Sendable {
     private func events(_ request: Request) -> Response {
         let last = request.headers[HTTPField.Name("Last-Event-ID")!] ?? request.uri.queryParameters.get("lastEventId")
         let hub = self.hub
-        let (start, events) = hub.listen(after: last.flatMap(hub.number(ofLastEventID:)), fresh: last == nil)
+        let (start, position, events) = hub.listen(
+            after: last.flatMap(hub.number(ofLastEventID:)), fresh: last == nil)
         let keepAlive = self.keepAlive
         let body = ResponseBody { writer in
             var opening = "retry: 2000\n\n"
@@ -226,6 +222,9 @@ struct API: Sendable {
             case .reset: opening += "event: reset\ndata: {}\n\n"
             case .replay(let missed): opening += missed.map(hub.text).joined()
             }
+            // Where the stream stands: every event up to this one is accounted for above (a message
+            // with only an ID moves a client's Last-Event-ID without an event).
+            opening += "id: \(hub.run)-\(position)\n\n"
             try await writer.write(ByteBuffer(string: opening))
             // Bounded: a client that stops reading is cut off once this fills (it reconnects with
             // Last-Event-ID and gets what it missed), instead of holding the daemon's memory.
@@ -291,6 +290,14 @@ struct API: Sendable {
         }
     }
 
+    private func perform<Value>(_ operation: () throws -> Value) throws -> Value {
+        do {
+            return try operation()
+        } catch let error as HaulError {
+            throw APIError(error)
+        }
+    }
+
     private func optionalBody<Value: Decodable>(_ type: Value.Type, _ request: Request) async throws -> Value? {
         let buffer = try await JSONBody.collect(request, limit: maxBodyBytes)
         guard buffer.readableBytes > 0 else { return nil }
@@ -338,14 +345,17 @@ struct API: Sendable {
         else { throw APIError(HaulError(.invalidURL, "\"\(text)\" is not an http or https URL")) }
     }
 
-    /// The headers as the library takes them; throws for a name or value that is not valid.
+    /// The headers as the library takes them; throws for a name that is not a token (the document's
+    /// pattern) or one the library refuses.
     private static func checkHeaders(_ headers: [NewDownload.Header]) throws -> [(name: String, value: String)] {
-        try headers.map { header in
-            guard Self.isHeaderName(header.name), !header.value.contains(where: { $0 == "\r" || $0 == "\n" }) else {
+        let checked = try headers.map { header in
+            guard Self.isHeaderName(header.name) else {
                 throw APIError.badRequest("the header \"\(header.name)\" is not a valid header")
             }
-            return (header.name, header.value)
+            return (name: header.name, value: header.value)
         }
+        do { try DownloadRequest.check(headers: checked) } catch let error as HaulError { throw APIError(error) }
+        return checked
     }
 
     private static func isHeaderName(_ name: String) -> Bool {
@@ -388,7 +398,8 @@ struct DownloadRoots: Sendable {
     func confine(_ path: String, isDirectory: Bool) throws -> String {
         guard !path.isEmpty, !path.contains("\0") else { throw APIError.badRequest("a path is empty or holds a NUL") }
         if path.split(separator: "/").contains("..") {
-            throw APIError(.forbidden, "outsideDownloadRoot", "a path with \"..\" is refused: \(path)")
+            throw APIError(
+                .forbidden, HaulError.Code.outsideDownloadRoot.name, "a path with \"..\" is refused: \(path)")
         }
         let absolute = POSIX.absolutePath(path.hasPrefix("/") ? path : directories[0] + "/" + path)
         // The deepest part that exists decides where the path really leads.
@@ -406,15 +417,17 @@ struct DownloadRoots: Sendable {
         if real.isEmpty { real = "/" }
         guard let root = directories.first(where: { Self.contains($0, real) }) else {
             throw APIError(
-                .forbidden, "outsideDownloadRoot",
+                .forbidden, HaulError.Code.outsideDownloadRoot.name,
                 "\(path) is outside the download roots (\(directories.joined(separator: ", ")))")
         }
         if forbidden.contains(where: { Self.contains($0, real) }) {
-            throw APIError(.forbidden, "outsideDownloadRoot", "\(path) is in the daemon's state directory")
+            throw APIError(
+                .forbidden, HaulError.Code.outsideDownloadRoot.name, "\(path) is in the daemon's state directory")
         }
         // Dot files and dot directories hold settings and keys (.ssh, .bashrc, .config): never written.
         if real.dropFirst(root.count).split(separator: "/").contains(where: { $0.hasPrefix(".") }) {
-            throw APIError(.forbidden, "outsideDownloadRoot", "\(path) is or lies in a hidden file or directory")
+            throw APIError(
+                .forbidden, HaulError.Code.outsideDownloadRoot.name, "\(path) is or lies in a hidden file or directory")
         }
         if !isDirectory && real == resolved && POSIX.isDirectory(real) {
             throw APIError(.conflict, "destinationExists", "\(path) is a directory: give it as \"directory\"")

@@ -9,6 +9,12 @@ import NIOCore
     import Foundation
 #endif
 
+extension HaulError.Code {
+    /// A haul daemon refused a destination outside its download roots (or in a hidden or its state
+    /// directory).
+    public static let outsideDownloadRoot = HaulError.Code("outsideDownloadRoot")
+}
+
 /// An error the API answers with: an HTTP status and a JSON body
 /// `{"error": {"code": "...", "message": "..."}}`. Library failures keep their ``HaulError`` code;
 /// the API's own refusals (a missing token, a foreign host) have codes of their own.

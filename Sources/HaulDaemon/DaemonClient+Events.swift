@@ -1,6 +1,7 @@
 import AsyncHTTPClient
 import Haul
 import NIOCore
+import Synchronization
 
 #if canImport(FoundationEssentials)
     import FoundationEssentials
@@ -15,6 +16,8 @@ extension DaemonClient {
         case download(DownloadManagerEvent)
         /// The daemon no longer holds the events since the last one received: read again what is shown.
         case reset
+        /// Where the stream stands, sent as it opens: every event up to this ID has been delivered.
+        case position(String)
     }
 
     /// The daemon's live events: those after `lastEventID` when given (else from now on), until either
@@ -36,8 +39,9 @@ extension DaemonClient {
         return EventStream(body: response.body, url: url)
     }
 
-    /// The events of one stream, parsed from `text/event-stream`.
+    /// The events of one stream, parsed from `text/event-stream`. A stream is read once.
     public final class EventStream: AsyncSequence, Sendable {
+        /// What the stream yields.
         public typealias Element = Event
         private let body: HTTPClientResponse.Body
         private let url: String
@@ -74,8 +78,11 @@ extension DaemonClient {
                         throw HaulError(.network, "lost the haul daemon's event stream at \(url): \(error)")
                     }
                     guard let chunk else { return nil }
-                    for message in parser.feed(String(buffer: chunk)) {
-                        if let id = message.id { last.value = id }
+                    for message in parser.feed(chunk.readableBytesView) {
+                        if let id = message.id {
+                            last.value = id
+                            if message.events.isEmpty { ready.append(.position(id)) }
+                        }
                         ready += message.events
                     }
                 }
@@ -84,14 +91,19 @@ extension DaemonClient {
         }
     }
 
-    /// The last event ID a stream saw, read by its owner while the iterator runs.
-    final class LastEventID: @unchecked Sendable {
-        // Written by the one iterator of a stream, read by the task that owns both.
-        var value: String?
+    /// The last event ID a stream saw.
+    final class LastEventID: Sendable {
+        private let stored = Mutex<String?>(nil)
+
+        var value: String? {
+            get { stored.withLock { $0 } }
+            set { stored.withLock { $0 = newValue } }
+        }
     }
 }
 
-/// Cuts `text/event-stream` into messages and turns each into the events it stands for.
+/// Cuts `text/event-stream` into messages and turns each into the events it stands for. Lines end
+/// with LF, CR LF or CR, wherever the chunks are cut; each line is decoded as UTF-8 once whole.
 struct EventParser {
     /// One message: its ID and what it says.
     struct Message {
@@ -99,50 +111,72 @@ struct EventParser {
         var events: [DaemonClient.Event]
     }
 
-    private var pending = ""
+    private var line: [UInt8] = []
+    /// The last byte was a CR: an LF right after it belongs to the same line end.
+    private var afterCR = false
+    private var fields = Fields()
 
-    /// The messages `text` completes.
-    mutating func feed(_ text: String) -> [Message] {
-        pending += text.replacingOccurrences(of: "\r\n", with: "\n")
+    private struct Fields {
+        var id: String?
+        var name = "message"
+        var data: [String] = []
+    }
+
+    /// The messages `bytes` completes.
+    mutating func feed(_ bytes: some Sequence<UInt8>) -> [Message] {
         var messages: [Message] = []
-        while let end = pending.range(of: "\n\n") {
-            let block = pending[..<end.lowerBound]
-            pending.removeSubrange(..<end.upperBound)
-            if let message = Self.message(block) { messages.append(message) }
+        for byte in bytes {
+            if afterCR {
+                afterCR = false
+                if byte == UInt8(ascii: "\n") { continue }
+            }
+            switch byte {
+            case UInt8(ascii: "\n"), UInt8(ascii: "\r"):
+                afterCR = byte == UInt8(ascii: "\r")
+                if let message = endLine() { messages.append(message) }
+            default:
+                line.append(byte)
+            }
         }
         return messages
     }
 
-    private static func message(_ block: Substring) -> Message? {
-        var id: String?
-        var name = "message"
-        var data: [Substring] = []
-        for line in block.split(separator: "\n", omittingEmptySubsequences: false) where !line.hasPrefix(":") {
-            let (field, value) = Self.field(line)
-            switch field {
-            case "id": id = String(value)
-            case "event": name = String(value)
-            case "data": data.append(value)
-            default: break
-            }
+    /// Takes in the line read; a blank line ends a message.
+    private mutating func endLine() -> Message? {
+        defer { line = [] }
+        guard !line.isEmpty else {
+            defer { fields = Fields() }
+            guard fields.id != nil || !fields.data.isEmpty else { return nil }
+            return Message(id: fields.id, events: Self.events(fields.name, fields.data.joined(separator: "\n")))
         }
-        guard id != nil || !data.isEmpty else { return nil }
-        return Message(id: id, events: Self.events(name, data.joined(separator: "\n")))
+        guard line.first != UInt8(ascii: ":") else { return nil }
+        let text = String(decoding: line, as: UTF8.self)
+        let field: Substring
+        var value: Substring = ""
+        if let colon = text.firstIndex(of: ":") {
+            field = text[..<colon]
+            value = text[text.index(after: colon)...]
+            if value.first == " " { value = value.dropFirst() }
+        } else {
+            field = Substring(text)
+        }
+        switch field {
+        case "id": fields.id = String(value)
+        case "event": fields.name = String(value)
+        case "data": fields.data.append(String(value))
+        default: break
+        }
+        return nil
     }
 
-    private static func field(_ line: Substring) -> (Substring, Substring) {
-        guard let colon = line.firstIndex(of: ":") else { return (line, "") }
-        var value = line[line.index(after: colon)...]
-        if value.first == " " { value = value.dropFirst() }
-        return (line[..<colon], value)
-    }
-
-    /// The event a message of `name` with `data` stands for; none for a name this client does not know.
+    /// The event a message of `name` with `data` stands for; none for a name this client does not
+    /// know. One it cannot read counts as a reset: what it said is read anew.
     static func events(_ name: String, _ data: String) -> [DaemonClient.Event] {
         if name == "reset" { return [.reset] }
+        guard Self.known.contains(name) else { return [] }
         let decoder = JSONDecoder()
         decoder.dateDecodingStrategy = .iso8601
-        guard let body = try? decoder.decode(DownloadEventBody.self, from: Data(data.utf8)) else { return [] }
+        guard let body = try? decoder.decode(DownloadEventBody.self, from: Data(data.utf8)) else { return [.reset] }
         let info = body.download.info
         let kind: DownloadManagerEvent.Kind
         switch name {
@@ -156,25 +190,29 @@ struct EventParser {
                         bytes: info.bytes, totalBytes: info.totalBytes, bytesPerSecond: info.bytesPerSecond ?? 0,
                         secondsRemaining: info.secondsRemaining, connections: info.openConnections ?? 0)))
         case "started":
-            guard let start = body.start else { return [] }
+            guard let start = body.start else { return [.reset] }
             kind = .transfer(.started(start.start))
         case "restarted":
-            guard let restart = body.restart else { return [] }
-            let reason =
-                RestartReason(name: restart.reason, detail: restart.detail) ?? .untrustedPartial(restart.message)
+            // A reason this client does not know (a newer daemon's) is not shown rather than misnamed.
+            guard let restart = body.restart, let reason = RestartReason(name: restart.reason, detail: restart.detail)
+            else { return [] }
             kind = .transfer(.restarted(reason))
         case "retrying":
-            guard let retry = body.retry else { return [] }
+            guard let retry = body.retry else { return [.reset] }
             kind = .transfer(
                 .retrying(
                     attempt: retry.attempt, delay: .milliseconds(Int64(retry.delaySeconds * 1000)),
                     error: HaulError(HaulError.Code(retry.error.code), retry.error.message)))
         case "completed":
-            guard let result = body.result else { return [] }
+            guard let result = body.result else { return [.reset] }
             kind = .transfer(.completed(result.result))
         default:
             return []
         }
         return [.download(DownloadManagerEvent(kind: kind, download: info))]
     }
+
+    private static let known: Set<String> = [
+        "added", "state", "removed", "progress", "started", "restarted", "retrying", "completed",
+    ]
 }

@@ -17,6 +17,8 @@ import NIOHTTP1
 public final class DaemonClient: Sendable {
     /// The daemon's base URL.
     public let url: String
+    /// The daemon's process ID, when known from its address file.
+    public let processID: Int32?
     private let token: String
     let client: HTTPClient
 
@@ -26,13 +28,14 @@ public final class DaemonClient: Sendable {
         guard let address = DaemonFiles.runningDaemon(in: stateDirectory),
             let token = try DaemonFiles.existingToken(in: stateDirectory)
         else { return nil }
-        return DaemonClient(url: address.url, token: token)
+        return DaemonClient(url: address.url, token: token, processID: address.processID)
     }
 
     /// A client of the daemon at `url`, with its token.
-    public init(url: String, token: String) {
+    public init(url: String, token: String, processID: Int32? = nil) {
         self.url = url
         self.token = token
+        self.processID = processID
         // The event stream sends a comment at least every 15 s: a minute of silence is a daemon
         // that hangs, not one that has nothing to say.
         var configuration = HTTPClient.Configuration(timeout: .init(connect: .seconds(5), read: .seconds(60)))
@@ -74,6 +77,18 @@ public final class DaemonClient: Sendable {
             all += page.downloads.map(\.info)
             if page.downloads.isEmpty || all.count >= page.total { return all }
         }
+    }
+
+    /// The ID of the daemon's last event: every change up to now comes in an event stream up to it.
+    public func lastEventID() async throws -> String {
+        let page: DownloadList = try await call(.GET, "/downloads?limit=1")
+        return page.lastEventId
+    }
+
+    /// Whether the daemon listens on a loopback address, so that what is sent to it stays on this machine.
+    public var isLocal: Bool {
+        guard let host = URL(string: url)?.host else { return false }
+        return Daemon.isLoopback(host.hasPrefix("[") ? String(host.dropFirst().dropLast()) : host)
     }
 
     /// One download.

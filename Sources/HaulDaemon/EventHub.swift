@@ -94,13 +94,15 @@ final class EventHub: Sendable {
     }
 
     /// A listener's events: first what it missed since `lastEventID` (or a reset when the ring no
-    /// longer holds them), then every new event until the hub closes or the listener goes.
+    /// longer holds them), then every new event until the hub closes or the listener goes; and the
+    /// number of the last event published when it began listening (every event after it comes in
+    /// the stream).
     /// - Parameter lastEventID: `nil` for a client that has seen nothing of this run: a new one
     ///   (`fresh`) gets only new events, a returning one (`Last-Event-ID` of another run) a reset.
-    func listen(after lastEventID: UInt64?, fresh: Bool = false) -> (Start, AsyncStream<Event>) {
+    func listen(after lastEventID: UInt64?, fresh: Bool = false) -> (Start, UInt64, AsyncStream<Event>) {
         let (stream, continuation) = AsyncStream<Event>.makeStream(
             bufferingPolicy: .bufferingOldest(Self.listenerBuffer))
-        let (start, key) = state.withLock { state -> (Start, Int?) in
+        let (start, position, key) = state.withLock { state -> (Start, UInt64, Int?) in
             let ordered = Array(state.ring[state.head...] + state.ring[..<state.head])
             let start: Start
             if let lastEventID {
@@ -113,10 +115,10 @@ final class EventHub: Sendable {
             } else {
                 start = fresh ? .replay([]) : .reset
             }
-            guard !state.closed else { return (start, nil) }
+            guard !state.closed else { return (start, state.lastID, nil) }
             state.nextListener += 1
             state.listeners[state.nextListener] = continuation
-            return (start, state.nextListener)
+            return (start, state.lastID, state.nextListener)
         }
         if let key {
             continuation.onTermination = { [weak self] _ in
@@ -125,7 +127,7 @@ final class EventHub: Sendable {
         } else {
             continuation.finish()
         }
-        return (start, stream)
+        return (start, position, stream)
     }
 
     /// The ID of the last event published.

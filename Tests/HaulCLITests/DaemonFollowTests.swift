@@ -174,6 +174,134 @@ struct DaemonFollowTests {
         }
     }
 
+    @Test func aDownloadThatEndsBeforeTheAnswerIsShownToItsEnd() async throws {
+        try await HaulTestServer.withRunning { server in
+            try await withDaemonProcess { daemon, client, directory, state in
+                // Ten bytes: done before the daemon has answered the command that queued them.
+                for index in 0..<3 {
+                    let tiny = TestResource(name: "tiny\(index)", size: 10)
+                    server.add("/tiny\(index)", tiny)
+                    let get = try await HaulProcess.run(
+                        ["get", server.url("/tiny\(index)"), "-d", "files", "--state-dir", state], directory: directory)
+                    #expect(get.status == 0, "\(get.errors)")
+                    #expect(
+                        get.errors.contains("haul: saved \(directory)/files/tiny\(index) (10 B) in "), "\(get.errors)")
+                    let json = try await HaulProcess.run(
+                        [
+                            "get", "--json", server.url("/tiny\(index)"), "-o", "files/json\(index)", "--state-dir",
+                            state,
+                        ],
+                        directory: directory)
+                    #expect(json.status == 0, "\(json.errors)")
+                    let events = json.output.split(separator: "\n").map { String($0) }
+                    #expect(events.first?.contains(#""event":"started""#) == true, "\(json.output)")
+                    #expect(events.last?.contains(#""event":"completed""#) == true, "\(json.output)")
+                }
+                // Asked again: already complete, said so, nothing fetched.
+                let before = server.requests(for: "/tiny0").count
+                let again = try await HaulProcess.run(
+                    ["get", server.url("/tiny0"), "-d", "files", "--state-dir", state], directory: directory)
+                #expect(again.status == 0, "\(again.errors)")
+                #expect(again.errors.contains("tiny0 is already complete"), "\(again.errors)")
+                #expect(server.requests(for: "/tiny0").count == before)
+                #expect(try await daemon.downloads(client).count == 6)
+            }
+        }
+    }
+
+    @Test func aRemovedDownloadEndsTheCommandWithItsOwnCode() async throws {
+        try await HaulTestServer.withRunning { server in
+            server.add("/gone.bin", TestResource(name: "gone.bin", size: 3_000_000))
+            server.setStandingFaults("/gone.bin", [.throttle(bytesPerSecond: 200_000)])
+            try await withDaemonProcess { daemon, client, directory, state in
+                let get = try HaulProcess(
+                    ["get", "--json", server.url("/gone.bin"), "-d", "files", "--state-dir", state],
+                    directory: directory)
+                var id: Int?
+                let deadline = ContinuousClock.now + .seconds(30)
+                while id == nil && ContinuousClock.now < deadline {
+                    id = try await daemon.downloads(client)["gone.bin"]?["id"] as? Int
+                    if id == nil { try await Task.sleep(for: .milliseconds(20)) }
+                }
+                let removed = try await HaulProcess.run(["rm", "\(try #require(id))", "--state-dir", state])
+                #expect(removed.status == 0, "\(removed.errors)")
+                let ended = try await get.finish(timeout: .seconds(30))
+                #expect(ended.status == 17, "\(ended.errors)")
+                let last = ended.output.split(separator: "\n").last.map(String.init) ?? ""
+                #expect(last.contains(#""event":"failed""#) && last.contains("removed from the haul daemon"), "\(last)")
+            }
+        }
+    }
+
+    @Test func resumeWithoutIDsResumesWhatIsPausedAndPassesHeaders() async throws {
+        try await HaulTestServer.withRunning { server in
+            let resources = ["one.bin", "two.bin"].map { TestResource(name: $0, size: 1_500_000) }
+            for resource in resources {
+                server.add("/\(resource.name)", resource)
+                server.setStandingFaults("/\(resource.name)", [.throttle(bytesPerSecond: 200_000)])
+            }
+            try await withDaemonProcess { daemon, client, directory, state in
+                for resource in resources {
+                    let added = try await HaulProcess.run(
+                        ["add", server.url("/\(resource.name)"), "-d", "files", "--state-dir", state],
+                        directory: directory)
+                    #expect(added.status == 0, "\(added.errors)")
+                }
+                // Paused once each has bytes stored.
+                let deadline = ContinuousClock.now + .seconds(30)
+                var listed: [String: [String: Any]] = [:]
+                while ContinuousClock.now < deadline {
+                    listed = try await daemon.downloads(client)
+                    if listed.count == 2, listed.values.allSatisfy({ ($0["bytes"] as? Int ?? 0) > 0 }) { break }
+                    try await Task.sleep(for: .milliseconds(20))
+                }
+                let ids = listed.values.compactMap { $0["id"] as? Int }.map(String.init)
+                #expect(try await HaulProcess.run(["pause"] + ids + ["--state-dir", state]).status == 0)
+                for resource in resources { server.setStandingFaults("/\(resource.name)", []) }
+                let refused = try await HaulProcess.run(["resume", "-x", "2", "--state-dir", state])
+                #expect(refused.status == 2 && refused.errors.contains("--no-daemon"), "\(refused.errors)")
+                let resumed = try await HaulProcess.run(["resume", "-H", "X-Trace: again", "--state-dir", state])
+                #expect(resumed.status == 0, "\(resumed.errors)")
+                #expect(resumed.errors.contains("haul: 2 of 2 saved"), "\(resumed.errors)")
+                for resource in resources {
+                    let file = directory + "/files/\(resource.name)"
+                    #expect(try Data(contentsOf: URL(fileURLWithPath: file)) == Data(resource.content))
+                    let last = try #require(server.requests(for: "/\(resource.name)").last)
+                    #expect(last.header("x-trace") == "again" && last.header("range") != nil)
+                }
+            }
+        }
+    }
+
+    @Test func aDaemonRestartedWhileFollowedIsFollowedToTheEnd() async throws {
+        try await HaulTestServer.withRunning { server in
+            let slow = TestResource(name: "long.bin", size: 2_000_000)
+            server.add("/long.bin", slow)
+            server.setStandingFaults("/long.bin", [.throttle(bytesPerSecond: 300_000)])
+            let directory = try makeTemporaryDirectory()
+            defer { try? FileManager.default.removeItem(atPath: directory) }
+            let state = directory + "/state"
+            let root = directory + "/files"
+            try FileManager.default.createDirectory(atPath: root, withIntermediateDirectories: true)
+            let first = try await DaemonProcessTests.RunningDaemon.start(state: state, root: root)
+            let listen = String(first.url.dropFirst("http://".count))
+            let get = try HaulProcess(
+                ["get", server.url("/long.bin"), "-d", "files", "--state-dir", state], directory: directory)
+            try await waitForFile(root + "/long.bin.haul.part")
+            first.process.signal(SIGTERM)
+            #expect(try await first.process.finish(timeout: .seconds(30)).status == 0)
+            // Back on the same address within the follower's reconnections: it reads the download anew
+            // (another run's events mean nothing) and follows it to the end.
+            server.setStandingFaults("/long.bin", [])
+            let second = try await DaemonProcessTests.RunningDaemon.start(state: state, root: root, listen: listen)
+            let ended = try await get.finish(timeout: .seconds(60))
+            #expect(ended.status == 0, "\(ended.errors)")
+            #expect(try Data(contentsOf: URL(fileURLWithPath: root + "/long.bin")) == Data(slow.content))
+            second.process.signal(SIGTERM)
+            #expect(try await second.process.finish(timeout: .seconds(30)).status == 0)
+        }
+    }
+
     private func waitForFile(_ path: String) async throws {
         let deadline = ContinuousClock.now + .seconds(30)
         while !FileManager.default.fileExists(atPath: path) {

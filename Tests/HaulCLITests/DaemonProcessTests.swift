@@ -16,11 +16,10 @@ struct DaemonProcessTests {
         let url: String
         let token: String
 
-        static func start(state: String, root: String) async throws -> RunningDaemon {
+        static func start(state: String, root: String, listen: String = "127.0.0.1:0") async throws -> RunningDaemon {
             try? FileManager.default.removeItem(atPath: state + "/daemon.address")
             let process = try HaulProcess([
-                "daemon", "--listen", "127.0.0.1:0", "--state-dir", state, "--download-root", root, "-j", "5", "-x",
-                "1",
+                "daemon", "--listen", listen, "--state-dir", state, "--download-root", root, "-j", "5", "-x", "1",
             ])
             let deadline = ContinuousClock.now + .seconds(30)
             while ContinuousClock.now < deadline {

@@ -133,6 +133,9 @@ public struct DownloadInfo: Sendable, Identifiable {
         self.openConnections = openConnections
     }
 
+    /// Whether the download paused by itself because its disk is full; it goes on once there is room.
+    public var isWaitingForSpace: Bool { state == .paused && error?.code == .diskFull }
+
     /// Between 0 and 1, when the total is known.
     public var fraction: Double? {
         guard let totalBytes else { return state == .completed ? 1 : nil }

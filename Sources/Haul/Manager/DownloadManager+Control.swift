@@ -251,7 +251,9 @@ extension DownloadManager {
     /// Reads a download another process added after this manager opened (a `haul get` beside a
     /// daemon), so that it can be controlled here too.
     func learn(_ id: DownloadID) throws {
-        guard entries[id] == nil else { return }
+        // What this manager runs, or has changes for still to write, it knows best; anything else
+        // another process may have changed since it was read.
+        if let entry = entries[id], entry.record.owner == claim.name || unwritten[id] != nil { return }
         try reload(id)
         if let entry = entries[id] { index.add(entry.record) }
     }

@@ -114,7 +114,8 @@ final class DownloadStore: Sendable {
         }
         migrator.registerMigration("4: a download's own connection count") { db in
             try db.alter(table: "download") { table in
-                table.add(column: "connections", .integer).check { $0 >= 1 && $0 <= DownloadRequest.maximumConnections }
+                // The bounds as they were when this migration was written: a migration never changes.
+                table.add(column: "connections", .integer).check { $0 >= 1 && $0 <= 64 }
             }
         }
         return migrator

@@ -45,10 +45,17 @@ public struct DownloadRequest: Sendable {
         self.connections = connections
     }
 
-    /// Throws ``HaulError`` for what no download could use: a URL that is not http or https, a limit
-    /// or a connection count out of range.
+    /// Throws ``HaulError/Code/invalidArgument`` for a header that is not valid or that Haul manages
+    /// itself (`Range`, `Host`, …).
+    package static func check(headers: [(name: String, value: String)]) throws {
+        try HTTPFetcher.checkHeaders(headers)
+    }
+
+    /// Throws ``HaulError`` for what no download could use: a URL that is not http or https, a header
+    /// that is not valid or that Haul manages itself, a limit or a connection count out of range.
     package func check() throws {
         _ = try DownloadURL(url)
+        try Self.check(headers: headers)
         if let limit = bytesPerSecondLimit, limit <= 0 {
             throw HaulError(
                 .invalidArgument, "a rate limit must be a positive number of bytes per second, not \(limit)")

@@ -97,7 +97,6 @@ public final class Downloader: Sendable {
         do {
             try request.check()
             let url = try DownloadURL(request.url)
-            try HTTPFetcher.checkHeaders(request.headers)
             let result = try await TransferDriver.run(downloader: self, request: request, url: url, observe: observe)
             observe(.completed(result))
             return result

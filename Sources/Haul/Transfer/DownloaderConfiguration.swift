@@ -139,7 +139,9 @@ public struct DownloaderConfiguration: Sendable {
     /// downloader, shared out evenly over the connections of a download (each has an HTTP client of
     /// its own); requests beyond it wait for a connection to be free (connections are kept alive and
     /// reused). `nil`: 8 for each connection of a download. The download manager sets it to its
-    /// concurrent downloads times the connections per download.
+    /// concurrent downloads times the connections per download. A request that asks for more
+    /// connections than ``Segmentation/connections`` (``DownloadRequest/connections``) adds clients
+    /// with the same share each, so the total may pass this limit by that share per added connection.
     public var connectionsPerHost: Int?
     /// How long to wait for a connection and for data.
     public var timeouts = Timeouts()

@@ -127,34 +127,40 @@ struct DaemonClientTests {
         }
     }
 
-    @Test(arguments: [1, 3, 7, 1000])
+    @Test(arguments: [1, 2, 3, 7, 1000])
     func theEventParserReadsMessagesCutAnywhere(chunk: Int) {
         let body =
-            #"{"download":{"id":4,"url":"http://h/x","name":"x","state":"running","priority":0,"bytes":5,"#
-            + #""totalBytes":10,"bytesPerSecond":2.5,"openConnections":2,"createdAt":"2026-11-24T06:00:00Z"}}"#
+            #"{"download":{"id":4,"url":"http://h/r\#u{E9}sum\#u{E9}.pdf","name":"r\#u{E9}sum\#u{E9}.pdf","#
+            + #""state":"running","priority":0,"bytes":5,"totalBytes":10,"bytesPerSecond":2.5,"openConnections":2,"#
+            + #""createdAt":"2026-11-24T06:00:00Z"}}"#
+        // CR LF, CR and LF line ends; a comment; a reset; an event of a name this client does not know;
+        // one whose data cannot be read; an opening with only an ID.
         let text =
-            "retry: 2000\r\n\r\n: keep-alive\n\nid: r-1\nevent: progress\ndata: \(body)\n\n"
-            + "event: reset\ndata: {}\n\nid: r-2\nevent: unknown\ndata: {}\n\n"
+            "retry: 2000\r\n\r\nid: r-0\r\n\r\n: keep-alive\n\nid: r-1\r\nevent: progress\r\ndata: \(body)\r\n\r\n"
+            + "event: reset\rdata: {}\r\rid: r-2\nevent: unknown\ndata: {}\n\nid: r-3\nevent: state\ndata: {\n\n"
         var parser = EventParser()
         var messages: [EventParser.Message] = []
-        var rest = Substring(text)
+        var rest = Array(text.utf8)[...]
         while !rest.isEmpty {
-            messages += parser.feed(String(rest.prefix(chunk)))
+            messages += parser.feed(rest.prefix(chunk))
             rest = rest.dropFirst(chunk)
         }
-        #expect(messages.map(\.id) == ["r-1", nil, "r-2"])
-        #expect(messages.map(\.events.count) == [1, 1, 0])
-        guard case .download(let event) = messages.first?.events.first,
+        #expect(messages.map(\.id) == ["r-0", "r-1", nil, "r-2", "r-3"])
+        #expect(messages.map(\.events.count) == [0, 1, 1, 0, 1])
+        guard case .download(let event) = messages[1].events.first,
             case .transfer(.progress(let progress)) = event.kind
         else {
-            Issue.record("the first message is not a progress event")
+            Issue.record("the second message is not a progress event")
             return
         }
         #expect(progress.bytes == 5 && progress.totalBytes == 10 && progress.connections == 2)
         #expect(event.download.id == DownloadID(4) && event.download.state == .running)
-        guard case .reset = messages[1].events.first else {
-            Issue.record("the second message is not a reset")
-            return
+        #expect(event.download.name == "r\u{E9}sum\u{E9}.pdf", "UTF-8 cut between chunks is decoded whole")
+        for index in [2, 4] {
+            guard case .reset = messages[index].events.first else {
+                Issue.record("message \(index) is not a reset")
+                return
+            }
         }
     }
 }

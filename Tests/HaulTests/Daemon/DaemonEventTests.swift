@@ -145,16 +145,18 @@ struct EventHubTests {
         let hub = EventHub(capacity: 3)
         for index in 1...5 { hub.publish("state", "{\"n\":\(index)}") }
         // The ring holds 3, 4 and 5.
-        let (fromThree, _) = hub.listen(after: 2)
+        let (fromThree, position, _) = hub.listen(after: 2)
         #expect(fromThree == .replay([3, 4, 5].map { EventHub.Event(id: $0, name: "state", data: "{\"n\":\($0)}") }))
-        let (fromFour, _) = hub.listen(after: 4)
+        // Every event up to the last one published is in the replay or the stream.
+        #expect(position == 5)
+        let (fromFour, _, _) = hub.listen(after: 4)
         #expect(fromFour == .replay([EventHub.Event(id: 5, name: "state", data: "{\"n\":5}")]))
-        let (upToDate, _) = hub.listen(after: 5)
+        let (upToDate, _, _) = hub.listen(after: 5)
         #expect(upToDate == .replay([]))
         // Event 2 fell out of the ring: whoever saw only 1 must reload.
-        let (tooOld, _) = hub.listen(after: 1)
+        let (tooOld, _, _) = hub.listen(after: 1)
         #expect(tooOld == .reset)
-        let (future, _) = hub.listen(after: 6)
+        let (future, _, _) = hub.listen(after: 6)
         #expect(future == .reset)
         #expect(hub.number(ofLastEventID: "\(hub.run)-4") == 4)
         #expect(hub.number(ofLastEventID: "x\(hub.run)-4") == nil)
@@ -165,7 +167,7 @@ struct EventHubTests {
 
     @Test func aListenerThatFallsTooFarBehindIsCutOff() async {
         let hub = EventHub(capacity: 10)
-        let (_, stream) = hub.listen(after: nil, fresh: true)
+        let (_, _, stream) = hub.listen(after: nil, fresh: true)
         for index in 0..<(EventHub.listenerBuffer + 1) { hub.publish("progress", "\(index)") }
         var received = 0
         for await _ in stream { received += 1 }
@@ -175,13 +177,13 @@ struct EventHubTests {
 
     @Test func closingEndsEveryListener() async {
         let hub = EventHub()
-        let (_, stream) = hub.listen(after: nil)
+        let (_, _, stream) = hub.listen(after: nil)
         hub.publish("added", "{}")
         hub.close()
         var names: [String] = []
         for await event in stream { names.append(event.name) }
         #expect(names == ["added"])
-        let (_, late) = hub.listen(after: nil)
+        let (_, _, late) = hub.listen(after: nil)
         for await _ in late { Issue.record("a closed hub sends nothing") }
     }
 }

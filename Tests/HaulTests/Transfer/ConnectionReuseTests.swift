@@ -76,6 +76,27 @@ func expectHTTP2OverTLS(_ server: HaulTestServer, sourceLocation: SourceLocation
         }
     }
 
+    @Test("a request that asks for more connections than configured gets as many TCP connections over HTTP/2")
+    func requestedConnectionsOverHTTP2() async throws {
+        try await HaulTestServer.withRunning(transport: .tls) { server in
+            try await withTemporaryDirectory { directory in
+                let resource = TestResource(name: "wider", size: 6 * 1024 * 1024 + 77)
+                server.add("/wider", resource)
+                server.setStandingFaults("/wider", [.throttle(bytesPerSecond: 2 << 20)])
+                let configuration = try trustingTestServer(segmentedConfiguration(connections: 1), in: directory)
+                var request = DownloadRequest(url: server.url("/wider"), destination: .file(directory + "/wider"))
+                request.connections = 3
+                try await withDownloader(configuration) { downloader in try await downloader.download(request) }
+                #expect(try readFile(directory + "/wider") == resource.content)
+                let requests = server.requests(for: "/wider")
+                #expect(requests.allSatisfy { $0.version == "HTTP/2" })
+                // One HTTP client per connection, the two beyond the configured one made on demand.
+                #expect(server.connectionsAccepted == 3)
+                #expect(Set(requests.map(\.connection)).count == 3)
+            }
+        }
+    }
+
     @Test("several downloads from one HTTP/2 host share its connection")
     func downloadsMultiplexed() async throws {
         try await HaulTestServer.withRunning(transport: .tls) { server in

@@ -11,27 +11,40 @@ import Synchronization
 /// count are made at once; a download that asks for more (``DownloadRequest/connections``) adds
 /// clients when it first uses them.
 final class ConnectionLanes: Sendable {
-    private let clients: Mutex<[HTTPClient]>
+    private struct State {
+        var clients: [HTTPClient]
+        var shutDown = false
+    }
+
+    private let state: Mutex<State>
     private let make: @Sendable () -> HTTPClient
+    /// The most clients: the configured count, or as many as one request may ask for.
+    private let limit: Int
 
     init(count: Int, make: @escaping @Sendable () -> HTTPClient) {
         self.make = make
-        clients = Mutex((0..<max(1, count)).map { _ in make() })
+        limit = max(count, DownloadRequest.maximumConnections)
+        state = Mutex(State(clients: (0..<max(1, count)).map { _ in make() }))
     }
 
     /// The client for connection `connection` of a download.
     func client(for connection: Int) -> HTTPClient {
-        let index = min(max(0, connection), DownloadRequest.maximumConnections - 1)
-        return clients.withLock { clients in
-            while clients.count <= index { clients.append(make()) }
-            return clients[index]
+        let index = min(max(0, connection), limit - 1)
+        return state.withLock { state in
+            // After shutdown no client is made that nobody would close: the last one refuses.
+            while state.clients.count <= index && !state.shutDown { state.clients.append(make()) }
+            return state.clients[min(index, state.clients.count - 1)]
         }
     }
 
     /// Closes every connection.
     func shutdown() async throws {
+        let clients = state.withLock { state in
+            state.shutDown = true
+            return state.clients
+        }
         var failure: (any Error)?
-        for client in clients.withLock({ $0 }) {
+        for client in clients {
             do {
                 try await client.shutdown()
             } catch {
