@@ -14,6 +14,7 @@ let package = Package(
         .executable(name: "haul-torture", targets: ["HaulTorture"]),
         .executable(name: "haul-fuzz", targets: ["HaulFuzz"]),
         .executable(name: "haul-test-server", targets: ["HaulTestServerTool"]),
+        .executable(name: "download-queue-example", targets: ["DownloadQueueExample"]),
     ],
     dependencies: [
         .package(url: "https://github.com/swift-server/async-http-client.git", from: "1.37.0"),
@@ -29,6 +30,8 @@ let package = Package(
         .package(url: "https://github.com/hummingbird-project/hummingbird.git", from: "2.28.1", traits: []),
         .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.13.0"),
         .package(url: "https://github.com/apple/swift-http-types.git", from: "1.8.0"),
+        // `swift package generate-documentation`: builds only when documentation is generated.
+        .package(url: "https://github.com/swiftlang/swift-docc-plugin.git", from: "1.5.0"),
     ],
     targets: [
         .target(
@@ -93,6 +96,8 @@ let package = Package(
             ]
         ),
         .executableTarget(name: "HaulTestServerTool", dependencies: ["HaulTestServer"]),
+        // An app-style program on the app-facing API only; scripts/example-test.sh runs it in CI.
+        .executableTarget(name: "DownloadQueueExample", dependencies: ["Haul"], path: "Examples/DownloadQueue"),
         .target(name: "CLibFuzzer"),
         .executableTarget(
             name: "HaulFuzz",

@@ -6,9 +6,13 @@
 
 /// A hash algorithm Haul can verify files with.
 public enum DigestAlgorithm: String, Sendable, Codable, CaseIterable, Comparable {
+    /// MD5: catches corruption, not a deliberate forgery; for legacy mirrors.
     case md5 = "md5"
+    /// SHA-1: catches corruption, not a deliberate forgery; for legacy mirrors.
     case sha1 = "sha-1"
+    /// SHA-256.
     case sha256 = "sha-256"
+    /// SHA-512.
     case sha512 = "sha-512"
 
     /// Accepts the RFC 9530 names and the common spellings (`sha256`, `SHA-256`, `sha_256`).

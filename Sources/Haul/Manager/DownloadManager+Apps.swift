@@ -42,12 +42,17 @@ extension DownloadManager {
     /// reported complete, not fetched again.
     ///
     /// - Parameters:
+    ///   - url: the http or https URL of the file.
+    ///   - destination: the file, or the directory to name it in from the server's answer.
+    ///   - checksum: the digest the complete file must have.
+    ///   - headers: extra request headers; credentials among them are never stored.
+    ///   - priority: its place in the queue.
     ///   - onProgress: called with the download as it stands after each progress report (at most
     ///     once per ``Configuration/progressInterval``).
     ///   - onStateChange: called with the download's current state at once, then after each change.
     ///   Both are called in order, on a task of their own, until the download completes, is
     ///   cancelled or removed, or the manager closes.
-    /// - Throws: as ``enqueue(_:priority:)``.
+    /// - Throws: as ``enqueue(_:priority:)-(DownloadRequest,_)``.
     @discardableResult
     public func download(
         _ url: URL, to destination: DownloadRequest.Destination, checksum: Checksum? = nil,
@@ -124,7 +129,7 @@ extension DownloadManager {
 extension DownloadRequest.Destination {
     /// Exactly this file.
     public static func file(_ url: URL) -> Self { .file(url.path) }
-    /// A file in this directory, named from the server's answer (see ``directory(_:)-(String)``).
+    /// A file in this directory, named from the server's answer (as the case that takes a path).
     public static func directory(_ url: URL) -> Self { .directory(url.path) }
 }
 

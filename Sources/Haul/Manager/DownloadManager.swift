@@ -113,6 +113,12 @@ public actor DownloadManager {
     var interrupted: Set<DownloadID> = []
 
     /// Opens (creating when needed) the state in `location` and reconciles it with the files on disk.
+    ///
+    /// - Parameters:
+    ///   - location: the state directory, as a file URL.
+    ///   - configuration: how the queue behaves.
+    ///   - downloaderConfiguration: how each download transfers.
+    ///   - logger: Haul logs nothing unless given one.
     public init(
         location: URL, configuration: Configuration = .init(),
         downloaderConfiguration: DownloaderConfiguration = .init(),
@@ -125,9 +131,14 @@ public actor DownloadManager {
 
     /// Opens (creating when needed) the state in `stateDirectory` and reconciles it with the files on disk.
     ///
-    /// - Parameter clock: the clock the manager's ticks (storing progress, checking disk space, waiting
-    ///   for another process) and its downloads' rules follow; the continuous clock unless a test gives
-    ///   its own.
+    /// - Parameters:
+    ///   - stateDirectory: where the database lives; ``defaultStateDirectory`` unless given.
+    ///   - configuration: how the queue behaves.
+    ///   - downloaderConfiguration: how each download transfers.
+    ///   - logger: Haul logs nothing unless given one (see ``Downloader/init(configuration:logger:clock:)``).
+    ///   - clock: the clock the manager's ticks (storing progress, checking disk space, waiting
+    ///     for another process) and its downloads' rules follow; the continuous clock unless a test gives
+    ///     its own.
     public init(
         stateDirectory: String = DownloadManager.defaultStateDirectory, configuration: Configuration = .init(),
         downloaderConfiguration: DownloaderConfiguration = .init(), logger: Logger? = nil,

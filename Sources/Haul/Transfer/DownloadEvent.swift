@@ -1,13 +1,17 @@
 /// What happens during a download, in order: `started`, then `progress` (and possibly `restarted`
 /// or `retrying`, each followed by a new `started`), then `completed` or `failed`.
 public enum DownloadEvent: Sendable {
+    /// The server answered: what it told, and where the transfer starts.
     case started(DownloadStart)
+    /// Bytes stored so far, at most once per progress interval.
     case progress(DownloadProgress)
     /// The partial data was discarded and the download starts again from byte 0.
     case restarted(RestartReason)
     /// An attempt failed; the next one starts after `delay`, from the last stored byte.
     case retrying(attempt: Int, delay: Duration, error: HaulError)
+    /// The file is complete (and verified, when a checksum or digest was known) under its final name.
     case completed(DownloadResult)
+    /// The download stopped: the error says why; the partial data is kept unless it cannot be trusted.
     case failed(HaulError)
 }
 

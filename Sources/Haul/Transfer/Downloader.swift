@@ -39,6 +39,7 @@ public final class Downloader: Sendable {
     let directoryFlusher = DirectoryFlusher()
 
     /// - Parameters:
+    ///   - configuration: how downloads behave.
     ///   - logger: Haul logs nothing unless given a logger; retries, restarts, redirects, take-overs
     ///     and connections that retire are logged at debug level.
     ///   - clock: the clock the rules about time follow: retry delays, stall detection, take-overs,
@@ -87,7 +88,9 @@ public final class Downloader: Sendable {
 
     /// Downloads `request.url`, resuming a partial download of the same destination when there is one.
     ///
-    /// - Parameter observe: receives the download's events, in order, on the downloading task.
+    /// - Parameters:
+    ///   - request: what to download and where.
+    ///   - observe: receives the download's events, in order, on the downloading task.
     /// - Returns: the finished file.
     /// - Throws: ``HaulError``.
     @discardableResult

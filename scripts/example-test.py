@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""Runs Examples/DownloadQueue as a user would: three downloads from the test server, the program
+killed (SIGKILL) mid-transfer, then run again with the same arguments. The second run must find
+what the first stored, finish every file, and each file must equal the server's bytes.
+
+    scripts/example-test.py [--bin .build/debug]
+"""
+import argparse
+import hashlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+DEADLINE = 60  # seconds any one step may take
+
+
+def fail(message):
+    print(f"example test: FAILED: {message}", file=sys.stderr)
+    sys.exit(1)
+
+
+def sha256_of_url(url):
+    digest = hashlib.sha256()
+    with urllib.request.urlopen(url, timeout=DEADLINE) as response:
+        while chunk := response.read(1 << 16):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def sha256_of_file(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        while chunk := file.read(1 << 16):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--bin", default=".build/debug")
+    args = parser.parse_args()
+    work = tempfile.mkdtemp(prefix="haul-example-")
+    state, target = os.path.join(work, "state"), os.path.join(work, "files")
+    os.makedirs(target)
+    names = ["movie.mkv", "dataset.tar", "notes.txt"]
+    server = subprocess.Popen(
+        [os.path.join(args.bin, "haul-test-server"), "movie.mkv:6000000:1000000", "dataset.tar:4000000:800000",
+         "notes.txt:30000"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        base = server.stdout.readline().strip()
+        if not base.startswith("http://"):
+            fail("the test server did not start")
+        command = [os.path.join(args.bin, "download-queue-example"), state, target] + [f"{base}/{n}" for n in names]
+
+        # First run: killed once both large files have some of their bytes on disk.
+        first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        end = time.monotonic() + DEADLINE
+        partials = [os.path.join(target, name + ".haul.part") for name in names[:2]]
+        while time.monotonic() < end:
+            if all(os.path.exists(p) and os.path.getsize(p) > 500_000 for p in partials):
+                break
+            if first.poll() is not None:
+                fail(f"the first run ended before it was killed: {first.stdout.read()}")
+            time.sleep(0.05)
+        else:
+            fail("the first run stored too little in time")
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=DEADLINE)
+        shown = first.stdout.read()
+        if "downloads:" not in shown:
+            fail(f"the first run showed no progress: {shown!r}")
+        if any(os.path.exists(os.path.join(target, name)) for name in names[:2]):
+            fail("a final name appeared before its file was complete")
+
+        # Second run: the same command finds the stored bytes and finishes.
+        second = subprocess.run(command, capture_output=True, text=True, timeout=2 * DEADLINE)
+        if second.returncode != 0:
+            fail(f"the second run exited {second.returncode}: {second.stdout} {second.stderr}")
+        for name in names[:2]:
+            if f"{name}: queued" not in second.stdout or "already here" not in second.stdout:
+                fail(f"the second run did not pick up {name}: {second.stdout}")
+        for name in names:
+            path = os.path.join(target, name)
+            if f"saved {path}" not in second.stdout:
+                fail(f"{name} is not reported saved: {second.stdout}")
+            if sha256_of_file(path) != sha256_of_url(f"{base}/{name}"):
+                fail(f"{name} differs from the server's file")
+        print("example test: passed; the program was killed mid-transfer and finished on the next run")
+    finally:
+        server.stdin.close()
+        server.terminate()
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
