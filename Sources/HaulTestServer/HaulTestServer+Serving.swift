@@ -106,6 +106,19 @@ extension HaulTestServer {
         guard let resource else {
             return Self.textReply(.notFound, "not found\n", headers: headers, faults: faults)
         }
+        for cookie in resource.setCookies { headers.add(name: "Set-Cookie", value: cookie) }
+        if let required = resource.requiredAuthorization, head.headers.first(name: "authorization") != required {
+            headers.add(name: "WWW-Authenticate", value: #"Basic realm="haul-test""#)
+            return Self.textReply(.unauthorized, "credentials needed\n", headers: headers, faults: faults)
+        }
+        if let required = resource.requiredCookie {
+            let sent = head.headers["cookie"].flatMap { $0.split(separator: ";") }.map { pair in
+                String(pair.drop { $0 == " " })
+            }
+            guard sent.contains(required) else {
+                return Self.textReply(.forbidden, "cookie \(required) needed\n", headers: headers, faults: faults)
+            }
+        }
         if let redirect = resource.redirect {
             headers.add(name: "Location", value: redirect.location)
             headers.add(name: "Content-Length", value: "0")

@@ -30,6 +30,12 @@ public struct TestResource: Sendable {
     public var contentDigest: Bool
     /// An entity tag that stays the same across versions, like a server that forgets to change it.
     public var fixedEntityTag: String?
+    /// The `Authorization` value a request must carry; others get 401 with a Basic challenge.
+    public var requiredAuthorization: String?
+    /// A `name=value` the request's `Cookie` must hold; others get 403.
+    public var requiredCookie: String?
+    /// `Set-Cookie` values sent with every answer (redirects too).
+    public var setCookies: [String] = []
 
     public init(
         name: String, size: Int64, version: Int = 1, entityTag: EntityTagStyle = .strong, lastModified: Bool = true,

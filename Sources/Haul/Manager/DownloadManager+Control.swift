@@ -77,7 +77,7 @@ extension DownloadManager {
         Self.refreshFromDisk(&record)
         try record.insert(db)
         try storeHeaders(request.headers, of: record.downloadID, db: db)
-        batch.added.append((identity, Entry(record: record, headers: request.headers)))
+        batch.added.append((identity, Entry(record: record, headers: request.headers, cookies: request.cookies)))
         batch.index.add(identity, record.downloadID)
         return record.downloadID
     }
@@ -96,6 +96,7 @@ extension DownloadManager {
             )
         }
         entry.headers = request.headers
+        entry.cookies = request.cookies
         switch entry.state {
         case .running:
             return entry
@@ -119,7 +120,7 @@ extension DownloadManager {
         return entry
     }
 
-    /// Stops a download, keeping its partial data; ``resume(_:url:headers:)`` continues it. Returns
+    /// Stops a download, keeping its partial data; ``resume(_:url:headers:cookies:)`` continues it. Returns
     /// once a running download has written its checkpoint.
     public func pause(_ id: DownloadID) async throws {
         if try await askOwner(id, .pause) { return }
@@ -141,9 +142,12 @@ extension DownloadManager {
 
     /// Queues a paused download again (or one left queued by a manager that is gone). A new `url`
     /// replaces the old one, for links that expire; the partial data is kept when the server's file
-    /// is unchanged. `headers` replace the request headers (credentials are never stored, so a
-    /// download resumed in a new process needs them again).
-    public func resume(_ id: DownloadID, url: String? = nil, headers: [(name: String, value: String)]? = nil) throws {
+    /// is unchanged. `headers` replace the request headers and `cookies` the cookie jar (credentials
+    /// are never stored, so a download resumed in a new process needs them again).
+    public func resume(
+        _ id: DownloadID, url: String? = nil, headers: [(name: String, value: String)]? = nil,
+        cookies: CookieJar? = nil
+    ) throws {
         var entry = try controllable(id)
         switch entry.state {
         case .paused, .queued:
@@ -161,6 +165,7 @@ extension DownloadManager {
             entry.record.url = url
         }
         if let headers { entry.headers = headers }
+        if let cookies { entry.cookies = cookies }
         markQueued(&entry)
         try write([entry.record]) { db in
             if let headers { try self.storeHeaders(headers, of: id, db: db) }

@@ -33,9 +33,9 @@ public actor DownloadManager {
         public enum RestoredDownloads: Sendable {
             /// Claim them and run them.
             case resume
-            /// Mark them paused; ``DownloadManager/resume(_:url:headers:)`` continues them.
+            /// Mark them paused; ``DownloadManager/resume(_:url:headers:cookies:)`` continues them.
             case pause
-            /// Leave them queued for another manager (or a later ``DownloadManager/resume(_:url:headers:)``).
+            /// Leave them queued for another manager (or a later ``DownloadManager/resume(_:url:headers:cookies:)``).
             case leave
         }
 
@@ -200,6 +200,8 @@ extension DownloadManager {
         var record: StoredDownload
         /// The request headers given in this process, secrets included; `nil` when only the stored ones are known.
         var headers: [(name: String, value: String)]?
+        /// The cookies given in this process (never stored).
+        var cookies: CookieJar?
         var bytesPerSecond: Double?
         var secondsRemaining: Double?
         /// Connections open at the last progress report.

@@ -27,6 +27,25 @@ public struct DownloadRequest: Sendable {
     /// ``DownloaderConfiguration/Segmentation`` says).
     public var connections: Int?
 
+    /// Cookies to send where they match, after redirects too, and to update from the servers'
+    /// `Set-Cookie`; held in memory only (see ``CookieJar``).
+    public var cookies: CookieJar?
+
+    /// HTTP Basic credentials, carried as the request's `Authorization` header: sent to the URL's
+    /// origin only (a redirect elsewhere drops them, as any `Authorization`), never stored, so a
+    /// resume in a later process needs them again.
+    public var credentials: BasicCredentials? {
+        get {
+            headers.first { $0.name.lowercased() == "authorization" }.flatMap {
+                BasicCredentials(authorization: $0.value)
+            }
+        }
+        set {
+            headers.removeAll { $0.name.lowercased() == "authorization" }
+            if let newValue { headers.append((name: "Authorization", value: newValue.authorization)) }
+        }
+    }
+
     /// The most connections one download may ask for.
     public static let maximumConnections = 64
 
@@ -34,7 +53,7 @@ public struct DownloadRequest: Sendable {
     /// no checksum, no limit of its own, the downloader's connections).
     public init(
         url: String, destination: Destination, headers: [(name: String, value: String)] = [], overwrite: Bool = false,
-        checksum: Checksum? = nil, bytesPerSecondLimit: Int64? = nil, connections: Int? = nil
+        checksum: Checksum? = nil, bytesPerSecondLimit: Int64? = nil, connections: Int? = nil, cookies: CookieJar? = nil
     ) {
         self.url = url
         self.destination = destination
@@ -43,6 +62,7 @@ public struct DownloadRequest: Sendable {
         self.checksum = checksum
         self.bytesPerSecondLimit = bytesPerSecondLimit
         self.connections = connections
+        self.cookies = cookies
     }
 
     /// Throws ``HaulError/Code/invalidArgument`` for a header that is not valid or that Haul manages

@@ -3,6 +3,12 @@ import Logging
 import NIOCore
 import NIOHTTP1
 
+#if canImport(FoundationEssentials)
+    import FoundationEssentials
+#else
+    import Foundation
+#endif
+
 /// Sends the requests of one download, following redirects by hand so credentials never leave their
 /// origin, and tells what a transport failure means for the transfer.
 struct HTTPFetcher: Sendable {
@@ -28,12 +34,20 @@ struct HTTPFetcher: Sendable {
             var outgoing = HTTPClientRequest(url: current.string)
             outgoing.method = .GET
             for (name, value) in headers { outgoing.headers.add(name: name, value: value) }
+            // Cookies expire at calendar dates: they are compared with the calendar, not the transfer's clock.
+            let now = Int64(Date().timeIntervalSince1970)
+            if let jar = request.cookies, let cookies = jar.header(for: current.url, now: now) {
+                // One Cookie header: the jar's cookies join any the caller gave for this origin.
+                let given = outgoing.headers.first(name: "cookie")
+                outgoing.headers.replaceOrAdd(name: "Cookie", value: given.map { $0 + "; " + cookies } ?? cookies)
+            }
             let response: HTTPClientResponse
             do {
                 response = try await client.execute(outgoing, deadline: .distantFuture)
             } catch {
                 throw FetchFailure(error: error, url: current)
             }
+            request.cookies?.store(setCookie: response.headers["set-cookie"], from: current.url, now: now)
             guard [301, 302, 303, 307, 308].contains(response.status.code),
                 let location = response.headers.first(name: "location")
             else { return (response, current) }
