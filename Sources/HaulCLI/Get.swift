@@ -121,30 +121,16 @@ struct RequestOptions: ParsableArguments {
             let text = try InputFile.read(inputFile)
             for entry in try InputFile(text: text, name: inputFile == "-" ? "standard input" : inputFile).entries {
                 let folder = entry.directory.map { dir in directory.map { $0 + "/" + dir } ?? dir } ?? directory
-                requests.append(
-                    DownloadRequest(
-                        url: entry.url, destination: Self.destination(output: entry.output, directory: folder),
-                        headers: common + entry.headers, overwrite: force, checksum: entry.checksum,
-                        bytesPerSecondLimit: entry.limitRate ?? rate))
+                var request = DownloadRequest(
+                    url: entry.url, destination: Self.destination(output: entry.output, directory: folder),
+                    headers: common + entry.headers, overwrite: force, checksum: entry.checksum,
+                    bytesPerSecondLimit: entry.limitRate ?? rate)
+                if let credentials = entry.credentials { request.credentials = credentials }
+                requests.append(request)
             }
         }
         guard !requests.isEmpty else { throw HaulError(.invalidArgument, "\(inputFile ?? "the input") lists no URL") }
         return requests
-    }
-
-    /// Opens a manager and enqueues the requests; the manager is closed again when that fails.
-    func enqueue(_ state: StateOptions, _ transfer: TransferOptions, quiet: Bool, verbose: Bool = false) async throws
-        -> (
-            DownloadManager, [DownloadID]
-        )
-    {
-        let manager = try QueueRun.openManager(state, transfer, restoring: .leave, verbose: verbose)
-        do {
-            return (manager, try await enqueue(into: manager, transfer, quiet: quiet))
-        } catch {
-            await manager.close()
-            throw error
-        }
     }
 
     /// Enqueues the requests in `manager`.
@@ -177,27 +163,62 @@ struct Get: AsyncParsableCommand {
     )
 
     @OptionGroup var request: RequestOptions
+    @OptionGroup var access: CredentialOptions
     @OptionGroup var transfer: TransferOptions
     @OptionGroup var state: StateOptions
     @OptionGroup var display: OutputOptions
     @OptionGroup var daemon: DaemonUseOptions
 
+    func validate() throws {
+        if access.user != nil,
+            try parseHeaders(request.headers).contains(where: { $0.name.lowercased() == "authorization" })
+        {
+            throw ValidationError("give --user or an Authorization header, not both")
+        }
+    }
+
     func run() async throws {
         let request = self.request
         let transfer = self.transfer
+        let access = self.access
         let quiet = display.quiet || display.json
+        let netrc = try await reportingErrors { try access.netrcEntries() }
+        let jar = try await reportingErrors { try access.cookieJar() }
+        /// The requests with the credentials each URL's site gets and the cookie jar.
+        @Sendable func authorized(_ requests: [DownloadRequest]) -> [DownloadRequest] {
+            requests.map { request in
+                var request = request
+                if !request.headers.contains(where: { $0.name.lowercased() == "authorization" }) {
+                    request.credentials = access.credentials(for: request.url, netrc: netrc)
+                }
+                request.cookies = jar
+                return request
+            }
+        }
         try await followInDaemon(
-            state, transfer, display, daemon, perDownload: true, headers: try parseHeaders(request.headers)
+            state, transfer, display, daemon, perDownload: true, headers: try parseHeaders(request.headers),
+            refusing: access.usesCookies
+                ? [
+                    "cookies stay in the process that downloads: add --no-daemon to use --load-cookies or --save-cookies"
+                ]
+                : []
         ) { client, queued in
-            let requests = try request.daemonRequests(transfer)
+            let requests = authorized(try request.daemonRequests(transfer))
             request.noteWeakChecksum(quiet: quiet)
             queued.add(try await client.add(requests, priority: try request.parsedPriority()))
         }
-        let (manager, ids) = try await reportingErrors {
-            try await request.enqueue(
-                state, transfer, quiet: display.quiet || display.json, verbose: display.verbose)
+        let (manager, ids) = try await reportingErrors { () -> (DownloadManager, [DownloadID]) in
+            let manager = try QueueRun.openManager(state, transfer, restoring: .leave, verbose: display.verbose)
+            do {
+                let requests = authorized(try request.requests(bytesPerSecondLimit: transfer.perDownloadRate))
+                request.noteWeakChecksum(quiet: quiet)
+                return (manager, try await manager.enqueue(requests, priority: try request.parsedPriority()))
+            } catch {
+                await manager.close()
+                throw error
+            }
         }
-        try await QueueRun.run(manager, ids, output: display)
+        try await QueueRun.run(manager, ids, output: display) { try access.save(jar) }
     }
 }
 

@@ -12,6 +12,9 @@ extension HaulError {
             "\(message) (-o NAME names the file)"
         case .destinationExists:
             "\(message); use --force to replace it once the new download is complete"
+        case .httpStatus where status == 401:
+            "\(message); the server wants credentials: give them with -u USER:PASSWORD or --netrc (haul never "
+                + "stores them, so a resume needs them again)"
         case .outsideDownloadRoot:
             "\(message); give the haul daemon a --download-root that holds it, or add --no-daemon to download "
                 + "in this process"

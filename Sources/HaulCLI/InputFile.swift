@@ -22,7 +22,7 @@ import Haul
 /// ```
 ///
 /// Options: `out` (file name), `dir` (directory), `checksum` (ALG=HEX), `header` (repeatable),
-/// `limit-rate`. Blank lines and lines starting with `#` are ignored. Any other line is an error
+/// `limit-rate`, `user` (USER:PASSWORD, Basic credentials for that URL's site). Blank lines and lines starting with `#` are ignored. Any other line is an error
 /// naming the file and line.
 struct InputFile {
     struct Entry {
@@ -33,9 +33,10 @@ struct InputFile {
         var checksum: Checksum?
         var headers: [(name: String, value: String)] = []
         var limitRate: Int64?
+        var credentials: BasicCredentials?
     }
 
-    static let options = ["out", "dir", "checksum", "header", "limit-rate"]
+    static let options = ["out", "dir", "checksum", "header", "limit-rate", "user"]
 
     let entries: [Entry]
 
@@ -81,6 +82,8 @@ struct InputFile {
                 let headerName = value[..<colon].trimmingCharacters(in: " \t")
                 let headerValue = value[value.index(after: colon)...].trimmingCharacters(in: " \t")
                 entries[entries.count - 1].headers.append((headerName, headerValue))
+            case "user":
+                entries[entries.count - 1].credentials = BasicCredentials(parsing: value)
             case "limit-rate":
                 do {
                     entries[entries.count - 1].limitRate = try ByteRate.parse(value)

@@ -83,9 +83,10 @@ final class QueuedInDaemon: Sendable {
 ///     they are refused like the queue's settings.
 ///   - headers: the request headers given, which go to the daemon only when it runs on this machine
 ///     (credentials never cross the network in the clear).
+///   - refusing: why the options given cannot go to the daemon, when they cannot.
 func followInDaemon(
     _ state: StateOptions, _ transfer: TransferOptions, _ display: OutputOptions, _ use: DaemonUseOptions,
-    perDownload: Bool, headers: [(name: String, value: String)],
+    perDownload: Bool, headers: [(name: String, value: String)], refusing: [String] = [],
     _ queue: @escaping (DaemonClient, QueuedInDaemon) async throws -> Void
 ) async throws {
     guard !use.noDaemon,
@@ -97,6 +98,7 @@ func followInDaemon(
     let stream: DaemonClient.EventStream
     let target: String
     do {
+        if let reason = refusing.first { throw HaulError(.invalidArgument, reason) }
         var refused = transfer.queueSettingsGiven
         if !perDownload {
             if transfer.connections != nil { refused.append("--connections") }
@@ -177,7 +179,7 @@ private func withQueue<Result>(
 /// Opens a manager, lets `prepare` choose and queue downloads, then runs them to their end.
 private func runQueue(
     _ state: StateOptions, _ transfer: TransferOptions, _ display: OutputOptions,
-    _ prepare: (DownloadManager) async throws -> [DownloadID]
+    _ prepare: (DownloadManager) async throws -> [DownloadID], finishing: () throws -> Void = {}
 ) async throws {
     let (manager, ids) = try await reportingErrors { () -> (DownloadManager, [DownloadID]) in
         let manager = try QueueRun.openManager(state, transfer, restoring: .leave, verbose: display.verbose)
@@ -192,7 +194,7 @@ private func runQueue(
         await manager.close()
         return
     }
-    try await QueueRun.run(manager, ids, output: display)
+    try await QueueRun.run(manager, ids, output: display, finishing: finishing)
 }
 
 extension TransferOptions {
@@ -271,7 +273,8 @@ struct Resume: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Continue unfinished downloads: the given IDs, or every paused or interrupted one.",
         discussion: """
-            Credentials (Authorization, Cookie) are never stored; give them again with -H when the server needs them.
+            Credentials (-u, --netrc, Authorization, cookies) are never stored; give them again when the server \
+            needs them.
             """)
 
     @Argument(help: "IDs from `haul ls`; none means every paused or interrupted download.")
@@ -287,6 +290,7 @@ struct Resume: AsyncParsableCommand {
         name: [.customShort("H"), .customLong("header")], help: "Request header 'Name: value' to send; repeatable.")
     var headers: [String] = []
 
+    @OptionGroup var access: CredentialOptions
     @OptionGroup var transfer: TransferOptions
     @OptionGroup var state: StateOptions
     @OptionGroup var display: OutputOptions
@@ -294,6 +298,9 @@ struct Resume: AsyncParsableCommand {
 
     func validate() throws {
         if url != nil && ids.count != 1 { throw ValidationError("--url applies to exactly one download ID") }
+        if access.user != nil, try parseHeaders(headers).contains(where: { $0.name.lowercased() == "authorization" }) {
+            throw ValidationError("give --user or an Authorization header, not both")
+        }
         _ = try parseIDs(ids)
         _ = try parseHeaders(headers)
     }
@@ -303,8 +310,19 @@ struct Resume: AsyncParsableCommand {
         let ids = self.ids
         let url = self.url
         let given = headers.isEmpty ? nil : headers
-        try await followInDaemon(state, transfer, display, daemon, perDownload: false, headers: headers) {
-            client, queued in
+        let access = self.access
+        let netrc = try await reportingErrors { try access.netrcEntries() }
+        let jar = try await reportingErrors { try access.cookieJar() }
+        // Credentials are checked like a header: they go only to a daemon on this machine.
+        let credentialHeaders = access.user != nil || netrc != nil ? [(name: "Authorization", value: "")] : []
+        try await followInDaemon(
+            state, transfer, display, daemon, perDownload: false, headers: headers + credentialHeaders,
+            refusing: access.usesCookies
+                ? [
+                    "cookies stay in the process that downloads: add --no-daemon to use --load-cookies or --save-cookies"
+                ]
+                : []
+        ) { client, queued in
             var selected = try parseIDs(ids)
             if selected.isEmpty {
                 // Chosen from the database, as without a daemon: what is paused or waits, and is not
@@ -317,7 +335,12 @@ struct Resume: AsyncParsableCommand {
                 await manager.close()
                 if selected.isEmpty { Output.standardError("haul: nothing to resume\n") }
             }
-            for id in selected { queued.add([try await client.resume(id, url: url, headers: given)]) }
+            for id in selected {
+                var site = url
+                if site == nil { site = try await client.download(id).url }
+                let credentials = access.credentials(for: site ?? "", netrc: netrc)
+                queued.add([try await client.resume(id, url: url, headers: given, credentials: credentials)])
+            }
         }
         try await runQueue(state, transfer, display) { manager in
             var selected = try parseIDs(ids)
@@ -329,9 +352,15 @@ struct Resume: AsyncParsableCommand {
                 if selected.isEmpty { Output.standardError("haul: nothing to resume\n") }
             }
             for id in selected {
-                try await manager.resume(id, url: url, headers: headers.isEmpty ? nil : headers)
+                var site = url
+                if site == nil { site = await manager.download(id)?.url }
+                try await manager.resume(
+                    id, url: url, headers: given, credentials: access.credentials(for: site ?? "", netrc: netrc),
+                    cookies: jar)
             }
             return selected
+        } finishing: {
+            try access.save(jar)
         }
     }
 }

@@ -26,7 +26,12 @@ enum QueueRun {
 
     /// Runs `ids` to their end and exits with the documented code: 0 when every download is saved,
     /// else the code of the first one that is not. Ctrl-C or SIGTERM stops them with a checkpoint.
-    static func run(_ manager: DownloadManager, _ ids: [DownloadID], output: OutputOptions) async throws -> Never {
+    /// - Parameter finishing: runs once the downloads have stopped, before the last lines (saving
+    ///   the cookies); a failure is reported on its line and changes nothing else.
+    static func run(
+        _ manager: DownloadManager, _ ids: [DownloadID], output: OutputOptions,
+        finishing: () throws -> Void = {}
+    ) async throws -> Never {
         var infos: [DownloadInfo] = []
         for id in ids {
             if let info = await manager.download(id) { infos.append(info) }
@@ -54,6 +59,12 @@ enum QueueRun {
         var final: [DownloadInfo] = []
         for id in ids {
             if let info = await manager.download(id) { final.append(info) }
+        }
+        do {
+            try finishing()
+        } catch {
+            display.clear()
+            Output.standardError("haul: error: \((error as? HaulError)?.message ?? "\(error)")\n")
         }
         try display.end(final, interrupted: signals.received)
     }

@@ -79,7 +79,10 @@ struct API: Sendable {
             let body = try await optionalBody(ResumeBody.self, request)
             if let url = body?.url { try Self.checkURL(url) }
             let headers = try body?.headers.map(Self.checkHeaders)
-            try await perform { try await manager.resume(id, url: body?.url, headers: headers) }
+            let credentials = body?.credentials.map { BasicCredentials(user: $0.user, password: $0.password) }
+            try await perform {
+                try await manager.resume(id, url: body?.url, headers: headers, credentials: credentials)
+            }
             return try await current(id)
         }
         route(.post, "downloads/{id}/retry") { _, context in

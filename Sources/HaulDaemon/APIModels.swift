@@ -109,6 +109,13 @@ struct ResumeBody: Codable, Sendable {
     /// Request headers for this and later attempts, in place of the stored ones (credentials are
     /// never stored, so a resume that needs them gives them again).
     var headers: [NewDownload.Header]?
+    /// Basic credentials for this and later attempts, beside the headers (held in memory only).
+    var credentials: Credentials?
+
+    struct Credentials: Codable, Sendable {
+        var user: String
+        var password: String
+    }
 }
 
 /// The queue's options a client may read and change.

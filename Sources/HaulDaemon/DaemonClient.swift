@@ -105,12 +105,15 @@ public final class DaemonClient: Sendable {
     }
 
     /// Queues a paused download again, from `url` when given, with `headers` in place of the stored
-    /// ones when given (they are held in the daemon's memory only).
+    /// ones and `credentials` beside them when given (both held in the daemon's memory only).
     @discardableResult
-    public func resume(_ id: DownloadID, url: String? = nil, headers: [(name: String, value: String)]? = nil)
-        async throws -> DownloadInfo
-    {
-        let resume = ResumeBody(url: url, headers: headers?.map { .init(name: $0.name, value: $0.value) })
+    public func resume(
+        _ id: DownloadID, url: String? = nil, headers: [(name: String, value: String)]? = nil,
+        credentials: BasicCredentials? = nil
+    ) async throws -> DownloadInfo {
+        let resume = ResumeBody(
+            url: url, headers: headers?.map { .init(name: $0.name, value: $0.value) },
+            credentials: credentials.map { .init(user: $0.user, password: $0.password) })
         let body: DownloadBody = try await call(.POST, "/downloads/\(id)/resume", body: resume)
         return body.info
     }

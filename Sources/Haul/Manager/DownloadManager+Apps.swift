@@ -79,7 +79,7 @@ extension DownloadManager {
     }
 
     /// The download of `url` (the latest one, when the same URL goes to several places); `nil` when
-    /// there is none. A download given a new URL by ``resume(_:url:headers:cookies:)`` is found by that one.
+    /// there is none. A download given a new URL by ``resume(_:url:headers:credentials:cookies:)`` is found by that one.
     public func info(for url: URL) -> DownloadInfo? {
         self.id(of: url).flatMap { entries[$0]?.info }
     }
@@ -102,7 +102,7 @@ extension DownloadManager {
         try await pause(try existing(url))
     }
 
-    /// Queues `url`'s paused download again (see ``resume(_:url:headers:cookies:)``).
+    /// Queues `url`'s paused download again (see ``resume(_:url:headers:credentials:cookies:)``).
     /// - Throws: ``HaulError/Code/unknownDownload`` when there is no download of `url`.
     public func resume(_ url: URL) throws {
         try resume(try existing(url))

@@ -120,7 +120,7 @@ extension DownloadManager {
         return entry
     }
 
-    /// Stops a download, keeping its partial data; ``resume(_:url:headers:cookies:)`` continues it. Returns
+    /// Stops a download, keeping its partial data; ``resume(_:url:headers:credentials:cookies:)`` continues it. Returns
     /// once a running download has written its checkpoint.
     public func pause(_ id: DownloadID) async throws {
         if try await askOwner(id, .pause) { return }
@@ -140,24 +140,26 @@ extension DownloadManager {
         }
     }
 
-    /// Queues a paused download again (or one left queued by a manager that is gone). A new `url`
+    /// Queues a paused download again (or one left queued by a manager that is gone, or one that
+    /// failed, whose partial data was kept: after a 401, with the credentials it lacked). A new `url`
     /// replaces the old one, for links that expire; the partial data is kept when the server's file
-    /// is unchanged. `headers` replace the request headers and `cookies` the cookie jar (credentials
-    /// are never stored, so a download resumed in a new process needs them again).
+    /// is unchanged. `headers` replace the request headers, `credentials` join them (the given or the
+    /// stored ones) and `cookies` replace the cookie jar: credentials are never stored, so a download
+    /// resumed in a new process needs them again.
     public func resume(
         _ id: DownloadID, url: String? = nil, headers: [(name: String, value: String)]? = nil,
-        cookies: CookieJar? = nil
+        credentials: BasicCredentials? = nil, cookies: CookieJar? = nil
     ) throws {
         var entry = try controllable(id)
         switch entry.state {
-        case .paused, .queued:
+        case .paused, .queued, .failed:
             break
         case .running:
             return
-        case .completed, .failed, .cancelled:
+        case .completed, .cancelled:
             throw HaulError(
                 .invalidState,
-                "download \(id) is \(entry.state); only a paused or queued download can be resumed"
+                "download \(id) is \(entry.state); only a paused, queued or failed download can be resumed"
                     + (entry.state == .completed ? "" : " (use retry)"))
         }
         if let url {
@@ -165,6 +167,10 @@ extension DownloadManager {
             entry.record.url = url
         }
         if let headers { entry.headers = headers }
+        if let credentials {
+            let known = try entry.headers ?? store.headers(of: id).map { (name: $0.name, value: $0.value) }
+            entry.headers = DownloadRequest.headers(known, with: credentials)
+        }
         if let cookies { entry.cookies = cookies }
         markQueued(&entry)
         try write([entry.record]) { db in

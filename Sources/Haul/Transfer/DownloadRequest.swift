@@ -40,10 +40,16 @@ public struct DownloadRequest: Sendable {
                 BasicCredentials(authorization: $0.value)
             }
         }
-        set {
-            headers.removeAll { $0.name.lowercased() == "authorization" }
-            if let newValue { headers.append((name: "Authorization", value: newValue.authorization)) }
-        }
+        set { headers = Self.headers(headers, with: newValue) }
+    }
+
+    /// `headers` with their `Authorization` replaced by one carrying `credentials` (removed for `nil`).
+    package static func headers(_ headers: [(name: String, value: String)], with credentials: BasicCredentials?)
+        -> [(name: String, value: String)]
+    {
+        var headers = headers.filter { $0.name.lowercased() != "authorization" }
+        if let credentials { headers.append((name: "Authorization", value: credentials.authorization)) }
+        return headers
     }
 
     /// The most connections one download may ask for.

@@ -1,0 +1,97 @@
+import ArgumentParser
+import Haul
+
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Musl)
+    import Musl
+#elseif canImport(Darwin)
+    import Darwin
+#endif
+
+/// Credentials and cookies, with curl's names: never written to the state directory or beside a
+/// download, so a resume in a later run needs them again.
+struct CredentialOptions: ParsableArguments {
+    @Option(
+        name: [.customShort("u"), .customLong("user")],
+        help: ArgumentHelp(
+            "Basic credentials for each URL's own site, as USER:PASSWORD (curl -u; wget --user/--password).",
+            valueName: "user:password"))
+    var user: String?
+
+    @Flag(help: "Take each URL's credentials from ~/.netrc (curl --netrc; wget and aria2 read it by default).")
+    var netrc = false
+
+    @Option(help: ArgumentHelp("Take credentials from this netrc file (curl --netrc-file).", valueName: "file"))
+    var netrcFile: String?
+
+    @Option(
+        help: ArgumentHelp(
+            "Send the cookies of this Netscape cookie file where they match (curl -b FILE; wget and aria2 "
+                + "--load-cookies).", valueName: "file"))
+    var loadCookies: String?
+
+    @Option(
+        help: ArgumentHelp(
+            "Write the cookies (loaded and set by the servers) to this file at the end (curl -c; wget and aria2 "
+                + "--save-cookies).", valueName: "file"))
+    var saveCookies: String?
+
+    func validate() throws {
+        if netrc && netrcFile != nil { throw ValidationError("give --netrc or --netrc-file, not both") }
+        if user?.isEmpty == true { throw ValidationError("--user needs USER:PASSWORD") }
+    }
+
+    /// Whether any cookie option is given.
+    var usesCookies: Bool { loadCookies != nil || saveCookies != nil }
+
+    /// The netrc file asked for, checked and read; `nil` when none is.
+    func netrcEntries() throws -> Netrc? {
+        guard netrc || netrcFile != nil else { return nil }
+        let home = getenv("HOME").map { String(cString: $0) } ?? ""
+        let path = netrcFile ?? (home.isEmpty ? "." : home) + "/.netrc"
+        guard let status = POSIX.fileStatus(path) else {
+            throw HaulError(.invalidArgument, "cannot read the netrc file \(path): it does not exist")
+        }
+        // Passwords others can read are not passwords: curl warns, haul refuses.
+        if status.st_mode & 0o077 != 0 {
+            throw HaulError(
+                .invalidArgument, "\(path) can be read by others; make it private (chmod 600 \(path)) and try again")
+        }
+        let text = try InputFile.read(path)
+        do {
+            return try Netrc(parsing: text)
+        } catch let error as HaulError {
+            throw HaulError(.invalidArgument, "\(path): \(error.message)")
+        }
+    }
+
+    /// The credentials for `url`: `--user`'s, else the netrc's entry for its host.
+    func credentials(for url: String, netrc: Netrc?) -> BasicCredentials? {
+        if let user { return BasicCredentials(parsing: user) }
+        guard let host = (try? DownloadURL(url))?.url.host else { return nil }
+        return netrc?.credentials(for: host)
+    }
+
+    /// The cookie jar asked for: the file's cookies, or an empty jar to save; `nil` when none is.
+    func cookieJar() throws -> CookieJar? {
+        guard usesCookies else { return nil }
+        guard let loadCookies else { return CookieJar() }
+        do {
+            return try CookieJar(netscape: try InputFile.read(loadCookies), now: Int64(time(nil)))
+        } catch let error as HaulError {
+            throw HaulError(error.code, "\(loadCookies): \(error.message)")
+        }
+    }
+
+    /// Writes the jar to `--save-cookies` (mode 0600, replaced atomically), when given.
+    func save(_ jar: CookieJar?) throws {
+        guard let saveCookies, let jar else { return }
+        let temporary = saveCookies + ".tmp"
+        let descriptor = try POSIX.open(temporary, flags: O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, mode: 0o600)
+        defer { POSIX.close(descriptor) }
+        let bytes = Array(jar.netscapeText(now: Int64(time(nil))).utf8)
+        try bytes.withUnsafeBytes { try POSIX.write(descriptor, $0, at: 0, path: temporary) }
+        try POSIX.rename(temporary, to: saveCookies)
+    }
+}

@@ -1,0 +1,123 @@
+import Foundation
+import Haul
+import HaulTestServer
+import Testing
+
+/// `-u`, `--netrc`, `--load-cookies` and `--save-cookies` as users run them: credentials reach their
+/// site, are never written anywhere, and a resume without them says what to do.
+@Suite(.timeLimit(.minutes(3)), .serialized)
+struct CredentialCommandTests {
+    static let password = "pa55-w0rd-never-stored"
+
+    /// Fails when any file under `directory` holds one of `secrets`.
+    func expectNoSecret(in directory: String, _ secrets: [String]) throws {
+        let files = FileManager.default.enumerator(atPath: directory)?.allObjects as? [String] ?? []
+        for file in files {
+            let path = directory + "/" + file
+            guard let data = FileManager.default.contents(atPath: path) else { continue }
+            let text = String(decoding: data, as: UTF8.self)
+            for secret in secrets { #expect(!text.contains(secret), "\(file) holds a secret") }
+        }
+    }
+
+    @Test func userAndNetrcCredentialsAndTheHintWhenAResumeLacksThem() async throws {
+        try await HaulTestServer.withRunning { server in
+            var resource = TestResource(name: "private.bin", size: 3_000_000)
+            resource.requiredAuthorization = BasicCredentials(user: "alice", password: Self.password).authorization
+            server.add("/private.bin", resource)
+            server.setStandingFaults("/private.bin", [.throttle(bytesPerSecond: 500_000)])
+            let directory = try makeTemporaryDirectory()
+            defer { try? FileManager.default.removeItem(atPath: directory) }
+            let state = directory + "/state"
+            let file = directory + "/private.bin"
+            // Without credentials: one line with the hint, exit 4.
+            let refused = try await HaulProcess.run(
+                ["get", server.url("/private.bin"), "-o", file, "--state-dir", state, "-x", "1"])
+            #expect(refused.status == 4, "\(refused.errors)")
+            let line = refused.errors.split(separator: "\n").last.map(String.init) ?? ""
+            #expect(line.contains("401") && line.contains("-u USER:PASSWORD or --netrc"), "\(refused.errors)")
+            // With -u: interrupted part-way.
+            let get = try HaulProcess([
+                "get", server.url("/private.bin"), "-o", file, "--state-dir", state, "-x", "1", "-u",
+                "alice:\(Self.password)",
+            ])
+            while (size(file + ".haul.part") ?? 0) < 300_000 { try await Task.sleep(for: .milliseconds(20)) }
+            get.signal(SIGINT)
+            #expect(try await get.finish().status == 130)
+            let kept = try #require(size(file + ".haul.part"))
+            try expectNoSecret(in: directory, [Self.password, resource.requiredAuthorization ?? ""])
+            // A resume without them: refused with the hint, the partial data kept.
+            let listed = try await HaulProcess.run(["ls", "--json", "--state-dir", state])
+            let id = try #require(
+                (try JSONSerialization.jsonObject(with: Data(listed.output.utf8)) as? [[String: Any]])?.first?["id"]
+                    as? Int)
+            let bare = try await HaulProcess.run(["resume", "\(id)", "--state-dir", state, "-q"])
+            #expect(bare.status == 4 && bare.errors.contains("--netrc"), "\(bare.errors)")
+            #expect(size(file + ".haul.part") == kept)
+            // A netrc others can read is refused; a private one gives the credentials.
+            let netrc = directory + "/netrc"
+            try "machine 127.0.0.1\n  login alice\n  password \(Self.password)\n".write(
+                toFile: netrc, atomically: true, encoding: .utf8)
+            try FileManager.default.setAttributes([.posixPermissions: 0o644], ofItemAtPath: netrc)
+            let open = try await HaulProcess.run(["resume", "\(id)", "--netrc-file", netrc, "--state-dir", state])
+            #expect(open.status == 2 && open.errors.contains("chmod 600"), "\(open.errors)")
+            try FileManager.default.setAttributes([.posixPermissions: 0o600], ofItemAtPath: netrc)
+            server.setStandingFaults("/private.bin", [])
+            let before = server.requests(for: "/private.bin").count
+            let resumed = try await HaulProcess.run([
+                "resume", "\(id)", "--netrc-file", netrc, "--state-dir", state, "-q",
+            ])
+            #expect(resumed.status == 0, "\(resumed.errors)")
+            let identical = contents(file) == resource.content
+            #expect(identical, "the resumed file equals the server's")
+            let resume = try #require(server.requests(for: "/private.bin").dropFirst(before).first)
+            #expect(resume.header("range") == "bytes=\(kept)-" && resume.header("if-range") == resource.entityTagValue)
+            try expectNoSecret(in: directory + "/state", [Self.password, resource.requiredAuthorization ?? ""])
+        }
+    }
+
+    @Test func cookiesAreLoadedSentAndSavedForCurl() async throws {
+        try await HaulTestServer.withRunning { server in
+            let resource = TestResource(name: "members.bin", size: 200_000)
+            var guarded = resource
+            guarded.requiredCookie = "login=secret-cookie-value"
+            server.add("/members.bin", guarded)
+            var signIn = TestResource.redirect(to: "/members.bin")
+            signIn.setCookies = ["login=secret-cookie-value; Path=/; Max-Age=3600"]
+            server.add("/sign-in", signIn)
+            let directory = try makeTemporaryDirectory()
+            defer { try? FileManager.default.removeItem(atPath: directory) }
+            let state = directory + "/state"
+            let loaded = directory + "/in.txt"
+            let saved = directory + "/out.txt"
+            try "# Netscape HTTP Cookie File\n127.0.0.1\tFALSE\t/\tFALSE\t0\ttheme\tdark\n".write(
+                toFile: loaded, atomically: true, encoding: .utf8)
+            let get = try await HaulProcess.run([
+                "get", server.url("/sign-in"), "-o", directory + "/members.bin", "--load-cookies", loaded,
+                "--save-cookies", saved, "--state-dir", state, "-q",
+            ])
+            #expect(get.status == 0, "\(get.errors)")
+            let identical = contents(directory + "/members.bin") == resource.content
+            #expect(identical, "the file equals the server's")
+            #expect(server.requests(for: "/sign-in").first?.header("cookie") == "theme=dark")
+            let attributes = try FileManager.default.attributesOfItem(atPath: saved)
+            #expect((attributes[.posixPermissions] as? NSNumber)?.intValue == 0o600)
+            let text = try String(contentsOfFile: saved, encoding: .utf8)
+            #expect(text.contains("\tlogin\tsecret-cookie-value") && text.contains("\ttheme\tdark"), "\(text)")
+            try expectNoSecret(in: state, ["secret-cookie-value"])
+            #expect(
+                !(FileManager.default.enumerator(atPath: directory)?.allObjects as? [String] ?? []).contains {
+                    $0.hasSuffix(".haul.json")
+                })
+            // curl reads the saved file and sends its cookies.
+            let curl = Process()
+            curl.executableURL = URL(fileURLWithPath: "/usr/bin/curl")
+            curl.arguments = ["-s", "-o", "/dev/null", "-b", saved, server.url("/members.bin")]
+            try curl.run()
+            curl.waitUntilExit()
+            #expect(curl.terminationStatus == 0)
+            let sent = try #require(server.requests(for: "/members.bin").last?.header("cookie"))
+            #expect(sent.contains("login=secret-cookie-value") && sent.contains("theme=dark"), "\(sent)")
+        }
+    }
+}
