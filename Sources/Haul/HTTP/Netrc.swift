@@ -5,7 +5,7 @@
 #endif
 
 /// A user name and password for HTTP Basic authentication.
-public struct BasicCredentials: Sendable, Equatable {
+public struct BasicCredentials: Sendable, Hashable {
     /// The user name.
     public var user: String
     /// The password.

@@ -27,8 +27,8 @@ import NIOSSL
 public final class Downloader: Sendable {
     /// How the downloader behaves.
     public let configuration: DownloaderConfiguration
-    /// One HTTP client per connection of a download (see ``ConnectionLanes``).
-    let lanes: ConnectionLanes
+    /// One HTTP client per connection of a download, for each way out (see ``ProxiedLanes``).
+    let lanes: ProxiedLanes
     let logger: Logger
     /// Where the rules about time (retry delays, stalls, take-overs, checkpoints, rates) read it.
     let clock: TransferClock
@@ -75,10 +75,7 @@ public final class Downloader: Sendable {
         clientConfiguration.connectionPool.concurrentHTTP1ConnectionsPerHostSoftLimit =
             configuration.connectionsPerHost.map { max(1, ($0 + lanes - 1) / lanes) } ?? 8
         clientConfiguration.http2StreamChannelDebugInitializer = { HTTP2BodyCoalescer.install(on: $0) }
-        let lanesConfiguration = clientConfiguration
-        self.lanes = ConnectionLanes(count: configuration.segmentation.connections) {
-            HTTPClient(eventLoopGroupProvider: .singleton, configuration: lanesConfiguration)
-        }
+        self.lanes = ProxiedLanes(count: configuration.segmentation.connections, configuration: clientConfiguration)
     }
 
     /// Closes the connections. Call it once no download is running any more.

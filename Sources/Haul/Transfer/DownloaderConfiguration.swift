@@ -149,6 +149,10 @@ public struct DownloaderConfiguration: Sendable {
     public var redirects = Redirects()
     /// How bytes reach the disk.
     public var storage = Storage()
+    /// Which proxy each request goes through (none by default). The library reads no environment
+    /// variable: the caller decides (`haul` follows curl's `http_proxy`, `https_proxy`, `all_proxy`
+    /// and `no_proxy`).
+    public var proxy = ProxySettings()
     /// Sent as `User-Agent` unless the request sets its own.
     public var userAgent: String = "haul/\(HaulVersion.current)"
     /// Resume even when the server gave no validator (no ETag, no Last-Modified). Haul then only

@@ -54,3 +54,51 @@ final class ConnectionLanes: Sendable {
         if let failure { throw failure }
     }
 }
+
+/// The connection lanes of each way out: directly, or through each proxy a download's requests
+/// take (see ``ProxySettings``); made when first needed.
+final class ProxiedLanes: Sendable {
+    private let count: Int
+    private let configuration: HTTPClient.Configuration
+    private let lanes: Mutex<[Proxy?: ConnectionLanes]> = Mutex([:])
+
+    init(count: Int, configuration: HTTPClient.Configuration) {
+        self.count = count
+        self.configuration = configuration
+    }
+
+    /// The lanes for requests through `proxy` (`nil`: directly).
+    func lanes(through proxy: Proxy?) -> ConnectionLanes {
+        lanes.withLock { lanes in
+            if let existing = lanes[proxy] { return existing }
+            var proxied = self.configuration
+            proxied.proxy = proxy.map(Self.clientProxy)
+            let configuration = proxied
+            let made = ConnectionLanes(count: count) {
+                HTTPClient(eventLoopGroupProvider: .singleton, configuration: configuration)
+            }
+            lanes[proxy] = made
+            return made
+        }
+    }
+
+    /// Closes every connection.
+    func shutdown() async throws {
+        var failure: (any Error)?
+        for lane in lanes.withLock({ Array($0.values) }) {
+            do { try await lane.shutdown() } catch { failure = failure ?? error }
+        }
+        if let failure { throw failure }
+    }
+
+    private static func clientProxy(_ proxy: Proxy) -> HTTPClient.Configuration.Proxy {
+        switch proxy.kind {
+        case .http:
+            .server(
+                host: proxy.host, port: proxy.port,
+                authorization: proxy.credentials.map { .basic(username: $0.user, password: $0.password) })
+        case .socks5, .socks5h:
+            .socksServer(host: proxy.host, port: proxy.port)
+        }
+    }
+}

@@ -14,7 +14,7 @@ import NIOHTTP1
 struct HTTPFetcher: Sendable {
     let url: DownloadURL
     let request: DownloadRequest
-    let clients: ConnectionLanes
+    let clients: ProxiedLanes
     let configuration: DownloaderConfiguration
     let logger: Logger
 
@@ -29,8 +29,9 @@ struct HTTPFetcher: Sendable {
         headers += ask.headers
         var visited: Set<String> = [current.string]
         let redirects = configuration.redirects
-        let client = clients.client(for: connection)
         for _ in 0...redirects.maximum {
+            // Each request goes the way its URL's scheme and host say: a redirect may leave a proxy.
+            let client = clients.lanes(through: configuration.proxy.proxy(for: current.url)).client(for: connection)
             var outgoing = HTTPClientRequest(url: current.string)
             outgoing.method = .GET
             for (name, value) in headers { outgoing.headers.add(name: name, value: value) }
@@ -91,6 +92,17 @@ struct HTTPFetcher: Sendable {
                 return .cancelled
             case .invalidURL, .emptyHost, .emptyScheme:
                 return .fatal(HaulError(.invalidURL, "not a valid URL: \(url.string)", underlying: cause))
+            case .proxyAuthenticationRequired:
+                let proxy = configuration.proxy.proxy(for: url.url).map { " \($0)" } ?? ""
+                return .fatal(
+                    HaulError(
+                        .httpStatus, "the proxy\(proxy) asks for credentials (407): give them in its URL", status: 407,
+                        underlying: cause))
+            case .invalidProxyResponse:
+                let proxy = configuration.proxy.proxy(for: url.url).map { " \($0)" } ?? ""
+                return .retryable(
+                    HaulError(.network, "the proxy\(proxy) could not reach \(host)", underlying: cause), retryAfter: nil
+                )
             case .remoteConnectionClosed:
                 return .retryable(
                     HaulError(.network, "\(host) closed the connection", underlying: cause), retryAfter: nil)
