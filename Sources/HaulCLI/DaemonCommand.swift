@@ -116,7 +116,7 @@ struct DaemonCommand: AsyncParsableCommand {
         options.allowRemote = allowRemote
         options.allowedHosts = allowHost
         options.manager = transfer.managerConfiguration(restoring: .resume)
-        options.downloader = transfer.downloaderConfiguration
+        options.downloader = try transfer.downloaderConfiguration()
         options.requestsPerSecond = requestsPerSecond
         options.hooks.onComplete = onComplete.map(POSIX.absolutePath)
         options.hooks.onError = onError.map(POSIX.absolutePath)

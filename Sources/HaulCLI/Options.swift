@@ -85,6 +85,19 @@ struct TransferOptions: ParsableArguments {
     @Flag(name: .customLong("no-http2"), help: "Speak HTTP/1.1 even to servers that offer HTTP/2.")
     var noHTTP2 = false
 
+    @Option(
+        help: ArgumentHelp(
+            "Use this proxy for every URL instead of the environment's (http://[user:password@]host:port, "
+                + "socks5h://host:port; '' for none; curl -x, wget and aria2 --all-proxy).", valueName: "url"))
+    var proxy: String?
+
+    @Option(
+        name: .customLong("no-proxy"),
+        help: ArgumentHelp(
+            "Hosts reached without a proxy, separated by commas, instead of no_proxy (curl --noproxy).",
+            valueName: "hosts"))
+    var noProxy: String?
+
     func validate() throws {
         guard jobs >= 1 else { throw ValidationError("--jobs must be 1 or more") }
         if let connections, !(1...DownloadRequest.maximumConnections).contains(connections) {
@@ -129,7 +142,8 @@ struct TransferOptions: ParsableArguments {
             ("--file-allocation", fileAllocation != defaults.fileAllocation),
             ("--durable-checkpoint-interval", durableCheckpointInterval != defaults.durableCheckpointInterval),
             ("--trust-unvalidated", trustUnvalidated), ("--allow-insecure-redirects", allowInsecureRedirects),
-            ("--ca-cert", !caCertificates.isEmpty), ("--no-http2", noHTTP2),
+            ("--ca-cert", !caCertificates.isEmpty), ("--no-http2", noHTTP2), ("--proxy", proxy != nil),
+            ("--no-proxy", noProxy != nil),
         ]
         return settings.filter(\.1).map(\.0)
     }
@@ -157,7 +171,8 @@ struct TransferOptions: ParsableArguments {
     }
 
     /// The transfers' settings.
-    var downloaderConfiguration: DownloaderConfiguration {
+    /// - Throws: ``HaulError/Code/invalidArgument`` for a proxy URL (option or environment) that is not one.
+    func downloaderConfiguration() throws -> DownloaderConfiguration {
         var configuration = DownloaderConfiguration()
         configuration.retry.maximumRetries = retries
         configuration.retry.initialDelay = .milliseconds(Int64(retryDelay * 1000))
@@ -172,6 +187,7 @@ struct TransferOptions: ParsableArguments {
         configuration.segmentation.minimumSplit = (try? Self.rate(minSplitSize, option: "")) ?? (1 << 20)
         configuration.tls.trustedCertificateFiles = caCertificates
         configuration.tls.allowHTTP2 = !noHTTP2
+        configuration.proxy = try ProxyEnvironment.settings(ProxyEnvironment.current, proxy: proxy, noProxy: noProxy)
         return configuration
     }
 }

@@ -20,7 +20,7 @@ enum QueueRun {
     ) throws -> DownloadManager {
         try DownloadManager(
             stateDirectory: state.directory, configuration: transfer.managerConfiguration(restoring: restoring),
-            downloaderConfiguration: transfer.downloaderConfiguration,
+            downloaderConfiguration: try transfer.downloaderConfiguration(),
             logger: VerboseLogHandler.logger(verbose: verbose))
     }
 

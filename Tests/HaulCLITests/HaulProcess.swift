@@ -26,7 +26,12 @@ final class HaulProcess: @unchecked Sendable {
     }()
 
     /// - Parameter stateDirectory: `XDG_STATE_HOME` for the child (the database goes in its `haul` folder).
-    init(_ arguments: [String], directory: String? = nil, stateDirectory: String? = nil) throws {
+    /// - Parameter environment: variables set for the child, over this process's; an empty value
+    ///   removes one.
+    init(
+        _ arguments: [String], directory: String? = nil, stateDirectory: String? = nil,
+        environment extra: [String: String] = [:]
+    ) throws {
         process.executableURL = URL(fileURLWithPath: Self.executable)
         process.arguments = arguments
         if let directory { process.currentDirectoryURL = URL(fileURLWithPath: directory) }
@@ -35,6 +40,14 @@ final class HaulProcess: @unchecked Sendable {
         process.standardInput = FileHandle.nullDevice
         var environment = ProcessInfo.processInfo.environment
         environment["XDG_STATE_HOME"] = stateDirectory ?? Self.sharedStateHome
+        // The tests decide which proxies the child sees.
+        for name in [
+            "http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY", "no_proxy",
+            "NO_PROXY",
+        ] {
+            environment[name] = nil
+        }
+        for (name, value) in extra { environment[name] = value.isEmpty ? nil : value }
         process.environment = environment
         try process.run()
     }
@@ -59,10 +72,12 @@ final class HaulProcess: @unchecked Sendable {
     }
 
     /// Runs `haul` to completion.
-    static func run(_ arguments: [String], directory: String? = nil, stateDirectory: String? = nil) async throws -> (
-        status: Int32, output: String, errors: String
-    ) {
-        try await HaulProcess(arguments, directory: directory, stateDirectory: stateDirectory).finish()
+    static func run(
+        _ arguments: [String], directory: String? = nil, stateDirectory: String? = nil,
+        environment: [String: String] = [:]
+    ) async throws -> (status: Int32, output: String, errors: String) {
+        try await HaulProcess(arguments, directory: directory, stateDirectory: stateDirectory, environment: environment)
+            .finish()
     }
 }
 
