@@ -120,4 +120,53 @@ struct CredentialCommandTests {
             #expect(sent.contains("login=secret-cookie-value") && sent.contains("theme=dark"), "\(sent)")
         }
     }
+
+    @Test func noSecretOfAnyKindReachesTheStateOrTheDownloadsFolder() async throws {
+        try await HaulTestServer.withRunning { server in
+            let proxySecret = "proxy-secret-17"
+            let netrcSecret = "netrc-secret-23"
+            let cookieSecret = "cookie-secret-31"
+            var guarded = TestResource(name: "all.bin", size: 500_000)
+            guarded.requiredAuthorization = BasicCredentials(user: "ann", password: netrcSecret).authorization
+            guarded.requiredCookie = "session=\(cookieSecret)"
+            guarded.setCookies = ["seen=\(cookieSecret)-2; Path=/"]
+            server.add("/all.bin", guarded)
+            let resource = guarded
+            let proxyAuthorization = BasicCredentials(user: "p", password: proxySecret).authorization
+            try await TestProxy.withRunning(.http, requiredAuthorization: proxyAuthorization) { proxy in
+                let work = try makeTemporaryDirectory()
+                defer { try? FileManager.default.removeItem(atPath: work) }
+                // The user's own files (netrc, cookie files) live apart from what haul writes.
+                let own = work + "/own"
+                let downloads = work + "/downloads"
+                let state = work + "/state"
+                try FileManager.default.createDirectory(atPath: own, withIntermediateDirectories: true)
+                try "machine 127.0.0.1 login ann password \(netrcSecret)\n".write(
+                    toFile: own + "/netrc", atomically: true, encoding: .utf8)
+                try FileManager.default.setAttributes([.posixPermissions: 0o600], ofItemAtPath: own + "/netrc")
+                try "127.0.0.1\tFALSE\t/\tFALSE\t0\tsession\t\(cookieSecret)\n".write(
+                    toFile: own + "/cookies", atomically: true, encoding: .utf8)
+                let get = try await HaulProcess.run(
+                    [
+                        "get", "--json", server.url("/all.bin"), "-d", downloads, "--state-dir", state, "--netrc-file",
+                        own + "/netrc", "--load-cookies", own + "/cookies", "--save-cookies", own + "/saved",
+                    ], environment: ["http_proxy": "http://p:\(proxySecret)@127.0.0.1:\(proxy.port)"])
+                #expect(get.status == 0, "\(get.errors)")
+                let identical = contents(downloads + "/all.bin") == resource.content
+                #expect(identical)
+                #expect(proxy.seen.last?.header("proxy-authorization") == proxyAuthorization)
+                let secrets = [
+                    proxySecret, netrcSecret, cookieSecret, proxyAuthorization,
+                    resource.requiredAuthorization ?? "",
+                ]
+                try expectNoSecret(in: state, secrets)
+                try expectNoSecret(in: downloads, secrets)
+                for text in [get.output, get.errors] {
+                    for secret in secrets { #expect(!text.contains(secret)) }
+                }
+                // What the servers set was saved where asked, for the user.
+                #expect(try String(contentsOfFile: own + "/saved", encoding: .utf8).contains("\(cookieSecret)-2"))
+            }
+        }
+    }
 }
