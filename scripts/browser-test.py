@@ -12,16 +12,16 @@ screenshot mid-download goes to OUT/daemon.png (checked in as docs/daemon.png).
 Needs chromium, chromium-driver (Debian) and selenium (PyPI); .ci/run installs them.
 """
 import argparse
-import hashlib
 import json
 import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
+
+from checks import failer, sha256_of_file, sha256_of_url
 
 from selenium import webdriver
 from selenium.webdriver.chrome.options import Options
@@ -31,9 +31,7 @@ from selenium.webdriver.common.by import By
 DEADLINE = 30  # seconds any one expected state may take
 
 
-def fail(message):
-    print(f"browser test: FAILED: {message}", file=sys.stderr)
-    sys.exit(1)
+fail = failer("browser test")
 
 
 def wait_for(what, condition, timeout=DEADLINE):
@@ -47,22 +45,6 @@ def wait_for(what, condition, timeout=DEADLINE):
             return value
         time.sleep(0.05)
     fail(f"timed out waiting until {what}")
-
-
-def sha256_of_url(url):
-    digest = hashlib.sha256()
-    with urllib.request.urlopen(url, timeout=DEADLINE) as response:
-        while chunk := response.read(1 << 16):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def sha256_of_file(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        while chunk := file.read(1 << 16):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def main():

@@ -6,38 +6,19 @@ what the first stored, finish every file, and each file must equal the server's 
     scripts/example-test.py [--bin .build/debug]
 """
 import argparse
-import hashlib
 import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
-import urllib.request
+
+from checks import failer, sha256_of_file, sha256_of_url
 
 DEADLINE = 60  # seconds any one step may take
 
 
-def fail(message):
-    print(f"example test: FAILED: {message}", file=sys.stderr)
-    sys.exit(1)
-
-
-def sha256_of_url(url):
-    digest = hashlib.sha256()
-    with urllib.request.urlopen(url, timeout=DEADLINE) as response:
-        while chunk := response.read(1 << 16):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def sha256_of_file(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        while chunk := file.read(1 << 16):
-            digest.update(chunk)
-    return digest.hexdigest()
+fail = failer("example test")
 
 
 def main():
