@@ -96,7 +96,7 @@ let package = Package(
             ]
         ),
         .executableTarget(name: "HaulTestServerTool", dependencies: ["HaulTestServer"]),
-        // An app-style program on the app-facing API only; scripts/example-test.sh runs it in CI.
+        // An app-style program on the app-facing API only; scripts/example-test.py runs it in CI.
         .executableTarget(name: "DownloadQueueExample", dependencies: ["Haul"], path: "Examples/DownloadQueue"),
         .target(name: "CLibFuzzer"),
         .executableTarget(

@@ -25,8 +25,10 @@ def main():
     missing = []
     counted = 0
     for module in MODULES:
-        graph = json.loads((directory / f"{module}.symbols.json").read_text())
-        for symbol in graph["symbols"]:
+        # The module's own graph, and those of its extensions of other modules' types.
+        paths = [directory / f"{module}.symbols.json"] + sorted(directory.glob(f"{module}@*.symbols.json"))
+        symbols = [symbol for path in paths for symbol in json.loads(path.read_text())["symbols"]]
+        for symbol in symbols:
             if symbol.get("accessLevel") not in ("public", "open"):
                 continue
             # Written by the compiler, or inherited from elsewhere: no source line of this module.

@@ -21,8 +21,11 @@ LINUX_ONLY = [
     r"\"/proc/", r"\bumount2\s*\(", r"\bmount\s*\(\s*\"", r"\bMNT_DETACH\b", r"\bepoll_\w+", r"\binotify_\w+",
     r"\bsendfile\s*\(", r"\bsplice\s*\(", r"\bmemfd_create\s*\(", r"\bgettid\s*\(", r"\bsyncfs\s*\(",
     r"\bFALLOC_FL_\w+", r"\bsysinfo\s*\(", r"\bprctl\s*\(",
+    # Structures on Linux that are pointers on Darwin: `T()` builds only on Linux.
+    r"\bposix_spawn_file_actions_t\(\)", r"\bposix_spawnattr_t\(\)", r"\bpthread_t\(\)",
+    r"\bpthread_mutex_t\(\)",
 ]
-LINUX_BRANCH = re.compile(r"os\(Linux\)|canImport\(Glibc\)|canImport\(Musl\)")
+LINUX_BRANCH = re.compile(r"(?<!!)(os\(Linux\)|canImport\(Glibc\)|canImport\(Musl\))")
 
 
 def signatures(path):

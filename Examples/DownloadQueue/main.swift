@@ -14,7 +14,15 @@ guard arguments.count >= 3 else {
 }
 let state = URL(fileURLWithPath: arguments[0], isDirectory: true)
 let target = URL(fileURLWithPath: arguments[1], isDirectory: true)
-let urls = arguments.dropFirst(2).compactMap(URL.init(string:))
+var urls: [URL] = []
+for text in arguments.dropFirst(2) {
+    guard let url = URL(string: text), url.scheme == "http" || url.scheme == "https" else {
+        FileHandle.standardError.write(Data("error: not an http or https URL: \(text)\n".utf8))
+        exit(2)
+    }
+    // The same URL twice is one download.
+    if !urls.contains(url) { urls.append(url) }
+}
 
 /// Prints a line at once, even into a pipe.
 func say(_ line: String) {

@@ -88,14 +88,20 @@ struct HookRunner: Sendable {
         var processID = pid_t()
         let spawned = withCStrings([program] + arguments) { argv in
             withCStrings(environment) { envp in
-                var actions = posix_spawn_file_actions_t()
+                // A structure on Linux, an opaque pointer on Apple platforms.
+                #if canImport(Glibc) || canImport(Musl)
+                    var actions = posix_spawn_file_actions_t()
+                    var attributes = posix_spawnattr_t()
+                #else
+                    var actions: posix_spawn_file_actions_t = nil
+                    var attributes: posix_spawnattr_t = nil
+                #endif
                 posix_spawn_file_actions_init(&actions)
                 defer { posix_spawn_file_actions_destroy(&actions) }
                 posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0)
                 // The daemon ignores SIGTERM, SIGINT and SIGPIPE (it handles the first two itself):
                 // the program gets them back as they normally are, nothing blocked, and a process
                 // group of its own, so that the time limit ends whatever it started too.
-                var attributes = posix_spawnattr_t()
                 posix_spawnattr_init(&attributes)
                 defer { posix_spawnattr_destroy(&attributes) }
                 var defaults = sigset_t()

@@ -1,3 +1,5 @@
+import Dispatch
+
 #if canImport(Glibc)
     import Glibc
 #elseif canImport(Darwin)
@@ -23,21 +25,8 @@ enum FileHandleLike {
 #endif
 
 enum Thread {
-    /// Runs `body` on a new system thread (a blocking read must not hold a task's thread).
+    /// Runs `body` on a thread of its own (a blocking read must not hold a task's thread).
     static func detach(_ body: @escaping @Sendable () -> Void) {
-        final class Box: @unchecked Sendable {
-            let body: @Sendable () -> Void
-            init(_ body: @escaping @Sendable () -> Void) { self.body = body }
-        }
-        let box = Unmanaged.passRetained(Box(body)).toOpaque()
-        var thread = pthread_t()
-        pthread_create(
-            &thread, nil,
-            { pointer in
-                let box = Unmanaged<Box>.fromOpaque(pointer!).takeRetainedValue()
-                box.body()
-                return nil
-            }, box)
-        pthread_detach(thread)
+        DispatchQueue(label: "haul-test-server.blocking").async { body() }
     }
 }

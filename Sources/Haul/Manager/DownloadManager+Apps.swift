@@ -10,19 +10,17 @@ extension DownloadManager {
     // MARK: Running without a task group
 
     /// Runs the queue in a task this manager owns, for apps without a task group of their own, and
-    /// returns at once; ``stop()`` ends it. Downloads an earlier ``stop()`` interrupted go on. Does
-    /// nothing while the queue already runs.
+    /// returns at once; ``stop()`` ends it. Downloads an earlier stop interrupted go on (once that
+    /// stop is over, when it is still under way). Does nothing while the queue already runs (from
+    /// here or from a caller's ``run()``) and after ``close()``.
     public func start() {
-        guard owned == nil else { return }
-        // What the last stop interrupted waits queued and unowned: this manager takes it back.
-        for id in interrupted.sorted() {
-            guard var entry = entries[id], entry.state == .queued, entry.record.owner == nil else { continue }
-            markQueued(&entry)
-            guard (try? write([entry.record])) != nil else { continue }
-            enter(entry)
+        guard owned == nil, starter == nil || stopping != nil, !closed else { return }
+        let previous = stopping
+        owned = Task {
+            await previous?.value
+            self.takeBackInterrupted()
+            await self.run()
         }
-        interrupted = []
-        owned = Task { await self.run() }
     }
 
     /// Stops the queue ``start()`` started: every running download stores a durable checkpoint and is
@@ -30,9 +28,19 @@ extension DownloadManager {
     /// once they have stopped.
     public func stop() async {
         guard let task = owned else { return }
+        // A start() from now on begins once this stop is over.
+        owned = nil
+        stopping = task
         task.cancel()
         await task.value
-        owned = nil
+        if stopping == task { stopping = nil }
+    }
+
+    /// Queues again what a stop interrupted, as ``resume(_:url:headers:credentials:cookies:)`` would
+    /// (which reads the record anew: another process may have taken it meanwhile).
+    private func takeBackInterrupted() {
+        for id in interrupted.sorted() where entries[id]?.state == .queued { try? resume(id) }
+        interrupted = []
     }
 
     // MARK: Keyed by URL

@@ -21,6 +21,7 @@ extension DownloadManager {
     /// Adds several downloads in one database transaction (much faster than one by one for long lists).
     /// Nothing is added when one of them is refused.
     public func enqueue(_ requests: [DownloadRequest], priority: DownloadPriority = .normal) throws -> [DownloadID] {
+        guard !closed else { throw HaulError(.invalidState, "the download manager is closed") }
         for request in requests { try request.check() }
         var batch = Batch()
         // The memory changes only once the transaction has committed. Changes still waiting to be

@@ -90,6 +90,9 @@ final class Subscribers: Sendable {
         }
     }
 
+    /// How many streams are open.
+    var count: Int { state.withLock { $0.subscribers.count } }
+
     func finishAll() {
         let all = state.withLock { state -> [Subscriber] in
             state.closed = true

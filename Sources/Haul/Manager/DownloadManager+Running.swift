@@ -53,7 +53,7 @@ extension DownloadManager {
     }
 
     private func run(stoppingWhenIdle: Bool) async {
-        guard starter == nil else { return }
+        guard starter == nil, !closed else { return }
         let (starts, starter) = AsyncStream<DownloadID>.makeStream()
         self.starter = starter
         self.stopsWhenIdle = stoppingWhenIdle
@@ -68,7 +68,10 @@ extension DownloadManager {
             for await id in starts {
                 group.addTask { await self.execute(id) }
             }
-            // Idle, or cancelled: the ticker ends, and on cancellation so do the downloads.
+            // Idle, or cancelled: nothing more starts (a download that ends now must not hand its
+            // slot to one that would never run), the ticker ends, and on cancellation so do the
+            // downloads.
+            self.starter = nil
             group.cancelAll()
         }
         persistProgress()
@@ -123,10 +126,10 @@ extension DownloadManager {
     private func execute(_ id: DownloadID) async {
         guard let entry = entries[id], jobs[id] != nil else { return }
         let request = request(for: entry)
-        let downloader = self.downloader
+        let transport = self.transport
         let mailbox = self.mailbox
         let task = Task.detached {
-            try await downloader.download(request) { event in mailbox.post(event, of: id) }
+            try await transport.download(request) { event in mailbox.post(event, of: id) }
         }
         jobs[id]?.task = task
         // Asked to stop before it started.

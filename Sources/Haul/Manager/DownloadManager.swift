@@ -83,9 +83,10 @@ public actor DownloadManager {
     /// The queue's settings (``setMaxConcurrentDownloads(_:)`` changes the limit at run time).
     public private(set) var configuration: Configuration
     let store: DownloadStore
-    let downloader: Downloader
+    /// What runs each download (Haul's own engine unless a test or an adapter gives another).
+    let transport: any DownloadTransport
     let claim: ProcessClaim
-    let subscribers = Subscribers()
+    nonisolated let subscribers = Subscribers()
     /// The limit every download of this manager shares.
     package let rateLimiter: RateLimiter
 
@@ -109,6 +110,10 @@ public actor DownloadManager {
     var flushScheduled = false
     /// The queue ``start()`` runs.
     var owned: Task<Void, Never>?
+    /// The queue a ``stop()`` is stopping.
+    var stopping: Task<Void, Never>?
+    /// Set by ``close()``: nothing runs or is added any more.
+    var closed = false
     /// Downloads a stop of the queue left queued and unowned, for the next ``start()`` to take back.
     var interrupted: Set<DownloadID> = []
 
@@ -161,7 +166,8 @@ public actor DownloadManager {
             transfer.sharedRateLimiter ?? RateLimiter(bytesPerSecond: configuration.bytesPerSecondLimit, clock: clock)
         transfer.sharedRateLimiter = limiter
         self.rateLimiter = limiter
-        self.downloader = Downloader(configuration: transfer, logger: logger, clock: clock)
+        let downloader = Downloader(configuration: transfer, logger: logger, clock: clock)
+        self.transport = downloader
         self.clock = downloader.clock
         self.lastSpaceCheck = self.clock.now
         let (entries, waiting) = try Self.reconcile(
@@ -172,12 +178,30 @@ public actor DownloadManager {
     }
 
     /// Closes the connections and ends every event stream. Call it after ``run()`` has returned; a
-    /// queue ``start()`` runs is stopped first.
+    /// queue ``start()`` runs is stopped first. The downloads this manager had claimed are let go, so
+    /// another manager (in this process or another) takes them on; this one runs and adds nothing
+    /// more.
     public func close() async {
         await stop()
+        guard !closed else { return }
+        closed = true
+        releaseClaims()
         flushUnwritten()
         subscribers.finishAll()
-        try? await downloader.shutdown()
+        try? await transport.shutdown()
+    }
+
+    /// Lets go of every download this manager claimed and is not running, and of its claim.
+    private func releaseClaims() {
+        var released: [StoredDownload] = []
+        for (id, entry) in entries where entry.record.owner == claim.name && jobs[id] == nil {
+            var record = entry.record
+            record.owner = nil
+            entries[id]?.record = record
+            released.append(record)
+        }
+        if !released.isEmpty { try? write(released) }
+        claim.release()
     }
 
     /// Changes the limit shared by every download at run time (`nil`: no limit); running downloads

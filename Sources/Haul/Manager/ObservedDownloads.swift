@@ -1,4 +1,5 @@
 import Observation
+import Synchronization
 
 #if canImport(FoundationEssentials)
     import FoundationEssentials
@@ -38,6 +39,9 @@ public final class ObservedDownload {
     /// Where the file is or will be, once known.
     public var fileURL: URL? { info.fileURL }
 
+    /// The task that keeps it up to date, ended with it.
+    @ObservationIgnored let feed = Feed()
+
     init(_ info: DownloadInfo) { self.info = info }
 
     func update(_ info: DownloadInfo) { self.info = info }
@@ -64,6 +68,9 @@ public final class ObservedQueue {
     /// Bytes done over bytes expected, over the downloads whose length is known.
     public var fraction: Double? { progress.fraction }
 
+    /// The task that keeps it up to date, ended with it.
+    @ObservationIgnored let feed = Feed()
+
     init(_ downloads: [DownloadInfo]) {
         self.downloads = downloads
         self.progress = AggregateProgress(downloads)
@@ -73,6 +80,16 @@ public final class ObservedQueue {
         self.downloads = downloads
         self.progress = AggregateProgress(downloads)
     }
+}
+
+/// The task that feeds a model its events, cancelled when the model goes (its event subscription
+/// ends with it).
+final class Feed: Sendable {
+    private let task = Mutex<Task<Void, Never>?>(nil)
+
+    func attach(_ feeding: Task<Void, Never>) { task.withLock { $0 = feeding } }
+
+    deinit { task.withLock { $0?.cancel() } }
 }
 
 extension DownloadManager {
@@ -86,18 +103,19 @@ extension DownloadManager {
         let model = await ObservedDownload(info)
         let interval = configuration.progressInterval
         let clock = self.clock
-        Task { [weak model] in
-            var lastProgress: Moment?
-            for await event in events where event.download.id == id {
-                if case .transfer(.progress) = event.kind {
-                    // Progress is shown at most once per interval; anything else at once.
-                    if let last = lastProgress, clock.now - last < interval { continue }
-                    lastProgress = clock.now
+        model.feed.attach(
+            Task { [weak model] in
+                var lastProgress: Moment?
+                for await event in events where event.download.id == id {
+                    if case .transfer(.progress) = event.kind {
+                        // Progress is shown at most once per interval; anything else at once.
+                        if let last = lastProgress, clock.now - last < interval { continue }
+                        lastProgress = clock.now
+                    }
+                    guard let model else { return }
+                    await model.update(event.download)
                 }
-                guard let model else { return }
-                await model.update(event.download)
-            }
-        }
+            })
         return model
     }
 
@@ -116,22 +134,25 @@ extension DownloadManager {
         let model = await ObservedQueue(Self.ordered(known))
         let interval = configuration.progressInterval
         let clock = self.clock
-        Task { [weak model] in
-            var lastUpdate = clock.now
-            for await event in events {
-                if case .removed = event.kind {
-                    known[event.download.id] = nil
-                } else {
-                    known[event.download.id] = event.download
+        model.feed.attach(
+            Task { [weak model] in
+                var lastUpdate: Moment?
+                for await event in events {
+                    if case .removed = event.kind {
+                        known[event.download.id] = nil
+                    } else {
+                        known[event.download.id] = event.download
+                    }
+                    // Progress of many downloads is gathered and shown at most once per interval;
+                    // anything else at once.
+                    if case .transfer(.progress) = event.kind, let last = lastUpdate, clock.now - last < interval {
+                        continue
+                    }
+                    lastUpdate = clock.now
+                    guard let model else { return }
+                    await model.update(Self.ordered(known))
                 }
-                // Progress of many downloads is gathered and shown at most once per interval;
-                // anything else at once.
-                if case .transfer(.progress) = event.kind, clock.now - lastUpdate < interval { continue }
-                lastUpdate = clock.now
-                guard let model else { return }
-                await model.update(Self.ordered(known))
-            }
-        }
+            })
         return model
     }
 

@@ -39,8 +39,14 @@ final class ProcessClaim: Sendable {
     }
 
     deinit {
-        try? POSIX.unlink(path)
+        release()
         POSIX.close(descriptor)
+    }
+
+    /// Gives the claim up: from now on it reads as a manager that is gone.
+    func release() {
+        try? POSIX.unlink(path)
+        _ = flock(descriptor, LOCK_UN)
     }
 
     /// The process ID in a claim's name, for messages.

@@ -9,7 +9,7 @@
             guard sysctlbyname("kern.bootsessionuuid", nil, &size, nil, 0) == 0, size > 0 else { return nil }
             var buffer = [CChar](repeating: 0, count: size)
             guard sysctlbyname("kern.bootsessionuuid", &buffer, &size, nil, 0) == 0 else { return nil }
-            let text = String(cString: buffer).filter { !$0.isWhitespace }
+            let text = buffer.withUnsafeBufferPointer { String(cString: $0.baseAddress!) }.filter { !$0.isWhitespace }
             return text.isEmpty ? nil : text
         }
 
@@ -25,13 +25,16 @@
             // F_PEOFPOSMODE counts from the end of what the file has allocated: ask for what lies past it.
             let wanted = offset + length - Int64(current.st_blocks) * 512
             if wanted > 0 {
+                // All of it, in one piece when the file system can; else all of it anywhere.
                 var store = fstore_t(
-                    fst_flags: UInt32(F_ALLOCATECONTIG), fst_posmode: F_PEOFPOSMODE, fst_offset: 0,
+                    fst_flags: UInt32(F_ALLOCATECONTIG | F_ALLOCATEALL), fst_posmode: F_PEOFPOSMODE, fst_offset: 0,
                     fst_length: off_t(wanted), fst_bytesalloc: 0)
                 if fcntl(descriptor, F_PREALLOCATE, &store) != 0 {
-                    // Not in one piece: anywhere will do.
                     store.fst_flags = UInt32(F_ALLOCATEALL)
-                    guard fcntl(descriptor, F_PREALLOCATE, &store) == 0 else { return errno }
+                    guard fcntl(descriptor, F_PREALLOCATE, &store) == 0 else {
+                        // Callers know EOPNOTSUPP as "this file system cannot": Darwin says ENOTSUP.
+                        return errno == ENOTSUP ? EOPNOTSUPP : errno
+                    }
                 }
             }
             if !keepingSize && Int64(current.st_size) < offset + length {
@@ -60,8 +63,14 @@
             fcntl(descriptor, F_FULLFSYNC) == 0 ? 0 : fsync(descriptor)
         }
 
-        /// Who holds a `flock` on the open file: the platform keeps no list to read, so the caller
-        /// tries the lock instead.
+        /// Flushes the file, data and metadata, to stable storage: `F_FULLFSYNC`, else `fsync`.
+        /// Returns 0, or -1 with `errno` set.
+        package static func syncAll(_ descriptor: Int32) -> Int32 {
+            fcntl(descriptor, F_FULLFSYNC) == 0 ? 0 : fsync(descriptor)
+        }
+
+        /// Who holds a `flock` on the open file: the platform keeps no list to read; the daemon's
+        /// files then try the lock (the destination lock names no holder).
         package static func lockHolder(_ descriptor: Int32) -> LockHolder {
             .unknown
         }

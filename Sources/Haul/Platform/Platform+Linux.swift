@@ -51,6 +51,12 @@
             fdatasync(descriptor)
         }
 
+        /// Flushes the file, data and metadata, to stable storage (`fsync`). Returns 0, or -1 with
+        /// `errno` set.
+        package static func syncAll(_ descriptor: Int32) -> Int32 {
+            fsync(descriptor)
+        }
+
         /// The process holding a `flock` on the open file, from `/proc/locks`.
         package static func lockHolder(_ descriptor: Int32) -> LockHolder {
             var status = stat()

@@ -108,7 +108,7 @@ package enum POSIX {
     }
 
     package static func syncAll(_ descriptor: Int32, path: String) throws {
-        if fsync(descriptor) != 0 { throw error("sync", path: path) }
+        if Platform.syncAll(descriptor) != 0 { throw error("sync", path: path) }
     }
 
     package static func truncate(_ descriptor: Int32, to length: Int64, path: String) throws {

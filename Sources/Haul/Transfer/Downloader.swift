@@ -151,3 +151,16 @@ package struct DownloadURL: Sendable, Equatable {
         return "\(scheme)://\(url.host?.lowercased() ?? ""):\(port)"
     }
 }
+
+/// How the queue runs one download: a request in, its events out, then a result or a
+/// ``HaulError``. ``Downloader`` (Haul's own HTTP engine) is the one transport today; this is where
+/// one that hands transfers to the system (a background `URLSession` on iOS) would plug in.
+package protocol DownloadTransport: Sendable {
+    /// Runs `request` to its end, reporting its events in order; cancelling the calling task pauses it.
+    func download(_ request: DownloadRequest, observing observe: @escaping @Sendable (DownloadEvent) -> Void)
+        async throws -> DownloadResult
+    /// Closes what the transport holds open.
+    func shutdown() async throws
+}
+
+extension Downloader: DownloadTransport {}

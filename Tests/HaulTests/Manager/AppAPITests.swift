@@ -137,6 +137,111 @@ struct AppAPITests {
         }
     }
 
+    @Test("stop() with more downloads than slots leaves each queued, none stranded running; start() finishes them")
+    func stopWithAWaitingLine() async throws {
+        try await HaulTestServer.withRunning { server in
+            try await withTemporaryDirectory { directory in
+                let resources = (0..<3).map { TestResource(name: "line\($0)", size: 1_000_000) }
+                for resource in resources {
+                    server.add("/\(resource.name)", resource)
+                    server.setStandingFaults("/\(resource.name)", [.throttle(bytesPerSecond: 500_000)])
+                }
+                try await withManager(directory + "/state", managerConfiguration(limit: 1)) { manager in
+                    var ids: [DownloadID] = []
+                    for resource in resources {
+                        let url = try #require(URL(string: server.url("/\(resource.name)")))
+                        ids.append(try await manager.download(url, to: .directory(URL(fileURLWithPath: directory))))
+                    }
+                    await manager.start()
+                    try await waitFor(manager, ids[0]) { $0.bytes > 0 }
+                    await manager.stop()
+                    for id in ids { #expect(await manager.download(id)?.state == .queued, "\(id)") }
+                    // Nothing waits on a transfer that does not exist.
+                    try await manager.pause(ids[1])
+                    try await manager.resume(ids[1])
+                    for resource in resources { server.setStandingFaults("/\(resource.name)", []) }
+                    await manager.start()
+                    for id in ids { try await waitFor(manager, id) { $0.state == .completed } }
+                }
+            }
+        }
+    }
+
+    @Test("a start() made while stop() waits begins once the stop is over; after close() nothing starts or is added")
+    func startDuringStopAndAfterClose() async throws {
+        try await HaulTestServer.withRunning { server in
+            try await withTemporaryDirectory { directory in
+                let resource = TestResource(name: "again", size: 2_000_000)
+                server.add("/again", resource)
+                server.setStandingFaults("/again", [.throttle(bytesPerSecond: 1_000_000)])
+                let url = try #require(URL(string: server.url("/again")))
+                let manager = try DownloadManager(
+                    stateDirectory: directory + "/state", configuration: managerConfiguration(),
+                    downloaderConfiguration: segmentedConfiguration(connections: 1))
+                do {
+                    let id = try await manager.download(url, to: .directory(URL(fileURLWithPath: directory)))
+                    await manager.start()
+                    try await waitFor(manager, id) { $0.bytes > 0 }
+                    let stopping = Task { await manager.stop() }
+                    // Caught while the stop waits for the download to checkpoint.
+                    var chained = false
+                    for _ in 0..<100_000 {
+                        let underWay = await manager.stopping != nil
+                        if underWay {
+                            await manager.start()
+                            chained = true
+                            break
+                        }
+                        await Task.yield()
+                    }
+                    await stopping.value
+                    #expect(chained, "start() was made while the stop was under way")
+                    server.setStandingFaults("/again", [])
+                    try await waitFor(manager, id) { $0.state == .completed }
+                    await manager.close()
+                    await manager.start()
+                    #expect(await manager.owned == nil, "a closed manager runs nothing")
+                    await expectHaulError(.invalidState) {
+                        try await manager.download(url, to: .directory(URL(fileURLWithPath: directory + "/other")))
+                    }
+                } catch {
+                    await manager.close()
+                    throw error
+                }
+            }
+        }
+    }
+
+    @Test("a second manager in the same process takes over what a closed one left part-way")
+    func secondManagerAfterClose() async throws {
+        try await HaulTestServer.withRunning { server in
+            try await withTemporaryDirectory { directory in
+                let resource = TestResource(name: "handover", size: 2_000_000)
+                server.add("/handover", resource)
+                server.setStandingFaults("/handover", [.throttle(bytesPerSecond: 1_000_000)])
+                let url = try #require(URL(string: server.url("/handover")))
+                let state = URL(fileURLWithPath: directory + "/state")
+                let first = try DownloadManager(location: state, configuration: managerConfiguration())
+                try await first.download(url, to: .directory(URL(fileURLWithPath: directory)))
+                await first.start()
+                while (await first.info(for: url)?.bytes ?? 0) == 0 { try await Task.sleep(for: .milliseconds(10)) }
+                await first.close()
+                server.setStandingFaults("/handover", [])
+                let second = try DownloadManager(location: state, configuration: managerConfiguration())
+                let left = try #require(await second.info(for: url))
+                #expect(left.state == .queued && left.bytes > 0 && left.bytes < 2_000_000)
+                try await second.resume(url)
+                await second.start()
+                while await second.isCompleted(url) == false { try await Task.sleep(for: .milliseconds(10)) }
+                await second.close()
+                let identical = try readFile(directory + "/handover") == resource.content
+                #expect(identical)
+                let resumed = try #require(server.requests(for: "/handover").last)
+                #expect(resumed.header("Range") != nil && resumed.header("If-Range") == resource.entityTagValue)
+            }
+        }
+    }
+
     @Test("the observable models change as the download goes and end completed")
     func observableModels() async throws {
         try await HaulTestServer.withRunning { server in
@@ -176,6 +281,24 @@ struct AppAPITests {
                     let missing = try #require(URL(string: server.url("/none")))
                     await expectHaulError(.unknownDownload) { try await manager.observe(missing) }
                 }
+            }
+        }
+    }
+
+    @Test("a model that is let go stops listening to the manager")
+    func releasedModelsStopListening() async throws {
+        try await withTemporaryDirectory { directory in
+            try await withManager(directory + "/state") { manager in
+                let url = try #require(URL(string: "http://127.0.0.1:9/never"))
+                let id = try await manager.download(url, to: .directory(URL(fileURLWithPath: directory)))
+                let before = manager.subscribers.count
+                var model: ObservedDownload? = try await manager.observe(id)
+                var queue: ObservedQueue? = await manager.observeQueue()
+                #expect(manager.subscribers.count == before + 2)
+                #expect(await model?.id == id && queue != nil)
+                model = nil
+                queue = nil
+                try await waitUntil("both feeds end") { manager.subscribers.count == before }
             }
         }
     }

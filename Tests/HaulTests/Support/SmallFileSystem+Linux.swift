@@ -1,9 +1,18 @@
 #if os(Linux)
     import Glibc
 
-    /// Whether a test may mount a small file system: mounting a tmpfs needs root. Tests that need one
-    /// are skipped, not failed, without it.
-    let canMountSmallFileSystem = geteuid() == 0
+    /// Whether a test may mount a small file system (root with the right to mount: a container's root
+    /// may lack it), found by mounting one. Tests that need one are skipped, not failed, without it.
+    let canMountSmallFileSystem: Bool = {
+        guard geteuid() == 0 else { return false }
+        var template = Array("/tmp/haul-mount-probe-XXXXXX".utf8CString)
+        guard let made = mkdtemp(&template) else { return false }
+        let path = String(cString: made)
+        defer { rmdir(path) }
+        guard mount("tmpfs", path, "tmpfs", 0, "size=65536") == 0 else { return false }
+        umount2(path, Int32(MNT_DETACH))
+        return true
+    }()
 
     /// Mounts a tmpfs of `size` bytes at `path` for `body`: a real small file system that fills up.
     func withSmallFileSystem<Result>(at path: String, size: Int, _ body: () async throws -> Result) async throws

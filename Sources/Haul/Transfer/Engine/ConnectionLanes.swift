@@ -7,12 +7,11 @@ import Synchronization
 ///
 /// Connection `k` of every download uses client `k`: with HTTP/1.1 each client keeps its own
 /// connections alive for the next request; with HTTP/2 client `k` multiplexes connection `k` of every
-/// download running at once over one connection per host. The clients of the configured connection
-/// count are made at once; a download that asks for more (``DownloadRequest/connections``) adds
-/// clients when it first uses them.
+/// download running at once over one connection per host. Clients are made when first used, up to
+/// the configured connection count or what a download asks for (``DownloadRequest/connections``).
 final class ConnectionLanes: Sendable {
     private struct State {
-        var clients: [HTTPClient]
+        var clients: [HTTPClient] = []
         var shutDown = false
     }
 
@@ -21,19 +20,22 @@ final class ConnectionLanes: Sendable {
     /// The most clients: the configured count, or as many as one request may ask for.
     private let limit: Int
 
-    init(count: Int, make: @escaping @Sendable () -> HTTPClient) {
+    /// Lanes whose clients are made when first used; `shutDown` ones make none.
+    init(count: Int, shutDown: Bool = false, make: @escaping @Sendable () -> HTTPClient) {
         self.make = make
         limit = max(count, DownloadRequest.maximumConnections)
-        state = Mutex(State(clients: (0..<max(1, count)).map { _ in make() }))
+        state = Mutex(State(shutDown: shutDown))
     }
 
     /// The client for connection `connection` of a download.
-    func client(for connection: Int) -> HTTPClient {
+    /// - Throws: `CancellationError` once the lanes are shut down: no client is made that nobody
+    ///   would close.
+    func client(for connection: Int) throws -> HTTPClient {
         let index = min(max(0, connection), limit - 1)
-        return state.withLock { state in
-            // After shutdown no client is made that nobody would close: the last one refuses.
-            while state.clients.count <= index && !state.shutDown { state.clients.append(make()) }
-            return state.clients[min(index, state.clients.count - 1)]
+        return try state.withLock { state in
+            guard !state.shutDown else { throw CancellationError() }
+            while state.clients.count <= index { state.clients.append(make()) }
+            return state.clients[index]
         }
     }
 
@@ -60,7 +62,7 @@ final class ConnectionLanes: Sendable {
 final class ProxiedLanes: Sendable {
     private let count: Int
     private let configuration: HTTPClient.Configuration
-    private let lanes: Mutex<[Proxy?: ConnectionLanes]> = Mutex([:])
+    private let lanes: Mutex<(byProxy: [Proxy?: ConnectionLanes], shutDown: Bool)> = Mutex(([:], false))
 
     init(count: Int, configuration: HTTPClient.Configuration) {
         self.count = count
@@ -70,14 +72,14 @@ final class ProxiedLanes: Sendable {
     /// The lanes for requests through `proxy` (`nil`: directly).
     func lanes(through proxy: Proxy?) -> ConnectionLanes {
         lanes.withLock { lanes in
-            if let existing = lanes[proxy] { return existing }
+            if let existing = lanes.byProxy[proxy] { return existing }
             var proxied = self.configuration
             proxied.proxy = proxy.map(Self.clientProxy)
             let configuration = proxied
-            let made = ConnectionLanes(count: count) {
+            let made = ConnectionLanes(count: count, shutDown: lanes.shutDown) {
                 HTTPClient(eventLoopGroupProvider: .singleton, configuration: configuration)
             }
-            lanes[proxy] = made
+            lanes.byProxy[proxy] = made
             return made
         }
     }
@@ -85,7 +87,11 @@ final class ProxiedLanes: Sendable {
     /// Closes every connection.
     func shutdown() async throws {
         var failure: (any Error)?
-        for lane in lanes.withLock({ Array($0.values) }) {
+        let all = lanes.withLock { lanes in
+            lanes.shutDown = true
+            return Array(lanes.byProxy.values)
+        }
+        for lane in all {
             do { try await lane.shutdown() } catch { failure = failure ?? error }
         }
         if let failure { throw failure }

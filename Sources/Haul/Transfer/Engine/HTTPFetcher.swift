@@ -31,7 +31,7 @@ struct HTTPFetcher: Sendable {
         let redirects = configuration.redirects
         for _ in 0...redirects.maximum {
             // Each request goes the way its URL's scheme and host say: a redirect may leave a proxy.
-            let client = clients.lanes(through: configuration.proxy.proxy(for: current.url)).client(for: connection)
+            let client = try clients.lanes(through: configuration.proxy.proxy(for: current.url)).client(for: connection)
             var outgoing = HTTPClientRequest(url: current.string)
             outgoing.method = .GET
             for (name, value) in headers { outgoing.headers.add(name: name, value: value) }
