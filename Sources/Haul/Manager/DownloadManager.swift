@@ -60,7 +60,8 @@ public actor DownloadManager {
 
     /// Where a download queue's state lives unless told otherwise: on Linux `$XDG_STATE_HOME/haul`,
     /// else `~/.local/state/haul`; on Apple platforms `Library/Application Support/haul` in the home
-    /// directory (an app's own container on iOS).
+    /// directory (an app's own container on iOS). Apps outside a sandbox on macOS share that folder:
+    /// they should pass a location of their own (one named after their bundle identifier).
     public static var defaultStateDirectory: String {
         let environment = ProcessInfo.processInfo.environment
         let home = environment["HOME"].flatMap { $0.isEmpty ? nil : $0 } ?? "/tmp"
