@@ -78,7 +78,8 @@ struct API: Sendable {
             let id = try Self.id(context)
             let body = try await optionalBody(ResumeBody.self, request)
             if let url = body?.url { try Self.checkURL(url) }
-            let headers = try body?.headers.map(Self.checkHeaders)
+            let headers = try body?.headers.map(Self.headers)
+            if let headers { try await perform { try DownloadRequest.check(headers: headers) } }
             let credentials = body?.credentials.map { BasicCredentials(user: $0.user, password: $0.password) }
             try await perform {
                 try await manager.resume(id, url: body?.url, headers: headers, credentials: credentials)
@@ -130,7 +131,7 @@ struct API: Sendable {
         var requests: [(DownloadRequest, DownloadPriority)] = []
         for (index, item) in body.downloads.enumerated() {
             do {
-                requests.append(try makeRequest(item))
+                requests.append(try await makeRequest(item))
             } catch let error as APIError {
                 throw APIError(error.status, error.code, "downloads.\(index): \(error.message)")
             }
@@ -160,7 +161,7 @@ struct API: Sendable {
         return try JSONBody.response(AddedDownloads(downloads: added), status: .created)
     }
 
-    private func makeRequest(_ item: NewDownload) throws -> (DownloadRequest, DownloadPriority) {
+    private func makeRequest(_ item: NewDownload) async throws -> (DownloadRequest, DownloadPriority) {
         try Self.checkURL(item.url)
         if item.destination != nil && item.directory != nil {
             throw APIError.badRequest("give \"destination\" or \"directory\", not both")
@@ -176,11 +177,11 @@ struct API: Sendable {
             do { checksum = try Checksum(parsing: text) } catch let error as HaulError { throw APIError(error) }
         }
         let request = DownloadRequest(
-            url: item.url, destination: destination, headers: try Self.checkHeaders(item.headers ?? []),
+            url: item.url, destination: destination, headers: try Self.headers(item.headers ?? []),
             overwrite: item.overwrite ?? false, checksum: checksum, bytesPerSecondLimit: item.limitRate,
             connections: item.connections)
         // The library's own rules (limits, connections, headers it manages), before anything is queued.
-        try perform { try request.check() }
+        _ = try await perform { try request.check() }
         return (request, DownloadPriority(item.priority ?? 0))
     }
 
@@ -293,14 +294,6 @@ struct API: Sendable {
         }
     }
 
-    private func perform<Value>(_ operation: () throws -> Value) throws -> Value {
-        do {
-            return try operation()
-        } catch let error as HaulError {
-            throw APIError(error)
-        }
-    }
-
     private func optionalBody<Value: Decodable>(_ type: Value.Type, _ request: Request) async throws -> Value? {
         let buffer = try await JSONBody.collect(request, limit: maxBodyBytes)
         guard buffer.readableBytes > 0 else { return nil }
@@ -348,17 +341,15 @@ struct API: Sendable {
         else { throw APIError(HaulError(.invalidURL, "\"\(text)\" is not an http or https URL")) }
     }
 
-    /// The headers as the library takes them; throws for a name that is not a token (the document's
-    /// pattern) or one the library refuses.
-    private static func checkHeaders(_ headers: [NewDownload.Header]) throws -> [(name: String, value: String)] {
-        let checked = try headers.map { header in
+    /// The headers as the library takes them (which checks them too); throws for a name that is not
+    /// a token, the document's pattern.
+    private static func headers(_ headers: [NewDownload.Header]) throws -> [(name: String, value: String)] {
+        try headers.map { header in
             guard Self.isHeaderName(header.name) else {
                 throw APIError.badRequest("the header \"\(header.name)\" is not a valid header")
             }
             return (name: header.name, value: header.value)
         }
-        do { try DownloadRequest.check(headers: checked) } catch let error as HaulError { throw APIError(error) }
-        return checked
     }
 
     private static func isHeaderName(_ name: String) -> Bool {

@@ -303,7 +303,7 @@ extension DownloadManager {
 
     func storeHeaders(_ headers: [(name: String, value: String)], of id: DownloadID, db: Database) throws {
         try StoredHeader.filter(Column("downloadId") == id.rawValue).deleteAll(db)
-        for (position, header) in headers.enumerated() where !StoredHeader.isSecret(header.name) {
+        for (position, header) in headers.enumerated() where !DownloadRequest.carriesCredentials(header.name) {
             try StoredHeader(downloadID: id.rawValue, position: position, name: header.name, value: header.value)
                 .insert(db)
         }

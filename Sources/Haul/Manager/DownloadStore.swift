@@ -28,10 +28,6 @@ struct StoredHeader: Codable, Sendable, FetchableRecord, PersistableRecord {
         case position, name, value
     }
 
-    /// Headers that carry credentials; they live only in the memory of the process that was given them.
-    static func isSecret(_ name: String) -> Bool {
-        ["authorization", "proxy-authorization", "cookie"].contains(name.lowercased())
-    }
 }
 
 /// The state database: SQLite in WAL mode, shared safely by several `haul` processes.

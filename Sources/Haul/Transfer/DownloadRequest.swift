@@ -71,16 +71,36 @@ public struct DownloadRequest: Sendable {
         self.cookies = cookies
     }
 
-    /// Throws ``HaulError/Code/invalidArgument`` for a header that is not valid or that Haul manages
-    /// itself (`Range`, `Host`, …).
+    /// Throws ``HaulError/Code/invalidArgument`` for a header that is not valid (no name, a line
+    /// break or NUL in its value) or that Haul manages itself (`Range`, `Host`, …).
     package static func check(headers: [(name: String, value: String)]) throws {
-        try HTTPFetcher.checkHeaders(headers)
+        let reserved = ["range", "if-range", "accept-encoding", "host", "content-length", "transfer-encoding"]
+        for header in headers {
+            let name = header.name.lowercased()
+            guard !name.isEmpty, name.utf8.allSatisfy({ $0 > 0x20 && $0 < 0x7F && $0 != UInt8(ascii: ":") }) else {
+                throw HaulError(.invalidArgument, "invalid header name \"\(header.name)\"")
+            }
+            guard !header.value.utf8.contains(where: { $0 == 0x0A || $0 == 0x0D || $0 == 0 }) else {
+                throw HaulError(.invalidArgument, "header \(header.name) contains a line break")
+            }
+            guard !reserved.contains(name) else {
+                throw HaulError(.invalidArgument, "header \(header.name) is managed by Haul and cannot be set")
+            }
+        }
+    }
+
+    /// Whether a header carries credentials: such headers live only in the memory of the process
+    /// that was given them, and go only to a daemon on the same machine.
+    package static func carriesCredentials(_ name: String) -> Bool {
+        ["authorization", "proxy-authorization", "cookie"].contains(name.lowercased())
     }
 
     /// Throws ``HaulError`` for what no download could use: a URL that is not http or https, a header
     /// that is not valid or that Haul manages itself, a limit or a connection count out of range.
-    package func check() throws {
-        _ = try DownloadURL(url)
+    /// Returns the URL, parsed.
+    @discardableResult
+    package func check() throws -> DownloadURL {
+        let parsed = try DownloadURL(url)
         try Self.check(headers: headers)
         if let limit = bytesPerSecondLimit, limit <= 0 {
             throw HaulError(
@@ -90,5 +110,6 @@ public struct DownloadRequest: Sendable {
             throw HaulError(
                 .invalidArgument, "connections must be from 1 to \(Self.maximumConnections), not \(connections)")
         }
+        return parsed
     }
 }

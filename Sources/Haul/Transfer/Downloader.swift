@@ -95,8 +95,7 @@ public final class Downloader: Sendable {
         _ request: DownloadRequest, observing observe: @escaping @Sendable (DownloadEvent) -> Void = { _ in }
     ) async throws -> DownloadResult {
         do {
-            try request.check()
-            let url = try DownloadURL(request.url)
+            let url = try request.check()
             let result = try await TransferDriver.run(downloader: self, request: request, url: url, observe: observe)
             observe(.completed(result))
             return result

@@ -17,16 +17,16 @@ struct ProgressMeter {
         self.window = window
     }
 
-    /// Records `bytes` at `now`, with `connections` open; returns a report when one is due (or when
-    /// `force` is set).
-    mutating func record(_ bytes: Int64, at now: Moment, connections: Int, force: Bool = false) -> DownloadProgress? {
+    /// Records `bytes` at `now`; returns whether a report is due (always when `force` is set): then
+    /// ``report(connections:)`` makes it. Called for every block written, so it does no more.
+    mutating func record(_ bytes: Int64, at now: Moment, force: Bool = false) -> Bool {
         let bytes = min(max(bytes, lastBytes), totalBytes ?? Int64.max)
         lastBytes = bytes
-        if let lastReport, !force, now - lastReport < interval { return nil }
+        if let lastReport, !force, now - lastReport < interval { return false }
         lastReport = now
         samples.append((now, bytes))
         while let first = samples.first, samples.count > 2, now - first.time > window { samples.removeFirst() }
-        return report(at: now, connections: connections)
+        return true
     }
 
     /// The speed over the recent samples, in bytes per second (0 before there are enough).
@@ -36,7 +36,8 @@ struct ProgressMeter {
         return seconds > 0.05 ? Double(last.bytes - first.bytes) / seconds : 0
     }
 
-    private func report(at now: Moment, connections: Int) -> DownloadProgress {
+    /// The report of what was last recorded, with `connections` open.
+    func report(connections: Int) -> DownloadProgress {
         let speed = bytesPerSecond
         var remaining: Double?
         if let totalBytes, speed > 0 { remaining = Double(totalBytes - lastBytes) / speed }

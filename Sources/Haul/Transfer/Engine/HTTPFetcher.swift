@@ -36,7 +36,7 @@ struct HTTPFetcher: Sendable {
             outgoing.method = .GET
             for (name, value) in headers { outgoing.headers.add(name: name, value: value) }
             // Cookies expire at calendar dates: they are compared with the calendar, not the transfer's clock.
-            let now = Int64(Date().timeIntervalSince1970)
+            let now = request.cookies == nil ? 0 : Int64(Date().timeIntervalSince1970)
             if let jar = request.cookies, let cookies = jar.header(for: current.url, now: now) {
                 // One Cookie header: the jar's cookies join any the caller gave for this origin.
                 let given = outgoing.headers.first(name: "cookie")
@@ -118,23 +118,6 @@ struct HTTPFetcher: Sendable {
         }
         let message = TransportErrorDescription.describe(cause, url: url)
         return .retryable(HaulError(.network, message, underlying: cause), retryAfter: nil)
-    }
-
-    /// Checks the caller's request headers: no line breaks, and none that Haul manages itself.
-    static func checkHeaders(_ headers: [(name: String, value: String)]) throws {
-        let reserved = ["range", "if-range", "accept-encoding", "host", "content-length", "transfer-encoding"]
-        for header in headers {
-            let name = header.name.lowercased()
-            guard !name.isEmpty, name.utf8.allSatisfy({ $0 > 0x20 && $0 < 0x7F && $0 != UInt8(ascii: ":") }) else {
-                throw HaulError(.invalidArgument, "invalid header name \"\(header.name)\"")
-            }
-            guard !header.value.utf8.contains(where: { $0 == 0x0A || $0 == 0x0D || $0 == 0 }) else {
-                throw HaulError(.invalidArgument, "header \(header.name) contains a line break")
-            }
-            guard !reserved.contains(name) else {
-                throw HaulError(.invalidArgument, "header \(header.name) is managed by Haul and cannot be set")
-            }
-        }
     }
 }
 

@@ -109,11 +109,7 @@ extension TransferMachine {
             connections[request.connection].state = .receiving(receiving)
         }
         guard phase == .transferring else { return [] }
-        var actions: [TransferAction] = []
-        let open = openConnections
-        if let progress = meter?.record(table.written, at: now, connections: open) {
-            actions.append(.report(.progress(progress)))
-        }
+        var actions = reportProgress(at: now)
         if table.isComplete { return actions + stop(then: .verify, now: now) }
         ramp.begin(at: now, bytes: table.written)
         if ramp.isSettling, (0..<ramp.allowed).allSatisfy({ delivers(connections[$0]) }) {
@@ -188,6 +184,15 @@ extension TransferMachine {
         ]
         if let displaced { actions += stopConnection(displaced, .replaced) }
         return actions
+    }
+
+    /// A progress report, when one is due (always with `force`): counting the open connections only
+    /// then, not for every block written.
+    mutating func reportProgress(at now: Moment, force: Bool = false) -> [TransferAction] {
+        guard let written = table?.written, meter?.record(written, at: now, force: force) == true,
+            let progress = meter?.report(connections: openConnections)
+        else { return [] }
+        return [.report(.progress(progress))]
     }
 
     /// Connections with a request out or an answer arriving.

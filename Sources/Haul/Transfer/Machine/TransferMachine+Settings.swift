@@ -37,12 +37,12 @@ extension TransferMachine {
             rampWindow = configuration.segmentation.rampWindow
         }
 
-        /// The configuration's parameters, with the request's own connection count when it gives
-        /// one: that many, opened at once.
+        /// The configuration's parameters, with the request's own connection count (checked by
+        /// ``DownloadRequest/check()``) when it gives one: that many, opened at once.
         init(_ configuration: DownloaderConfiguration, request: DownloadRequest) {
             self.init(configuration)
             if let own = request.connections {
-                connections = min(max(1, own), DownloadRequest.maximumConnections)
+                connections = own
                 adaptive = false
             }
         }

@@ -660,12 +660,9 @@ struct TransferMachine: Sendable {
             return fail(HaulError(.protocolViolation, "the file's length is not known"), now: now)
         }
         phase = .verifying
-        var actions: [TransferAction] = []
-        let open = openConnections
-        if let progress = meter?.record(table.written, at: now, connections: open, force: true) {
-            actions.append(.report(.progress(progress)))
-        }
-        return actions + [.verify(totalBytes: total, validator: manifest?.validator ?? ResourceValidator())]
+        return reportProgress(at: now, force: true) + [
+            .verify(totalBytes: total, validator: manifest?.validator ?? ResourceValidator())
+        ]
     }
 
     private mutating func verified(_ verification: Verification, now: Moment) -> [TransferAction] {
