@@ -45,6 +45,20 @@ struct CredentialOptions: ParsableArguments {
     /// Whether any cookie option is given.
     var usesCookies: Bool { loadCookies != nil || saveCookies != nil }
 
+    /// Checks the options against the request headers given with them.
+    func validate(headers: [(name: String, value: String)]) throws {
+        if user != nil, headers.contains(where: { $0.name.lowercased() == "authorization" }) {
+            throw ValidationError("give --user or an Authorization header, not both")
+        }
+    }
+
+    /// Why these options cannot go with downloads a haul daemon runs, when they cannot.
+    var daemonRefusals: [String] {
+        usesCookies
+            ? ["cookies stay in the process that downloads: add --no-daemon to use --load-cookies or --save-cookies"]
+            : []
+    }
+
     /// The netrc file asked for, checked and read; `nil` when none is.
     func netrcEntries() throws -> Netrc? {
         guard netrc || netrcFile != nil else { return nil }
@@ -87,11 +101,6 @@ struct CredentialOptions: ParsableArguments {
     /// Writes the jar to `--save-cookies` (mode 0600, replaced atomically), when given.
     func save(_ jar: CookieJar?) throws {
         guard let saveCookies, let jar else { return }
-        let temporary = saveCookies + ".tmp"
-        let descriptor = try POSIX.open(temporary, flags: O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, mode: 0o600)
-        defer { POSIX.close(descriptor) }
-        let bytes = Array(jar.netscapeText(now: Int64(time(nil))).utf8)
-        try bytes.withUnsafeBytes { try POSIX.write(descriptor, $0, at: 0, path: temporary) }
-        try POSIX.rename(temporary, to: saveCookies)
+        try POSIX.replacePrivateFile(saveCookies, with: Array(jar.netscapeText(now: Int64(time(nil))).utf8))
     }
 }

@@ -29,8 +29,8 @@ enum ExitCodes {
         case .invalidState: 18
         case .database: 19
         case .cancelled: interrupted
-        // A haul daemon refused a destination outside its download roots: bad input, as anywhere else.
-        case .outsideDownloadRoot: 2
+        // A haul daemon's refusals of a destination outside its roots or of credentials: bad input.
+        case .outsideDownloadRoot, .credentialsForRemoteDaemon: 2
         default: unexpected
         }
     }

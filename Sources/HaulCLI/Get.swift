@@ -169,13 +169,7 @@ struct Get: AsyncParsableCommand {
     @OptionGroup var display: OutputOptions
     @OptionGroup var daemon: DaemonUseOptions
 
-    func validate() throws {
-        if access.user != nil,
-            try parseHeaders(request.headers).contains(where: { $0.name.lowercased() == "authorization" })
-        {
-            throw ValidationError("give --user or an Authorization header, not both")
-        }
-    }
+    func validate() throws { try access.validate(headers: parseHeaders(request.headers)) }
 
     func run() async throws {
         let request = self.request
@@ -195,14 +189,8 @@ struct Get: AsyncParsableCommand {
                 return request
             }
         }
-        try await followInDaemon(
-            state, transfer, display, daemon, perDownload: true, headers: try parseHeaders(request.headers),
-            refusing: access.usesCookies
-                ? [
-                    "cookies stay in the process that downloads: add --no-daemon to use --load-cookies or --save-cookies"
-                ]
-                : []
-        ) { client, queued in
+        try await followInDaemon(state, transfer, display, daemon, perDownload: true, refusing: access.daemonRefusals) {
+            client, queued in
             let requests = authorized(try request.daemonRequests(transfer))
             request.noteWeakChecksum(quiet: quiet)
             queued.add(try await client.add(requests, priority: try request.parsedPriority()))

@@ -15,6 +15,8 @@ extension HaulError {
         case .httpStatus where status == 401:
             "\(message); the server wants credentials: give them with -u USER:PASSWORD or --netrc (haul never "
                 + "stores them, so a resume needs them again)"
+        case .credentialsForRemoteDaemon:
+            "\(message); add --no-daemon to download in this process"
         case .outsideDownloadRoot:
             "\(message); give the haul daemon a --download-root that holds it, or add --no-daemon to download "
                 + "in this process"

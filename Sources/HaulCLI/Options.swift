@@ -1,6 +1,12 @@
 import ArgumentParser
 import Haul
 
+#if canImport(FoundationEssentials)
+    import FoundationEssentials
+#else
+    import Foundation
+#endif
+
 /// Where the download queue's state lives.
 struct StateOptions: ParsableArguments {
     @Option(
@@ -187,7 +193,8 @@ struct TransferOptions: ParsableArguments {
         configuration.segmentation.minimumSplit = (try? Self.rate(minSplitSize, option: "")) ?? (1 << 20)
         configuration.tls.trustedCertificateFiles = caCertificates
         configuration.tls.allowHTTP2 = !noHTTP2
-        configuration.proxy = try ProxyEnvironment.settings(ProxyEnvironment.current, proxy: proxy, noProxy: noProxy)
+        configuration.proxy = try ProxyEnvironment.settings(
+            ProcessInfo.processInfo.environment, proxy: proxy, noProxy: noProxy)
         return configuration
     }
 }

@@ -1,13 +1,5 @@
 import Haul
 
-#if canImport(Glibc)
-    import Glibc
-#elseif canImport(Musl)
-    import Musl
-#elseif canImport(Darwin)
-    import Darwin
-#endif
-
 /// The proxies `haul` uses, chosen as curl chooses them: `--proxy` over the environment;
 /// `http_proxy` for http URLs (lower case only: a CGI program's `HTTP_PROXY` comes from a request
 /// header), `https_proxy` or `HTTPS_PROXY` for https ones, `all_proxy` or `ALL_PROXY` for both when
@@ -41,19 +33,5 @@ enum ProxyEnvironment {
         return ProxySettings(
             http: try parse(named("http_proxy")) ?? all, https: try parse(named("https_proxy", "HTTPS_PROXY")) ?? all,
             noProxy: exceptions)
-    }
-
-    /// This process's environment.
-    static var current: [String: String] {
-        var variables: [String: String] = [:]
-        var entry = environ
-        while let pointer = entry.pointee {
-            let text = String(cString: pointer)
-            if let equals = text.firstIndex(of: "=") {
-                variables[String(text[..<equals])] = String(text[text.index(after: equals)...])
-            }
-            entry += 1
-        }
-        return variables
     }
 }

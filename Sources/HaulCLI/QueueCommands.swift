@@ -81,13 +81,10 @@ final class QueuedInDaemon: Sendable {
 /// - Parameters:
 ///   - perDownload: whether `-x` and `--limit-rate` apply (to downloads being added); otherwise
 ///     they are refused like the queue's settings.
-///   - headers: the request headers given, which go to the daemon only when it runs on this machine
-///     (credentials never cross the network in the clear).
 ///   - refusing: why the options given cannot go to the daemon, when they cannot.
 func followInDaemon(
     _ state: StateOptions, _ transfer: TransferOptions, _ display: OutputOptions, _ use: DaemonUseOptions,
-    perDownload: Bool, headers: [(name: String, value: String)], refusing: [String] = [],
-    _ queue: @escaping (DaemonClient, QueuedInDaemon) async throws -> Void
+    perDownload: Bool, refusing: [String] = [], _ queue: @escaping (DaemonClient, QueuedInDaemon) async throws -> Void
 ) async throws {
     guard !use.noDaemon,
         let client = try await reportingErrors({ try DaemonClient.running(on: POSIX.absolutePath(state.directory)) })
@@ -95,49 +92,42 @@ func followInDaemon(
     // Installed before anything is queued: a Ctrl-C from here on leaves what was queued running.
     let signals = SignalWatcher(signals: [SIGINT, SIGTERM])
     let queued = QueuedInDaemon()
-    let stream: DaemonClient.EventStream
-    let target: String
+    let (stream, target): (DaemonClient.EventStream, String)
     do {
-        if let reason = refusing.first { throw HaulError(.invalidArgument, reason) }
-        var refused = transfer.queueSettingsGiven
-        if !perDownload {
-            if transfer.connections != nil { refused.append("--connections") }
-            if transfer.limitRate != nil { refused.append("--limit-rate") }
+        (stream, target) = try await reportingErrors {
+            if let reason = refusing.first { throw HaulError(.invalidArgument, reason) }
+            var refused = transfer.queueSettingsGiven
+            if !perDownload {
+                if transfer.connections != nil { refused.append("--connections") }
+                if transfer.limitRate != nil { refused.append("--limit-rate") }
+            }
+            if let setting = refused.first {
+                let whose =
+                    perDownload
+                    ? "a setting of the haul daemon that runs on \(state.directory), which runs this download: give it to `haul daemon`"
+                    : "given when a download is added; the haul daemon that runs on \(state.directory) keeps what it was added with"
+                throw HaulError(
+                    .invalidArgument, "\(setting) is \(whose), or add --no-daemon to download in this process")
+            }
+            if display.verbose {
+                Output.standardError(
+                    "haul: note: the haul daemon runs this download; its log has the details -v would show\n")
+            }
+            // Opened first: no event of the downloads queued next is missed.
+            let stream = try await client.events()
+            try await queue(client, queued)
+            return (stream, try await client.lastEventID())
         }
-        if let setting = refused.first {
-            let whose =
-                perDownload
-                ? "a setting of the haul daemon that runs on \(state.directory), which runs this download: give it to `haul daemon`"
-                : "given when a download is added; the haul daemon that runs on \(state.directory) keeps what it was added with"
-            throw HaulError(.invalidArgument, "\(setting) is \(whose), or add --no-daemon to download in this process")
-        }
-        let credentials = ["authorization", "proxy-authorization", "cookie"]
-        if !client.isLocal, let secret = headers.first(where: { credentials.contains($0.name.lowercased()) }) {
-            throw HaulError(
-                .invalidArgument,
-                "the haul daemon at \(client.url) is not on this machine: \(secret.name) is not sent to it; add "
-                    + "--no-daemon to download in this process")
-        }
-        if display.verbose {
-            Output.standardError(
-                "haul: note: the haul daemon runs this download; its log has the details -v would show\n")
-        }
-        // Opened first: no event of the downloads queued next is missed.
-        stream = try await client.events()
-        try await queue(client, queued)
-        target = try await client.lastEventID()
     } catch {
         signals.stop()
         try? await client.shutdown()
-        let message = (error as? HaulError)?.messageWithHint ?? "\(error)"
-        Output.standardError("haul: error: \(message)\n")
         let done = queued.all.map(\.id.description)
         if !done.isEmpty {
             Output.standardError(
                 "haul: note: \(done.joined(separator: " ")) queued in the haul daemon before that, and running there "
                     + "(`haul ls` shows \(done.count == 1 ? "it" : "them"))\n")
         }
-        throw ExitCode((error as? HaulError).map { ExitCodes.code(for: $0.code) } ?? ExitCodes.unexpected)
+        throw error
     }
     guard !queued.all.isEmpty else {
         signals.stop()
@@ -298,11 +288,8 @@ struct Resume: AsyncParsableCommand {
 
     func validate() throws {
         if url != nil && ids.count != 1 { throw ValidationError("--url applies to exactly one download ID") }
-        if access.user != nil, try parseHeaders(headers).contains(where: { $0.name.lowercased() == "authorization" }) {
-            throw ValidationError("give --user or an Authorization header, not both")
-        }
+        try access.validate(headers: parseHeaders(headers))
         _ = try parseIDs(ids)
-        _ = try parseHeaders(headers)
     }
 
     func run() async throws {
@@ -313,15 +300,8 @@ struct Resume: AsyncParsableCommand {
         let access = self.access
         let netrc = try await reportingErrors { try access.netrcEntries() }
         let jar = try await reportingErrors { try access.cookieJar() }
-        // Credentials are checked like a header: they go only to a daemon on this machine.
-        let credentialHeaders = access.user != nil || netrc != nil ? [(name: "Authorization", value: "")] : []
         try await followInDaemon(
-            state, transfer, display, daemon, perDownload: false, headers: headers + credentialHeaders,
-            refusing: access.usesCookies
-                ? [
-                    "cookies stay in the process that downloads: add --no-daemon to use --load-cookies or --save-cookies"
-                ]
-                : []
+            state, transfer, display, daemon, perDownload: false, refusing: access.daemonRefusals
         ) { client, queued in
             var selected = try parseIDs(ids)
             if selected.isEmpty {
@@ -380,7 +360,7 @@ struct Retry: AsyncParsableCommand {
 
     func run() async throws {
         let selected = try parseIDs(ids)
-        try await followInDaemon(state, transfer, display, daemon, perDownload: false, headers: []) { client, queued in
+        try await followInDaemon(state, transfer, display, daemon, perDownload: false) { client, queued in
             for id in selected { queued.add([try await client.retry(id)]) }
         }
         try await runQueue(state, transfer, display) { manager in

@@ -13,6 +13,8 @@ extension HaulError.Code {
     /// A haul daemon refused a destination outside its download roots (or in a hidden or its state
     /// directory).
     public static let outsideDownloadRoot = HaulError.Code("outsideDownloadRoot")
+    /// Credentials were to go to a haul daemon on another machine, over plain HTTP: refused.
+    public static let credentialsForRemoteDaemon = HaulError.Code("credentialsForRemoteDaemon")
 }
 
 /// An error the API answers with: an HTTP status and a JSON body

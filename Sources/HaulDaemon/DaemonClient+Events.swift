@@ -191,7 +191,7 @@ struct EventParser {
                         secondsRemaining: info.secondsRemaining, connections: info.openConnections ?? 0)))
         case "started":
             guard let start = body.start else { return [.reset] }
-            kind = .transfer(.started(start.start))
+            kind = .transfer(.started(start))
         case "restarted":
             // A reason this client does not know (a newer daemon's) is not shown rather than misnamed.
             guard let restart = body.restart, let reason = RestartReason(name: restart.reason, detail: restart.detail)
@@ -205,7 +205,7 @@ struct EventParser {
                     error: HaulError(HaulError.Code(retry.error.code), retry.error.message)))
         case "completed":
             guard let result = body.result else { return [.reset] }
-            kind = .transfer(.completed(result.result))
+            kind = .transfer(.completed(result))
         default:
             return []
         }

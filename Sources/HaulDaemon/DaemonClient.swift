@@ -48,8 +48,11 @@ public final class DaemonClient: Sendable {
     public func shutdown() async throws { try await client.shutdown() }
 
     /// Queues downloads in the daemon: all of them, or none when one is refused.
+    /// - Throws: ``HaulError/Code/credentialsForRemoteDaemon`` when a request carries credentials
+    ///   and the daemon is not on this machine.
     public func add(_ requests: [DownloadRequest], priority: DownloadPriority = .normal) async throws -> [DownloadInfo]
     {
+        try refuseCredentials(requests.contains { $0.headers.contains { DownloadRequest.carriesCredentials($0.name) } })
         let items = requests.map { request in
             var item = NewDownload(url: request.url)
             switch request.destination {
@@ -77,6 +80,14 @@ public final class DaemonClient: Sendable {
             all += page.downloads.map(\.info)
             if page.downloads.isEmpty || all.count >= page.total { return all }
         }
+    }
+
+    /// Credentials cross the network in the clear to a daemon elsewhere: they go only to one on this machine.
+    private func refuseCredentials(_ carried: Bool) throws {
+        guard carried, !isLocal else { return }
+        throw HaulError(
+            .credentialsForRemoteDaemon,
+            "the haul daemon at \(url) is not on this machine: credentials are not sent to it")
     }
 
     /// The ID of the daemon's last event: every change up to now comes in an event stream up to it.
@@ -111,6 +122,8 @@ public final class DaemonClient: Sendable {
         _ id: DownloadID, url: String? = nil, headers: [(name: String, value: String)]? = nil,
         credentials: BasicCredentials? = nil
     ) async throws -> DownloadInfo {
+        try refuseCredentials(
+            credentials != nil || headers?.contains { DownloadRequest.carriesCredentials($0.name) } == true)
         let resume = ResumeBody(
             url: url, headers: headers?.map { .init(name: $0.name, value: $0.value) },
             credentials: credentials.map { .init(user: $0.user, password: $0.password) })

@@ -131,13 +131,8 @@ public enum DaemonFiles {
 
     /// Writes the address file (mode 0600, replaced atomically).
     static func writeAddress(_ address: Address, in stateDirectory: String) throws {
-        let path = stateDirectory + "/" + addressName
-        let temporary = path + ".tmp"
-        let descriptor = try POSIX.open(temporary, flags: O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, mode: 0o600)
-        defer { POSIX.close(descriptor) }
-        let bytes = Array("\(address.url) \(address.processID)\n".utf8)
-        try bytes.withUnsafeBytes { try POSIX.write(descriptor, $0, at: 0, path: temporary) }
-        try POSIX.rename(temporary, to: path)
+        try POSIX.replacePrivateFile(
+            stateDirectory + "/" + addressName, with: Array("\(address.url) \(address.processID)\n".utf8))
     }
 
     static func removeAddress(in stateDirectory: String) {

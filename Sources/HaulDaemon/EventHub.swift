@@ -159,11 +159,11 @@ final class EventHub: Sendable {
         case .transfer(.progress):
             return ("progress", Self.json(DownloadEventBody(download: download)))
         case .transfer(.started(let start)):
-            return ("started", Self.json(DownloadEventBody(download: download, start: StartBody(start))))
+            return ("started", Self.json(DownloadEventBody(download: download, start: start)))
         case .transfer(.restarted(let reason)):
             return ("restarted", Self.json(DownloadEventBody(download: download, restart: RestartBody(reason))))
         case .transfer(.completed(let result)):
-            return ("completed", Self.json(DownloadEventBody(download: download, result: ResultBody(result))))
+            return ("completed", Self.json(DownloadEventBody(download: download, result: result)))
         case .transfer(.retrying(let attempt, let delay, let error)):
             let retry = RetryBody(
                 attempt: attempt,
@@ -191,34 +191,9 @@ final class EventHub: Sendable {
 struct DownloadEventBody: Codable, Sendable {
     var download: DownloadBody
     var retry: RetryBody?
-    var start: StartBody?
+    var start: DownloadStart?
     var restart: RestartBody?
-    var result: ResultBody?
-}
-
-/// What the server's answer told when a transfer started.
-struct StartBody: Codable, Sendable {
-    var destination: String
-    var url: String
-    var totalBytes: Int64?
-    var resumedFrom: Int64
-    var resumable: Bool
-    var validator: ResourceValidator
-
-    init(_ start: DownloadStart) {
-        destination = start.destination
-        url = start.url
-        totalBytes = start.totalBytes
-        resumedFrom = start.resumedFrom
-        resumable = start.resumable
-        validator = start.validator
-    }
-
-    var start: DownloadStart {
-        DownloadStart(
-            destination: destination, url: url, totalBytes: totalBytes, resumedFrom: resumedFrom,
-            resumable: resumable, validator: validator)
-    }
+    var result: DownloadResult?
 }
 
 /// Why a download threw its partial data away and started again.
@@ -232,33 +207,6 @@ struct RestartBody: Codable, Sendable {
     init(_ reason: RestartReason) {
         (self.reason, detail) = reason.parts
         message = reason.description
-    }
-}
-
-/// A completed transfer.
-struct ResultBody: Codable, Sendable {
-    var destination: String
-    var url: String
-    var bytes: Int64
-    var bytesFetched: Int64
-    var resumedFrom: Int64
-    var restarts: Int
-    var validator: ResourceValidator
-
-    init(_ result: DownloadResult) {
-        destination = result.destination
-        url = result.url
-        bytes = result.bytes
-        bytesFetched = result.bytesFetched
-        resumedFrom = result.resumedFrom
-        restarts = result.restarts
-        validator = result.validator
-    }
-
-    var result: DownloadResult {
-        DownloadResult(
-            destination: destination, url: url, bytes: bytes, bytesFetched: bytesFetched, resumedFrom: resumedFrom,
-            restarts: restarts, validator: validator)
     }
 }
 

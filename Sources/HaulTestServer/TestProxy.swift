@@ -2,8 +2,8 @@ import NIOCore
 import NIOPosix
 import Synchronization
 
-/// An in-process proxy on 127.0.0.1 for tests: an HTTP proxy (`CONNECT` tunnels for https targets,
-/// forwarding for http ones) or a SOCKS5 proxy. It records what each client asked for, so a test
+/// An in-process proxy on 127.0.0.1 for tests: an HTTP proxy (`CONNECT` tunnels, which Haul's HTTP
+/// client uses for http and https targets alike) or a SOCKS5 proxy. It records what each client asked for, so a test
 /// can check that requests went through it, with which credentials, and whether names were resolved
 /// by the client or by the proxy.
 public final class TestProxy: Sendable {
@@ -14,7 +14,7 @@ public final class TestProxy: Sendable {
 
     /// One request a client made of the proxy.
     public struct Seen: Sendable {
-        /// `CONNECT`, the forwarded method (`GET`), or `SOCKS`.
+        /// `CONNECT` (another method is answered 501), or `SOCKS`.
         public let method: String
         /// `host:port` the client asked for.
         public let target: String
@@ -111,19 +111,14 @@ public final class TestProxy: Sendable {
             headers.append((String(line[..<colon]), String(value)))
         }
         let method = parts[0]
-        var target = parts[1]
-        var path = "/"
-        if method != "CONNECT" {
-            // Absolute form: http://host:port/path.
-            guard let schemeEnd = target.firstRange(of: "://") else { return }
-            let rest = target[schemeEnd.upperBound...]
-            let authority = rest.prefix { $0 != "/" }
-            path = String(rest.dropFirst(authority.count))
-            target = String(authority)
-            if !target.contains(":") { target += ":80" }
-        }
+        let target = parts[1]
         seenRequests.withLock {
             $0.append(Seen(method: method, target: target, addressType: nil, headers: headers))
+        }
+        // Haul's HTTP client tunnels every request, http ones too: this proxy only tunnels.
+        guard method == "CONNECT" else {
+            try await outbound.write(ByteBuffer(string: "HTTP/1.1 501 Not Implemented\r\nContent-Length: 0\r\n\r\n"))
+            return
         }
         if let required = requiredAuthorization,
             headers.first(where: { $0.name.lowercased() == "proxy-authorization" })?.value != required
@@ -140,17 +135,7 @@ public final class TestProxy: Sendable {
             return
         }
         try await origin.executeThenClose { originInbound, originOutbound in
-            if method == "CONNECT" {
-                try await outbound.write(ByteBuffer(string: "HTTP/1.1 200 Connection established\r\n\r\n"))
-            } else {
-                // Forwarded in origin form, one request per connection, without what was for the proxy.
-                var forwarded = "\(method) \(path.isEmpty ? "/" : path) \(parts[2])\r\n"
-                for (name, value) in headers
-                where !["proxy-authorization", "proxy-connection", "connection"].contains(name.lowercased()) {
-                    forwarded += "\(name): \(value)\r\n"
-                }
-                try await originOutbound.write(ByteBuffer(string: forwarded + "Connection: close\r\n\r\n"))
-            }
+            try await outbound.write(ByteBuffer(string: "HTTP/1.1 200 Connection established\r\n\r\n"))
             try await Self.relay(&reader, outbound, originInbound, originOutbound)
         }
     }

@@ -101,17 +101,10 @@ extension DownloadManager {
         let events = events()
         guard let info = entries[id]?.info else { throw HaulError(.unknownDownload, "there is no download \(id)") }
         let model = await ObservedDownload(info)
-        let interval = configuration.progressInterval
-        let clock = self.clock
+        // A download's progress events already come at most once per progress interval.
         model.feed.attach(
             Task { [weak model] in
-                var lastProgress: Moment?
                 for await event in events where event.download.id == id {
-                    if case .transfer(.progress) = event.kind {
-                        // Progress is shown at most once per interval; anything else at once.
-                        if let last = lastProgress, clock.now - last < interval { continue }
-                        lastProgress = clock.now
-                    }
                     guard let model else { return }
                     await model.update(event.download)
                 }

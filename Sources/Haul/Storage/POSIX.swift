@@ -137,6 +137,16 @@ package enum POSIX {
         if result != 0 { throw error("rename \(source) to", path: destination) }
     }
 
+    /// Replaces the file at `path` with `bytes`, readable by its owner only (mode 0600): written to a
+    /// temporary name beside it, then renamed, so a reader sees the old file or the new one.
+    package static func replacePrivateFile(_ path: String, with bytes: [UInt8]) throws {
+        let temporary = path + ".tmp"
+        let descriptor = try open(temporary, flags: O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, mode: 0o600)
+        defer { close(descriptor) }
+        try bytes.withUnsafeBytes { try write(descriptor, $0, at: 0, path: temporary) }
+        try rename(temporary, to: path)
+    }
+
     /// Removes a file; a file that is already gone is not an error.
     package static func unlink(_ path: String) throws {
         if path.withCString({ systemUnlink($0) }) != 0 && errno != ENOENT { throw error("remove", path: path) }

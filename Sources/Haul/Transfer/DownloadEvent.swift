@@ -16,7 +16,7 @@ public enum DownloadEvent: Sendable {
 }
 
 /// The facts known once the server has answered.
-public struct DownloadStart: Sendable, Equatable {
+public struct DownloadStart: Sendable, Equatable, Codable {
     /// The path of the file being written.
     public let destination: String
     /// The URL the bytes come from, after redirects.
@@ -29,19 +29,6 @@ public struct DownloadStart: Sendable, Equatable {
     public let resumable: Bool
     /// What identifies the version of the file being downloaded.
     public let validator: ResourceValidator
-
-    /// The facts as a daemon's event describes them.
-    package init(
-        destination: String, url: String, totalBytes: Int64?, resumedFrom: Int64, resumable: Bool,
-        validator: ResourceValidator
-    ) {
-        self.destination = destination
-        self.url = url
-        self.totalBytes = totalBytes
-        self.resumedFrom = resumedFrom
-        self.resumable = resumable
-        self.validator = validator
-    }
 }
 
 /// A progress report; `bytes` never decreases between two `started` events and never exceeds `totalBytes`.
@@ -146,7 +133,7 @@ public enum RestartReason: Sendable, Equatable, CustomStringConvertible {
 }
 
 /// A finished download.
-public struct DownloadResult: Sendable, Equatable {
+public struct DownloadResult: Sendable, Equatable, Codable {
     /// The path of the complete file.
     public let destination: String
     /// The URL the caller asked for.
@@ -162,7 +149,7 @@ public struct DownloadResult: Sendable, Equatable {
     /// What identifies the version of the file being downloaded.
     public let validator: ResourceValidator
 
-    /// A finished download as a daemon's event describes it.
+    /// A finished download as far as its record tells it.
     package init(
         destination: String, url: String, bytes: Int64, bytesFetched: Int64, resumedFrom: Int64, restarts: Int,
         validator: ResourceValidator

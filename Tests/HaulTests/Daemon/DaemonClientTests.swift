@@ -127,6 +127,32 @@ struct DaemonClientTests {
         }
     }
 
+    @Test func credentialsAreNeverSentToADaemonOnAnotherMachine() async throws {
+        // Nothing listens there: the refusal comes before any connection.
+        let client = DaemonClient(url: "http://192.0.2.77:6842", token: "token")
+        #expect(!client.isLocal)
+        var request = DownloadRequest(url: "http://example.com/f", destination: .file("/tmp/f"))
+        request.credentials = BasicCredentials(user: "u", password: "p")
+        for attempt in 0..<3 {
+            await #expect {
+                switch attempt {
+                case 0: _ = try await client.add([request])
+                case 1:
+                    _ = try await client.resume(DownloadID(1), credentials: BasicCredentials(user: "u", password: "p"))
+                default: _ = try await client.resume(DownloadID(1), headers: [("Cookie", "session=1")])
+                }
+            } throws: { error in
+                (error as? HaulError)?.code == .credentialsForRemoteDaemon
+            }
+        }
+        try await client.shutdown()
+        for url in ["http://127.0.0.1:6842", "http://[::1]:6842", "http://localhost:6842"] {
+            let local = DaemonClient(url: url, token: "t")
+            #expect(local.isLocal, "\(url)")
+            try await local.shutdown()
+        }
+    }
+
     @Test(arguments: [1, 2, 3, 7, 1000])
     func theEventParserReadsMessagesCutAnywhere(chunk: Int) {
         let body =
