@@ -100,6 +100,9 @@ final class ProgressRenderer: Sendable {
         case .retrying(let attempt, let delay, let error):
             clearBar()
             writeError("haul: \(error.message); retry \(attempt) in \(Self.duration(delay.seconds))")
+        case .mirror(let report):
+            clearBar()
+            writeError("haul: \(report)")
         case .completed, .failed:
             return
         }
@@ -197,6 +200,13 @@ final class ProgressRenderer: Sendable {
                 ("delayMilliseconds", .integer(Int64(delay.seconds * 1000))), ("code", .string(error.code.name)),
                 ("message", .string(error.message)),
             ]
+        case .mirror(let report):
+            switch report {
+            case .mixed(let proof): fields = [("event", "mirrors"), ("use", "mixed"), ("detail", .string(proof))]
+            case .inTurn(let reason): fields = [("event", "mirrors"), ("use", "inTurn"), ("detail", .string(reason))]
+            case .dropped(let url, let reason):
+                fields = [("event", "mirrorDropped"), ("url", .string(url)), ("reason", .string(reason))]
+            }
         case .completed(let result):
             fields = [
                 ("event", "completed"), ("destination", .string(result.destination)), ("bytes", .integer(result.bytes)),

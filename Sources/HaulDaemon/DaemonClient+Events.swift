@@ -203,6 +203,9 @@ struct EventParser {
                 .retrying(
                     attempt: retry.attempt, delay: .milliseconds(Int64(retry.delaySeconds * 1000)),
                     error: HaulError(HaulError.Code(retry.error.code), retry.error.message)))
+        case "mirror":
+            guard let mirror = body.mirror else { return [.reset] }
+            kind = .transfer(.mirror(mirror))
         case "completed":
             guard let result = body.result else { return [.reset] }
             kind = .transfer(.completed(result))
@@ -213,6 +216,6 @@ struct EventParser {
     }
 
     private static let known: Set<String> = [
-        "added", "state", "removed", "progress", "started", "restarted", "retrying", "completed",
+        "added", "state", "removed", "progress", "started", "restarted", "retrying", "mirror", "completed",
     ]
 }

@@ -171,6 +171,8 @@ final class EventHub: Sendable {
                     + Double(delay.components.attoseconds) / 1e18,
                 error: .init(code: error.code.name, message: error.message))
             return ("retrying", Self.json(DownloadEventBody(download: download, retry: retry)))
+        case .transfer(.mirror(let report)):
+            return ("mirror", Self.json(DownloadEventBody(download: download, mirror: report)))
         case .transfer(.failed):
             // The state event that follows carries the error.
             return nil
@@ -194,6 +196,7 @@ struct DownloadEventBody: Codable, Sendable {
     var start: DownloadStart?
     var restart: RestartBody?
     var result: DownloadResult?
+    var mirror: MirrorReport?
 }
 
 /// Why a download threw its partial data away and started again.

@@ -187,7 +187,7 @@ extension DownloadManager {
             entry.openConnections = progress.connections
         case .restarted:
             entry.record.bytes = 0
-        case .retrying, .completed, .failed:
+        case .retrying, .mirror, .completed, .failed:
             break
         }
         entries[id] = entry

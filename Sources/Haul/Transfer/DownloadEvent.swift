@@ -9,6 +9,8 @@ public enum DownloadEvent: Sendable {
     case restarted(RestartReason)
     /// An attempt failed; the next one starts after `delay`, from the last stored byte.
     case retrying(attempt: Int, delay: Duration, error: HaulError)
+    /// How a download with mirrors uses them, or a mirror it stopped using.
+    case mirror(MirrorReport)
     /// The file is complete (and verified, when a checksum or digest was known) under its final name.
     case completed(DownloadResult)
     /// The download stopped: the error says why; the partial data is kept unless it cannot be trusted.
@@ -61,6 +63,25 @@ public struct DownloadProgress: Sendable, Equatable {
     }
 }
 
+/// What a download with mirrors (``DownloadRequest/mirrors``) does with them.
+public enum MirrorReport: Sendable, Equatable, Codable, CustomStringConvertible {
+    /// The mirrors serve ranges of the file side by side: `proof` says what shows they hold the same bytes.
+    case mixed(proof: String)
+    /// Nothing shows the mirrors hold the same bytes: they are used one after another, never mixed.
+    case inTurn(reason: String)
+    /// The download stopped using the URL, for the reason given; the others fetch its ranges.
+    case dropped(url: String, reason: String)
+
+    /// A one-line explanation for people.
+    public var description: String {
+        switch self {
+        case .mixed(let proof): "ranges come from every mirror: \(proof)"
+        case .inTurn(let reason): "mirrors are used one after another, never mixed: \(reason)"
+        case .dropped(let url, let reason): "mirror \(url) dropped: \(reason)"
+        }
+    }
+}
+
 /// Why Haul threw away partial data and started again.
 public enum RestartReason: Sendable, Equatable, CustomStringConvertible {
     /// The validator changed: the server holds a different file now.
@@ -81,6 +102,9 @@ public enum RestartReason: Sendable, Equatable, CustomStringConvertible {
     case untrustedPartial(String)
     /// The complete file does not match the digest the server announced for it.
     case digestMismatch(String)
+    /// The URL in use failed, and nothing shows the next mirror holds the same bytes: the file
+    /// comes from that mirror from byte 0.
+    case mirrorFallback(String)
 
     /// The case's name and its detail, as a daemon's event carries them.
     package var parts: (name: String, detail: String?) {
@@ -94,6 +118,7 @@ public enum RestartReason: Sendable, Equatable, CustomStringConvertible {
         case .unvalidated: ("unvalidated", nil)
         case .untrustedPartial(let detail): ("untrustedPartial", detail)
         case .digestMismatch(let detail): ("digestMismatch", detail)
+        case .mirrorFallback(let detail): ("mirrorFallback", detail)
         }
     }
 
@@ -110,6 +135,7 @@ public enum RestartReason: Sendable, Equatable, CustomStringConvertible {
         case "unvalidated": self = .unvalidated
         case "untrustedPartial": self = .untrustedPartial(detail)
         case "digestMismatch": self = .digestMismatch(detail)
+        case "mirrorFallback": self = .mirrorFallback(detail)
         default: return nil
         }
     }
@@ -128,6 +154,7 @@ public enum RestartReason: Sendable, Equatable, CustomStringConvertible {
             "the server sends no ETag or Last-Modified, so the partial file cannot be checked"
         case .untrustedPartial(let detail): "the partial file cannot be trusted (\(detail))"
         case .digestMismatch(let detail): "the file does not match the server's digest (\(detail))"
+        case .mirrorFallback(let detail): "fetching the file from the next mirror from byte 0 (\(detail))"
         }
     }
 }

@@ -11,6 +11,13 @@ public struct DownloadRequest: Sendable {
 
     /// The http or https URL of the file.
     public var url: String
+    /// Other http or https URLs that serve the same file (mirrors), tried after ``url``. When a
+    /// ``checksum`` is given, or every server sends the same `Repr-Digest`, the file's ranges are
+    /// spread over all of them and a mirror that fails or serves other bytes is dropped; otherwise
+    /// nothing proves they hold the same bytes, and they are used one after another, never mixed.
+    /// Credentials (``headers``, ``credentials``) go to ``url``'s origin only; cookies go where
+    /// they match.
+    public var mirrors: [String]
     /// Where the file goes.
     public var destination: Destination
     /// Extra request headers, e.g. `Authorization`. They are sent, never stored; `Authorization`
@@ -54,14 +61,19 @@ public struct DownloadRequest: Sendable {
 
     /// The most connections one download may ask for.
     public static let maximumConnections = 64
+    /// The most mirrors one download may name.
+    public static let maximumMirrors = 16
 
     /// A request for `url` into `destination`; the rest has defaults (no extra headers, no overwriting,
     /// no checksum, no limit of its own, the downloader's connections).
     public init(
         url: String, destination: Destination, headers: [(name: String, value: String)] = [], overwrite: Bool = false,
-        checksum: Checksum? = nil, bytesPerSecondLimit: Int64? = nil, connections: Int? = nil, cookies: CookieJar? = nil
+        checksum: Checksum? = nil, bytesPerSecondLimit: Int64? = nil, connections: Int? = nil,
+        cookies: CookieJar? = nil,
+        mirrors: [String] = []
     ) {
         self.url = url
+        self.mirrors = mirrors
         self.destination = destination
         self.headers = headers
         self.overwrite = overwrite
@@ -96,11 +108,12 @@ public struct DownloadRequest: Sendable {
     }
 
     /// Throws ``HaulError`` for what no download could use: a URL that is not http or https, a header
-    /// that is not valid or that Haul manages itself, a limit or a connection count out of range.
-    /// Returns the URL, parsed.
+    /// that is not valid or that Haul manages itself, a limit or a connection count out of range, a
+    /// mirror that is not an http or https URL or that repeats another. Returns the URL, parsed.
     @discardableResult
     package func check() throws -> DownloadURL {
         let parsed = try DownloadURL(url)
+        _ = try checkMirrors(of: parsed)
         try Self.check(headers: headers)
         if let limit = bytesPerSecondLimit, limit <= 0 {
             throw HaulError(
@@ -111,5 +124,24 @@ public struct DownloadRequest: Sendable {
                 .invalidArgument, "connections must be from 1 to \(Self.maximumConnections), not \(connections)")
         }
         return parsed
+    }
+
+    /// The mirrors, parsed; throws for one that is not an http or https URL, or that names the
+    /// same URL as ``url`` or another mirror.
+    package func checkMirrors(of parsed: DownloadURL) throws -> [DownloadURL] {
+        guard mirrors.count <= Self.maximumMirrors else {
+            throw HaulError(.invalidArgument, "at most \(Self.maximumMirrors) mirrors, not \(mirrors.count)")
+        }
+        var seen: Set<String> = [parsed.string]
+        return try mirrors.map { mirror in
+            let url: DownloadURL
+            do { url = try DownloadURL(mirror) } catch let error as HaulError {
+                throw HaulError(error.code, "mirror: \(error.message)")
+            }
+            guard seen.insert(url.string).inserted else {
+                throw HaulError(.invalidArgument, "mirror \(mirror) is named twice")
+            }
+            return url
+        }
     }
 }

@@ -13,15 +13,34 @@ import NIOHTTP1
 /// origin, and tells what a transport failure means for the transfer.
 struct HTTPFetcher: Sendable {
     let url: DownloadURL
+    /// The request's URL, then its mirrors: the sources a request may go to.
+    let sources: [DownloadURL]
     let request: DownloadRequest
     let clients: ProxiedLanes
     let configuration: DownloaderConfiguration
     let logger: Logger
 
-    /// Sends `ask` on connection `connection`; returns the final (non-redirect) answer and its URL.
-    func fetch(_ ask: RangeAsk, connection: Int) async throws -> (HTTPClientResponse, DownloadURL) {
-        var current = url
+    init(
+        url: DownloadURL, mirrors: [DownloadURL] = [], request: DownloadRequest, clients: ProxiedLanes,
+        configuration: DownloaderConfiguration, logger: Logger
+    ) {
+        self.url = url
+        self.sources = [url] + mirrors
+        self.request = request
+        self.clients = clients
+        self.configuration = configuration
+        self.logger = logger
+    }
+
+    /// Sends `ask` on connection `connection` to source `source` (0: the request's URL, then its
+    /// mirrors); returns the final (non-redirect) answer and its URL. Credentials the caller gave go
+    /// to the request URL's origin only: a mirror elsewhere gets none.
+    func fetch(_ ask: RangeAsk, connection: Int, source: Int = 0) async throws -> (HTTPClientResponse, DownloadURL) {
+        var current = sources.indices.contains(source) ? sources[source] : url
         var headers = request.headers.map { ($0.name, $0.value) }
+        if current.origin != url.origin {
+            headers = headers.filter { !RedirectPolicy.credentialHeaders.contains($0.0.lowercased()) }
+        }
         if !headers.contains(where: { $0.0.lowercased() == "user-agent" }) {
             headers.append(("User-Agent", configuration.userAgent))
         }

@@ -62,13 +62,14 @@ final class TransferDriver {
         post: AsyncStream<Event>.Continuation
     ) {
         let configuration = downloader.configuration
+        // The request was checked before the download started: its mirrors parse.
+        let mirrors = (try? request.checkMirrors(of: url)) ?? []
         self.machine = TransferMachine(
             settings: TransferMachine.Settings(configuration, request: request), url: url.string,
-            bootID: BootIdentity.current,
-            now: downloader.clock.now)
+            mirrors: mirrors.map(\.string), bootID: BootIdentity.current, now: downloader.clock.now)
         self.files = files
         self.fetcher = HTTPFetcher(
-            url: url, request: request, clients: downloader.lanes, configuration: configuration,
+            url: url, mirrors: mirrors, request: request, clients: downloader.lanes, configuration: configuration,
             logger: downloader.logger)
         self.clock = downloader.clock
         self.observe = observe
@@ -263,7 +264,7 @@ final class TransferDriver {
         tasks[request] = Task {
             let end: ConnectionEnd
             do {
-                let (response, finalURL) = try await fetcher.fetch(ask, connection: connection)
+                let (response, finalURL) = try await fetcher.fetch(ask, connection: connection, source: request.source)
                 let reply = Reply<Verdict>()
                 let head = ResponseHead(
                     status: Int(response.status.code), headers: response.headers, finalURL: finalURL.string,

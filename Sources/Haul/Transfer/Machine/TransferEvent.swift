@@ -21,6 +21,8 @@ struct RequestTag: Hashable, Sendable, CustomStringConvertible {
     let connection: Int
     /// Counts the requests of a download.
     let serial: Int
+    /// The URL it goes to: 0 for the request's own, then its mirrors in order.
+    var source = 0
 
     var description: String { "connection \(connection) request \(serial)" }
 }

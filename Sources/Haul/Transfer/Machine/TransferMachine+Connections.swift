@@ -23,6 +23,9 @@ extension TransferMachine {
                 connections[connection].state = .idle
                 return [.drop(connection: connection)] + resumeWork(now: now)
             }
+            if let actions = mirrorAnswer(verdict, head: head, on: connection, now: now) {
+                return actions + resumeWork(now: now)
+            }
             return rangeAnswer(verdict, ask: ask, segment: segment, on: connection, now: now)
         default:
             connections[connection].state = .idle
@@ -99,6 +102,8 @@ extension TransferMachine {
     {
         // Bytes written are bytes stored, even when they come from a request that is no longer current.
         guard var table, table.segments.indices.contains(segment) else { return [] }
+        let from = table.segments[segment].position
+        noteWritten(by: request.source, from: from, upTo: min(upTo, table.segments[segment].end))
         table.advance(segment, to: upTo, now: now)
         self.table = table
         record(pieces)
@@ -335,6 +340,10 @@ extension TransferMachine {
             segment = receiving.segment
         }
         table?.releaseAll(of: connection)
+        if let actions = mirrorFailure(failure, on: connection) {
+            connections[connection].state = .idle
+            return actions
+        }
         connections[connection].state = .idle
         switch failure {
         case .fatal(let error):
@@ -362,6 +371,8 @@ extension TransferMachine {
         let decision = settings.retry.decide(failures: failures, retryAfter: retryAfter, random: random.nextUnit())
         // What arrived before the failure is stored now.
         var actions = checkpointIfDue(now: now, force: true)
+        let exhausted = if case .retry = decision { false } else { true }
+        if let moved = sourceFailed(connection, error, exhausted: exhausted, now: now) { return actions + moved }
         switch decision {
         case .retry(let delay):
             connections[connection].state = .waiting(until: now + delay)
@@ -495,9 +506,8 @@ extension TransferMachine {
     /// Gives every idle connection the download may use a range to fetch.
     mutating func startConnections(now: Moment) -> [TransferAction] {
         guard phase == .transferring, rangesAllowed, var table, !table.isComplete, let record = manifest,
-            let ifRange = record.validator.ifRangeValue, let total = table.totalLength
+            record.validator.ifRangeValue != nil, let total = table.totalLength
         else { return [] }
-        let expected = RangeAsk.Expected(validator: record.validator, totalLength: total)
         let wasSingle = table.isSingle
         let endsBefore = table.segments.map(\.end)
         var sends: [TransferAction] = []
@@ -513,8 +523,10 @@ extension TransferMachine {
                     ))
                 stops += stopConnection(displaced, .replaced)
             }
-            let ask = RangeAsk.range(from: claim.from, to: claim.to, ifRange: ifRange, expected: expected)
-            sends.append(send(ask, on: index, segment: claim.segment, now: now))
+            let source = source(for: index)
+            let ask = rangeAsk(
+                from: claim.from, to: claim.to, source: source, validator: record.validator, total: total)
+            sends.append(send(ask, on: index, segment: claim.segment, source: source, now: now))
         }
         self.table = table
         var actions: [TransferAction] = []

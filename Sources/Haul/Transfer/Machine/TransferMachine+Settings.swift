@@ -17,6 +17,8 @@ extension TransferMachine {
         var overlapCheckBytes = 64 * 1024
         var pieceSize: Int64 = Manifest.defaultPieceSize
         var rampWindow: Duration = .milliseconds(500)
+        /// The request gives a checksum the complete file must match (what lets mirrors be mixed).
+        var checksumGiven = false
 
         init() {}
 
@@ -41,8 +43,13 @@ extension TransferMachine {
         /// ``DownloadRequest/check()``) when it gives one: that many, opened at once.
         init(_ configuration: DownloaderConfiguration, request: DownloadRequest) {
             self.init(configuration)
+            checksumGiven = request.checksum != nil
             if let own = request.connections {
                 connections = own
+                adaptive = false
+            } else if !request.mirrors.isEmpty {
+                // A connection for every mirror at least, all at once.
+                connections = min(max(connections, 1 + request.mirrors.count), DownloadRequest.maximumConnections)
                 adaptive = false
             }
         }

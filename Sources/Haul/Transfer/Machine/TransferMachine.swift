@@ -99,6 +99,8 @@ struct TransferMachine: Sendable {
         var failures = 0
         /// The serial number of the connection's current request.
         var serial = 0
+        /// The source (see ``TransferMachine/sources``) of its current request.
+        var source = 0
 
         /// Whether a request of this connection is under way.
         var isBusy: Bool {
@@ -165,10 +167,20 @@ struct TransferMachine: Sendable {
     var random: SplitMix64
     /// The serial number of the last request sent.
     var lastSerial = 0
+    /// The URLs the file may come from: the request's own, then its mirrors.
+    var sources: [Source]
+    /// How the mirrors are used, once the origin's answer has shown it (`nil` before, and without mirrors).
+    var mirrorUse: MirrorUse?
+    /// The source the file comes from in order, and whose validator the manifest keeps.
+    var origin = 0
 
-    init(settings: Settings, url: String, bootID: String?, now: Moment, seed: UInt64 = .random(in: 0...UInt64.max)) {
+    init(
+        settings: Settings, url: String, mirrors: [String] = [], bootID: String?, now: Moment,
+        seed: UInt64 = .random(in: 0...UInt64.max)
+    ) {
         self.settings = settings
         self.originalURL = url
+        self.sources = ([url] + mirrors).map { Source(url: $0) }
         self.finalURL = url
         self.bootID = bootID
         self.connections = Array(repeating: Connection(), count: max(1, settings.connections))
@@ -308,7 +320,8 @@ struct TransferMachine: Sendable {
         }
         self.table = table
         phase = .transferring
-        var actions: [TransferAction] = [
+        var actions = decideMirrorUse(validator: stored.validator, rangesAllowed: true)
+        actions += [
             .prepareFile(
                 FilePreparation(
                     manifest: stored, startsOver: false, storesLayout: false, neededBytes: total - table.written,
@@ -361,12 +374,17 @@ struct TransferMachine: Sendable {
         return [send(ask, on: connection, segment: nil, now: now)]
     }
 
-    /// Sends `ask` on `connection` for range `segment`, as its next request.
-    mutating func send(_ ask: RangeAsk, on connection: Int, segment: Int?, now: Moment) -> TransferAction {
+    /// Sends `ask` on `connection` for range `segment`, as its next request, to `source` (the origin
+    /// unless given).
+    mutating func send(_ ask: RangeAsk, on connection: Int, segment: Int?, source: Int? = nil, now: Moment)
+        -> TransferAction
+    {
         lastSerial += 1
+        let source = source ?? origin
         connections[connection].serial = lastSerial
+        connections[connection].source = source
         connections[connection].state = .requesting(ask, segment: segment, since: now)
-        return .send(RequestTag(connection: connection, serial: lastSerial), ask)
+        return .send(RequestTag(connection: connection, serial: lastSerial, source: source), ask)
     }
 
     /// Whether `request` is its connection's current request (events of earlier ones are late).
@@ -509,6 +527,7 @@ struct TransferMachine: Sendable {
                     limit: table.segments[0].end, answerEnd: ask.to ?? total, contentDigests: facts.contentDigests)),
         ]
         if split { actions.append(.log("fetching \(table.segments.count) ranges over as many connections")) }
+        actions += decideMirrorUse(validator: facts.validator, rangesAllowed: rangesAllowed)
         return actions + startConnections(now: now)
     }
 
@@ -546,6 +565,7 @@ struct TransferMachine: Sendable {
             phase = .failed
             return []
         default:
+            if self.error == nil, let next = nextSource(for: error) { return switchSource(to: next, error, now: now) }
             if self.error == nil { self.error = error }
             return stop(then: .fail, now: now)
         }
@@ -610,9 +630,12 @@ struct TransferMachine: Sendable {
         case .verify:
             return beginVerifying(now: now)
         case .pause:
-            return storeLastCheckpoint(durable: true, then: .pausing, else: .paused)
+            // The last report tells what the checkpoint keeps, so a paused download shows it.
+            return reportProgress(at: now, force: true)
+                + storeLastCheckpoint(durable: true, then: .pausing, else: .paused)
         case .fail:
-            return storeLastCheckpoint(durable: false, then: .failing, else: .failed)
+            return reportProgress(at: now, force: true)
+                + storeLastCheckpoint(durable: false, then: .failing, else: .failed)
         }
     }
 
@@ -673,9 +696,11 @@ struct TransferMachine: Sendable {
             phase = .finishing
             return [.finish(totalBytes: total)]
         case .checksumMismatch(let error):
+            if let refetch = refetchFromOthers(error.message, now: now) { return refetch }
             self.error = error
             return storeLastCheckpoint(durable: false, then: .failing, else: .failed)
         case .digestMismatch(let detail):
+            if let refetch = refetchFromOthers(detail, now: now) { return refetch }
             phase = .restarting(.digestMismatch(detail))
             return [.log("starting over: the file does not match the server's digest (\(detail))"), .discard]
         }

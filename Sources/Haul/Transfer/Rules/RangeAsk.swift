@@ -47,8 +47,8 @@ struct RangeAsk: Equatable, Sendable {
     }
 
     /// Bytes `from..<to` (to the end of the file when `to` is `nil`) of a file fetched in ranges,
-    /// checked with `If-Range`.
-    static func range(from: Int64, to: Int64?, ifRange: String, expected: Expected) -> RangeAsk {
+    /// checked with `If-Range` (a mirror's first request has no validator to send yet).
+    static func range(from: Int64, to: Int64?, ifRange: String?, expected: Expected) -> RangeAsk {
         RangeAsk(kind: .range, from: from, to: to, writeStart: from, ifRange: ifRange, expected: expected)
     }
 

@@ -1,0 +1,101 @@
+import Testing
+
+@testable import Haul
+
+/// The mirror rules of the transfer machine, without sockets: which URL each request goes to, what
+/// it asks, and what drops a mirror.
+@Suite("Transfer machine: mirrors")
+struct MirrorMachineTests {
+    typealias Harness = MachineHarness
+    static let mirrors = ["http://m1/f", "http://m2/f"]
+
+    /// A fresh download of `Harness.url` with two mirrors and three connections, its first request out.
+    static func probing(checksum: Bool) -> Harness {
+        var harness = Harness(connections: 3) { $0.checksumGiven = checksum }
+        harness.machine = TransferMachine(
+            settings: harness.machine.settings, url: Harness.url, mirrors: mirrors, bootID: Harness.boot, now: .zero,
+            seed: 7)
+        harness.handle(.start(.nothing))
+        return harness
+    }
+
+    static func sends(_ actions: [TransferAction]) -> [(tag: RequestTag, ask: RangeAsk)] {
+        actions.compactMap { if case .send(let tag, let ask) = $0 { (tag, ask) } else { nil } }
+    }
+
+    static func reports(_ actions: [TransferAction]) -> [MirrorReport] {
+        actions.compactMap { if case .report(.mirror(let report)) = $0 { report } else { nil } }
+    }
+
+    @Test func withAChecksumEveryMirrorGetsARangeAskedWithoutAnotherServersValidator() throws {
+        var harness = Self.probing(checksum: true)
+        let actions = harness.answer(0, Harness.partial(0, Harness.total - 1))
+        guard case .mixed = Self.reports(actions).first else {
+            Issue.record("\(Self.reports(actions))")
+            return
+        }
+        let sends = Self.sends(actions)
+        #expect(sends.map(\.tag.source) == [1, 2])
+        // The origin's ETag means nothing to another server: a mirror's first request has no If-Range.
+        #expect(sends.allSatisfy { $0.ask.ifRange == nil && $0.ask.expected?.totalLength == Harness.total })
+
+        // Mirror 1 answers with its own ETag: its next request carries that one.
+        let range1 = harness.machine.table!.segments[1]
+        harness.answer(1, Harness.partial(range1.start, range1.end - 1, etag: "\"m1\""))
+        #expect(harness.machine.sources[1].validator?.ifRangeValue == "\"m1\"")
+        // Mirror 2 has another length: it is dropped, its range goes back, and the connection asks a
+        // source still in use for it.
+        let range2 = harness.machine.table!.segments[2]
+        let dropped = harness.answer(2, Harness.partial(range2.start, range2.end - 1, of: Harness.total + 1))
+        #expect(
+            Self.reports(dropped).map(\.description).first?.hasPrefix(
+                "mirror http://m2/f dropped: the remote file changed")
+                == true)
+        #expect(harness.machine.sources[2].dropped != nil)
+        let again = Self.sends(dropped)
+        #expect(again.count == 1 && again[0].tag.connection == 2 && again[0].tag.source != 2)
+        #expect(again.first?.ask.from == range2.start)
+        #expect(harness.machine.phase == .transferring)
+    }
+
+    @Test func aMirrorThatFailsAgainAndAgainIsDroppedAndItsConnectionMovesOn() throws {
+        var harness = Self.probing(checksum: true)
+        harness.answer(0, Harness.partial(0, Harness.total - 1))
+        #expect(harness.machine.connections[2].source == 2)
+        for attempt in 1...TransferMachine.sourceFailureLimit {
+            let actions = harness.answer(2, Harness.status(503))
+            if attempt < TransferMachine.sourceFailureLimit {
+                #expect(harness.machine.sources[2].dropped == nil)
+                harness.advance(.seconds(10))
+                harness.handle(.timer)
+            } else {
+                #expect(harness.machine.sources[2].dropped == "the server answered 503 Service Unavailable")
+                let sends = Self.sends(actions)
+                #expect(sends.count == 1 && sends[0].tag.connection == 2 && sends[0].tag.source != 2)
+            }
+        }
+        #expect(harness.machine.connections[2].state != .retired)
+    }
+
+    @Test func withoutProofTheMirrorsAreNotMixedAndTheNextServesTheFileFromByteZero() throws {
+        var harness = Self.probing(checksum: false)
+        let first = harness.answer(0, Harness.partial(0, Harness.total - 1))
+        guard case .inTurn = Self.reports(first).first else {
+            Issue.record("\(Self.reports(first))")
+            return
+        }
+        #expect(Self.sends(first).allSatisfy { $0.tag.source == 0 })
+        // The origin starts answering 404: the download leaves it for the next mirror, from byte 0.
+        harness.wrote(0, segment: 0, upTo: 100_000)
+        let refused = harness.answer(1, Harness.status(404))
+        #expect(Self.reports(refused).first == .dropped(url: Harness.url, reason: "the server answered 404 Not Found"))
+        harness.endBusyConnections()
+        guard case .restarting(.mirrorFallback) = harness.machine.phase else {
+            Issue.record("\(harness.machine.phase)")
+            return
+        }
+        let probe = Self.sends(harness.handle(.discarded))
+        #expect(probe.count == 1 && probe[0].tag.source == 1 && probe[0].ask.kind == .fresh(probesRanges: true))
+        #expect(harness.machine.origin == 1)
+    }
+}
