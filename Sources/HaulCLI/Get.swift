@@ -20,7 +20,8 @@ struct RequestOptions: ParsableArguments {
         name: [.customShort("i"), .customLong("input-file")],
         help: ArgumentHelp(
             "Download the URLs listed in this file ('-' for standard input): one per line, with optional "
-                + "indented out=, dir=, checksum=, header=, limit-rate= lines after each.", valueName: "file"))
+                + "indented out=, dir=, checksum=, header=, user=, limit-rate=, mirror= lines after each.",
+            valueName: "file"))
     var inputFile: String?
 
     @Option(name: [.customShort("o"), .long], help: "Write to this file (one URL only).")
@@ -40,6 +41,14 @@ struct RequestOptions: ParsableArguments {
     )
     var checksum: String?
 
+    @Option(
+        name: .customLong("mirror"),
+        help: ArgumentHelp(
+            "Another URL of the same file (one URL only); repeatable. With --checksum, or when every server sends "
+                + "the same Repr-Digest, ranges come from all of them; otherwise they are tried in turn, never mixed.",
+            valueName: "url"))
+    var mirrors: [String] = []
+
     @Option(help: ArgumentHelp("Queue priority: low, normal, high or a number.", valueName: "priority"))
     var priority: String = "normal"
 
@@ -55,6 +64,9 @@ struct RequestOptions: ParsableArguments {
         }
         if checksum != nil && (urls.count != 1 || inputFile != nil) {
             throw ValidationError("--checksum applies to one URL; in an input file use a checksum= line per URL")
+        }
+        if !mirrors.isEmpty && (urls.count != 1 || inputFile != nil) {
+            throw ValidationError("--mirror names another URL of one file; in an input file use mirror= lines per URL")
         }
         if let output, output.hasPrefix("/"), directory != nil {
             throw ValidationError("-d cannot be combined with an absolute -o path; give one or the other")
@@ -115,7 +127,7 @@ struct RequestOptions: ParsableArguments {
         var requests = urls.map { url in
             DownloadRequest(
                 url: url, destination: Self.destination(output: output, directory: directory), headers: common,
-                overwrite: force, checksum: try? parsedChecksum(), bytesPerSecondLimit: rate)
+                overwrite: force, checksum: try? parsedChecksum(), bytesPerSecondLimit: rate, mirrors: mirrors)
         }
         if let inputFile {
             let text = try InputFile.read(inputFile)
@@ -124,7 +136,7 @@ struct RequestOptions: ParsableArguments {
                 var request = DownloadRequest(
                     url: entry.url, destination: Self.destination(output: entry.output, directory: folder),
                     headers: common + entry.headers, overwrite: force, checksum: entry.checksum,
-                    bytesPerSecondLimit: entry.limitRate ?? rate)
+                    bytesPerSecondLimit: entry.limitRate ?? rate, mirrors: entry.mirrors)
                 if let credentials = entry.credentials { request.credentials = credentials }
                 requests.append(request)
             }

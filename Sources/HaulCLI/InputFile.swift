@@ -22,8 +22,9 @@ import Haul
 /// ```
 ///
 /// Options: `out` (file name), `dir` (directory), `checksum` (ALG=HEX), `header` (repeatable),
-/// `limit-rate`, `user` (USER:PASSWORD, Basic credentials for that URL's site). Blank lines and lines starting with `#` are ignored. Any other line is an error
-/// naming the file and line.
+/// `limit-rate`, `user` (USER:PASSWORD, Basic credentials for that URL's site), `mirror` (another
+/// URL of the same file; repeatable). Blank lines and lines starting with `#` are ignored. Any
+/// other line is an error naming the file and line.
 struct InputFile {
     struct Entry {
         var url: String
@@ -34,9 +35,10 @@ struct InputFile {
         var headers: [(name: String, value: String)] = []
         var limitRate: Int64?
         var credentials: BasicCredentials?
+        var mirrors: [String] = []
     }
 
-    static let options = ["out", "dir", "checksum", "header", "limit-rate", "user"]
+    static let options = ["out", "dir", "checksum", "header", "limit-rate", "user", "mirror"]
 
     let entries: [Entry]
 
@@ -84,6 +86,11 @@ struct InputFile {
                 entries[entries.count - 1].headers.append((headerName, headerValue))
             case "user":
                 entries[entries.count - 1].credentials = BasicCredentials(parsing: value)
+            case "mirror":
+                do { _ = try DownloadURL(value) } catch let error as HaulError {
+                    throw fail("mirror=: \(error.message)")
+                }
+                entries[entries.count - 1].mirrors.append(value)
             case "limit-rate":
                 do {
                     entries[entries.count - 1].limitRate = try ByteRate.parse(value)

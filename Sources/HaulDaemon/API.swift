@@ -179,7 +179,7 @@ struct API: Sendable {
         let request = DownloadRequest(
             url: item.url, destination: destination, headers: try Self.headers(item.headers ?? []),
             overwrite: item.overwrite ?? false, checksum: checksum, bytesPerSecondLimit: item.limitRate,
-            connections: item.connections)
+            connections: item.connections, mirrors: item.mirrors ?? [])
         // The library's own rules (limits, connections, headers it manages), before anything is queued.
         _ = try await perform { try request.check() }
         return (request, DownloadPriority(item.priority ?? 0))

@@ -29,6 +29,8 @@ struct DownloadBody: Codable, Sendable, Equatable {
     var connections: Int?
     /// Connections open now, while running.
     var openConnections: Int?
+    /// Other URLs of the same file; absent: none.
+    var mirrors: [String]?
 
     init(_ info: DownloadInfo) {
         id = info.id.rawValue
@@ -49,6 +51,7 @@ struct DownloadBody: Codable, Sendable, Equatable {
         hook = info.hook
         connections = info.connections
         openConnections = info.openConnections
+        mirrors = info.mirrors.isEmpty ? nil : info.mirrors
     }
 }
 
@@ -73,6 +76,8 @@ struct NewDownload: Codable, Sendable {
     var overwrite: Bool?
     /// Connections to open at once when the server serves ranges; absent: the daemon's default.
     var connections: Int?
+    /// Other http or https URLs of the same file.
+    var mirrors: [String]?
 
     struct Header: Codable, Sendable {
         var name: String

@@ -65,6 +65,7 @@ public final class DaemonClient: Sendable {
             item.headers = request.headers.isEmpty ? nil : request.headers.map { .init(name: $0.name, value: $0.value) }
             item.overwrite = request.overwrite ? true : nil
             item.connections = request.connections
+            item.mirrors = request.mirrors.isEmpty ? nil : request.mirrors
             return item
         }
         let added: AddedDownloads = try await call(.POST, "/downloads", body: AddDownloads(downloads: items))
@@ -207,6 +208,7 @@ extension DownloadBody {
             state: DownloadState(rawValue: state) ?? .failed, priority: DownloadPriority(priority), bytes: bytes,
             totalBytes: totalBytes, bytesPerSecond: bytesPerSecond, secondsRemaining: secondsRemaining,
             error: error.map { HaulError(HaulError.Code($0.code), $0.message) }, createdAt: createdAt,
-            finishedAt: finishedAt, hook: hook, connections: connections, openConnections: openConnections)
+            finishedAt: finishedAt, hook: hook, connections: connections, openConnections: openConnections,
+            mirrors: mirrors ?? [])
     }
 }

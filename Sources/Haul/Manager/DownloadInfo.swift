@@ -107,13 +107,15 @@ public struct DownloadInfo: Sendable, Identifiable {
     public var connections: Int?
     /// Connections open at the last progress report, while running.
     public var openConnections: Int?
+    /// Other URLs of the same file (see ``DownloadRequest/mirrors``).
+    public var mirrors: [String]
 
     /// A download as a daemon's answer describes it.
     package init(
         id: DownloadID, url: String, destination: String?, directory: String?, state: DownloadState,
         priority: DownloadPriority, bytes: Int64, totalBytes: Int64?, bytesPerSecond: Double?,
         secondsRemaining: Double?, error: HaulError?, createdAt: Date, finishedAt: Date?, hook: String?,
-        connections: Int? = nil, openConnections: Int? = nil
+        connections: Int? = nil, openConnections: Int? = nil, mirrors: [String] = []
     ) {
         self.id = id
         self.url = url
@@ -131,6 +133,7 @@ public struct DownloadInfo: Sendable, Identifiable {
         self.hook = hook
         self.connections = connections
         self.openConnections = openConnections
+        self.mirrors = mirrors
     }
 
     /// Whether the download paused by itself because its disk is full; it goes on once there is room.

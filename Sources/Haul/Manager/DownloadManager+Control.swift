@@ -72,7 +72,8 @@ extension DownloadManager {
         var record = StoredDownload(
             key: identity.key, url: request.url, directory: identity.directory, destination: identity.destination,
             overwrite: request.overwrite, checksum: request.checksum?.description,
-            rateLimit: request.bytesPerSecondLimit, connections: request.connections, priority: priority.rawValue,
+            rateLimit: request.bytesPerSecondLimit, connections: request.connections, mirrors: request.mirrors,
+            priority: priority.rawValue,
             owner: claim.name, now: now
         )
         Self.refreshFromDisk(&record)
@@ -114,6 +115,7 @@ extension DownloadManager {
         entry.record.checksum = request.checksum?.description
         entry.record.rateLimit = request.bytesPerSecondLimit
         entry.record.connections = request.connections
+        entry.record.mirrorList = request.mirrors
         entry.record.priority = priority.rawValue
         try storeHeaders(request.headers, of: id, db: db)
         markQueued(&entry)

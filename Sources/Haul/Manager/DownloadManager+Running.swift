@@ -163,7 +163,8 @@ extension DownloadManager {
             destination: entry.record.destination.map { .file($0) } ?? .directory(entry.record.directory ?? "."),
             headers: headers, overwrite: entry.record.overwrite,
             checksum: entry.record.checksum.flatMap { try? Checksum(parsing: $0) },
-            bytesPerSecondLimit: entry.record.rateLimit, connections: entry.record.connections, cookies: entry.cookies
+            bytesPerSecondLimit: entry.record.rateLimit, connections: entry.record.connections, cookies: entry.cookies,
+            mirrors: entry.record.mirrorList
         )
     }
 

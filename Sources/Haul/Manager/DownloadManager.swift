@@ -253,7 +253,8 @@ extension DownloadManager {
                 secondsRemaining: state == .running ? secondsRemaining : nil, error: record.storedError,
                 createdAt: Date(timeIntervalSince1970: record.createdAt),
                 finishedAt: record.finishedAt.map { Date(timeIntervalSince1970: $0) }, hook: record.hook,
-                connections: record.connections, openConnections: state == .running ? openConnections : nil
+                connections: record.connections, openConnections: state == .running ? openConnections : nil,
+                mirrors: record.mirrorList
             )
         }
     }

@@ -114,6 +114,10 @@ final class DownloadStore: Sendable {
                 table.add(column: "connections", .integer).check { $0 >= 1 && $0 <= 64 }
             }
         }
+        migrator.registerMigration("5: a download's mirrors") { db in
+            // One URL per line; NULL: none.
+            try db.alter(table: "download") { table in table.add(column: "mirrors", .text) }
+        }
         return migrator
     }
 

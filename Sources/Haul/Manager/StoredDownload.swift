@@ -17,6 +17,8 @@ struct StoredDownload: Codable, Sendable, Equatable, FetchableRecord, MutablePer
     var rateLimit: Int64?
     /// The connections the request asked for; NULL: the manager's default.
     var connections: Int?
+    /// The request's mirrors, one URL per line; NULL: none.
+    var mirrors: String?
     var priority: Int
     /// Changed only by ``move(to:at:error:)``, which allows only the transitions of
     /// ``DownloadState/successors``.
@@ -42,7 +44,7 @@ struct StoredDownload: Codable, Sendable, Equatable, FetchableRecord, MutablePer
     /// A new download's record: queued, owned by `owner`.
     init(
         key: String, url: String, directory: String?, destination: String?, overwrite: Bool, checksum: String?,
-        rateLimit: Int64?, connections: Int? = nil, priority: Int, owner: String?, now: Double
+        rateLimit: Int64?, connections: Int? = nil, mirrors: [String] = [], priority: Int, owner: String?, now: Double
     ) {
         self.key = key
         self.url = url
@@ -52,6 +54,7 @@ struct StoredDownload: Codable, Sendable, Equatable, FetchableRecord, MutablePer
         self.checksum = checksum
         self.rateLimit = rateLimit
         self.connections = connections
+        self.mirrors = mirrors.isEmpty ? nil : mirrors.joined(separator: "\n")
         self.priority = priority
         self.state = .queued
         self.bytes = 0
@@ -70,7 +73,7 @@ struct StoredDownload: Codable, Sendable, Equatable, FetchableRecord, MutablePer
         ("directory", { $0.directory.databaseValue }), ("destination", { $0.destination.databaseValue }),
         ("overwrite", { $0.overwrite.databaseValue }), ("checksum", { $0.checksum.databaseValue }),
         ("rateLimit", { $0.rateLimit.databaseValue }), ("connections", { $0.connections.databaseValue }),
-        ("priority", { $0.priority.databaseValue }),
+        ("mirrors", { $0.mirrors.databaseValue }), ("priority", { $0.priority.databaseValue }),
         ("state", { $0.state.rawValue.databaseValue }), ("errorCode", { $0.errorCode.databaseValue }),
         ("errorMessage", { $0.errorMessage.databaseValue }), ("errorStatus", { $0.errorStatus.databaseValue }),
         ("bytes", { $0.bytes.databaseValue }), ("totalBytes", { $0.totalBytes.databaseValue }),
@@ -95,6 +98,12 @@ struct StoredDownload: Codable, Sendable, Equatable, FetchableRecord, MutablePer
     }
 
     var downloadID: DownloadID { DownloadID(id ?? 0) }
+
+    /// The mirrors as a list (URLs hold no line break: they are checked before they are stored).
+    var mirrorList: [String] {
+        get { mirrors.map { $0.split(separator: "\n").map(String.init) } ?? [] }
+        set { mirrors = newValue.isEmpty ? nil : newValue.joined(separator: "\n") }
+    }
 
     var storedError: HaulError? {
         get {

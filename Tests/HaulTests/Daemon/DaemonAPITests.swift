@@ -256,6 +256,33 @@ struct DaemonAPITests {
         }
     }
 
+    @Test func aDownloadsMirrorsAreTakenKeptAndUsed() async throws {
+        try await withServers(2) { servers in
+            let resource = TestResource(name: "mirrored", size: 4 << 20, fixedEntityTag: "\"first\"")
+            servers[0].add("/m", resource)
+            servers[1].add("/m", TestResource(name: "mirrored", size: 4 << 20, fixedEntityTag: "\"second\""))
+            for server in servers { server.setStandingFaults("/m", [.throttle(bytesPerSecond: 4 << 20)]) }
+            let checksum = Checksum(algorithm: .sha256, digest: resource.sha256(0..<resource.size))
+            try await withDaemon { daemon in
+                let answer = try await daemon.send(
+                    .POST, "/api/v1/downloads",
+                    json:
+                        #"{"downloads": [{"url": "\#(servers[0].url("/m"))", "mirrors": ["\#(servers[1].url("/m"))"], "checksum": "\#(checksum)", "connections": 2}]}"#
+                )
+                #expect(answer.status == 201, "\(answer.body)")
+                let id = try #require(try answer.json(DownloadListAnswer.self).downloads.first?.id)
+                let done = try await daemon.waitFor(id, "completed")
+                #expect(done.mirrors == [servers[1].url("/m")])
+                #expect(try readFile(daemon.root + "/m") == resource.content)
+                #expect(servers[0].bodyBytesSent > 0 && servers[1].bodyBytesSent > 0)
+                let refused = try await daemon.send(
+                    .POST, "/api/v1/downloads",
+                    json: #"{"downloads": [{"url": "\#(servers[0].url("/x"))", "mirrors": ["ftp://127.0.0.1/x"]}]}"#)
+                #expect(refused.status == 400 && refused.errorCode == "unsupportedScheme", "\(refused.body)")
+            }
+        }
+    }
+
     @Test func optionsAreReadAndChanged() async throws {
         try await withDaemon { daemon in
             let start = try await daemon.send(.GET, "/api/v1/options")

@@ -134,6 +134,7 @@ struct DownloadAnswer: Decodable, Sendable {
     let error: Failure?
     let hook: String?
     let connections: Int?
+    let mirrors: [String]?
     let openConnections: Int?
 }
 
