@@ -280,6 +280,7 @@ extension HaulTestServer {
                 case .literal(let bytes):
                     buffer.writeBytes(bytes[Int(position)..<Int(position + count)])
                 }
+                if let due = reserveBandwidth(count) { try await Task.sleep(until: due) }
                 try await write(.body(.byteBuffer(buffer)))
                 position += count
                 sent += count

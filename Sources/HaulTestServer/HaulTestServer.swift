@@ -46,6 +46,10 @@ public final class HaulTestServer: Sendable {
         var connectionsAccepted = 0
         /// Body bytes written in answer to each request, indexed like `requests`.
         var bodyBytesSent: [Int64] = []
+        /// The most body bytes per second the whole server sends, over all its connections.
+        var bandwidth: Int?
+        /// When the bandwidth is free again for the next chunk.
+        var bandwidthFree: ContinuousClock.Instant?
     }
 
     /// How clients reach the server.
@@ -218,6 +222,27 @@ public final class HaulTestServer: Sendable {
     // MARK: Observations
 
     public var requests: [RecordedRequest] { state.withLock { $0.requests } }
+
+    /// Limits the body bytes per second the whole server sends, shared by all its connections, like
+    /// a mirror's uplink (`nil`: no limit). ``Fault/throttle(bytesPerSecond:)`` limits one answer.
+    public func limitBandwidth(bytesPerSecond: Int?) {
+        state.withLock { state in
+            state.bandwidth = bytesPerSecond
+            state.bandwidthFree = nil
+        }
+    }
+
+    /// Reserves the server's bandwidth for a chunk of `bytes`: returns when the chunk may leave.
+    func reserveBandwidth(_ bytes: Int64) -> ContinuousClock.Instant? {
+        state.withLock { state in
+            guard let rate = state.bandwidth, rate > 0 else { return nil }
+            let now = ContinuousClock.now
+            let start = max(now, state.bandwidthFree ?? now)
+            let end = start + .seconds(Double(bytes) / Double(rate))
+            state.bandwidthFree = end
+            return end
+        }
+    }
 
     public func requests(for path: String) -> [RecordedRequest] { requests.filter { $0.path == path } }
 

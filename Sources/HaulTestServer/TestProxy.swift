@@ -2,10 +2,10 @@ import NIOCore
 import NIOPosix
 import Synchronization
 
-/// An in-process proxy on 127.0.0.1 for tests: an HTTP proxy (`CONNECT` tunnels, which Haul's HTTP
-/// client uses for http and https targets alike) or a SOCKS5 proxy. It records what each client asked for, so a test
-/// can check that requests went through it, with which credentials, and whether names were resolved
-/// by the client or by the proxy.
+/// An in-process proxy on 127.0.0.1 for tests: an HTTP proxy (`CONNECT` tunnels, and requests for
+/// `http://` URLs forwarded with a `Via` header) or a SOCKS5 proxy. It records what each client asked
+/// for, so a test can check that requests went through it, with which credentials, and whether names
+/// were resolved by the client or by the proxy.
 public final class TestProxy: Sendable {
     /// What the proxy speaks.
     public enum Kind: Sendable {
@@ -14,9 +14,9 @@ public final class TestProxy: Sendable {
 
     /// One request a client made of the proxy.
     public struct Seen: Sendable {
-        /// `CONNECT` (another method is answered 501), or `SOCKS`.
+        /// `CONNECT`, `GET` (a request forwarded to its absolute URL), or `SOCKS`.
         public let method: String
-        /// `host:port` the client asked for.
+        /// `host:port` the client asked for, or the absolute URL of a forwarded request.
         public let target: String
         /// For SOCKS: `domain` when the client sent a name (the proxy resolves it), `ipv4` or `ipv6`.
         public let addressType: String?
@@ -115,8 +115,8 @@ public final class TestProxy: Sendable {
         seenRequests.withLock {
             $0.append(Seen(method: method, target: target, addressType: nil, headers: headers))
         }
-        // Haul's HTTP client tunnels every request, http ones too: this proxy only tunnels.
-        guard method == "CONNECT" else {
+        let forwarded = method == "GET" && target.hasPrefix("http://")
+        guard method == "CONNECT" || forwarded else {
             try await outbound.write(ByteBuffer(string: "HTTP/1.1 501 Not Implemented\r\nContent-Length: 0\r\n\r\n"))
             return
         }
@@ -130,12 +130,42 @@ public final class TestProxy: Sendable {
                         + "Content-Length: 0\r\nConnection: close\r\n\r\n"))
             return
         }
+        if forwarded {
+            try await forward(target, headers, &reader, outbound)
+            return
+        }
         guard let origin = try? await Self.connect(target) else {
             try await outbound.write(ByteBuffer(string: "HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n\r\n"))
             return
         }
         try await origin.executeThenClose { originInbound, originOutbound in
             try await outbound.write(ByteBuffer(string: "HTTP/1.1 200 Connection established\r\n\r\n"))
+            try await Self.relay(&reader, outbound, originInbound, originOutbound)
+        }
+    }
+
+    /// Sends a request for an absolute `http://` URL on to its origin, in origin form, without the
+    /// proxy's own headers and with `Via: 1.1 haul-test-proxy`, then relays the answer.
+    private func forward(
+        _ target: String, _ headers: [(name: String, value: String)], _ reader: inout ByteReader,
+        _ outbound: NIOAsyncChannelOutboundWriter<ByteBuffer>
+    ) async throws {
+        let rest = target.dropFirst("http://".count)
+        let authority = rest.prefix { $0 != "/" && $0 != "?" }
+        var path = String(rest.dropFirst(authority.count))
+        if path.isEmpty || path.hasPrefix("?") { path = "/" + path }
+        let hostPort = authority.contains(":") ? String(authority) : authority + ":80"
+        guard let origin = try? await Self.connect(hostPort) else {
+            try await outbound.write(ByteBuffer(string: "HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n\r\n"))
+            return
+        }
+        var head = "GET \(path) HTTP/1.1\r\n"
+        for header in headers where !header.name.lowercased().hasPrefix("proxy-") {
+            head += "\(header.name): \(header.value)\r\n"
+        }
+        head += "Via: 1.1 haul-test-proxy\r\n\r\n"
+        try await origin.executeThenClose { originInbound, originOutbound in
+            try await originOutbound.write(ByteBuffer(string: head))
             try await Self.relay(&reader, outbound, originInbound, originOutbound)
         }
     }

@@ -14,8 +14,8 @@
 
 /// A proxy server, as curl names them: `http://[USER:PASSWORD@]HOST[:PORT]` (port 1080 by default, as
 /// curl's), `socks5h://HOST[:PORT]` (the proxy resolves host names) or `socks5://HOST[:PORT]`.
-/// Requests go through an HTTP proxy in a `CONNECT` tunnel, for http targets too (curl forwards
-/// those instead): the proxy must allow `CONNECT` to the targets' ports.
+/// Through an HTTP proxy, https requests go in a `CONNECT` tunnel (the server's certificate is
+/// checked as without a proxy) and http requests are forwarded to their absolute URL, as curl does.
 ///
 /// Credentials in a proxy's URL go to the proxy only (`Proxy-Authorization`), never to a server,
 /// and are never stored or shown: ``description`` leaves them out.

@@ -53,10 +53,14 @@ struct ProxyTests {
                     let identical = try readFile(directory + "/t") == resource.content
                     #expect(identical)
                     let seen = try #require(proxy.seen.first)
-                    // The HTTP client tunnels http targets through CONNECT too (curl forwards them).
-                    #expect(seen.method == "CONNECT" && seen.target == "127.0.0.1:\(server.port)", "\(seen.method)")
+                    // An http target is forwarded, as curl forwards it: the proxy gets the absolute URL.
+                    #expect(
+                        seen.method == "GET" && seen.target == server.url("/through"), "\(seen.method) \(seen.target)")
                     #expect(seen.header("proxy-authorization") == authorization)
-                    #expect(server.requests(for: "/through").allSatisfy { $0.header("proxy-authorization") == nil })
+                    // The origin got the request from the proxy, without the proxy's credentials.
+                    let origin = server.requests(for: "/through")
+                    #expect(!origin.isEmpty && origin.allSatisfy { $0.header("via") == "1.1 haul-test-proxy" })
+                    #expect(origin.allSatisfy { $0.header("proxy-authorization") == nil })
                     // Wrong credentials: one clear failure, not retries.
                     configuration.proxy.http = try Proxy(parsing: "http://proxy-user:wrong@127.0.0.1:\(proxy.port)")
                     let refused = await expectHaulError(.httpStatus) {
@@ -127,6 +131,34 @@ struct ProxyTests {
                     #expect(resume.header("range") == "bytes=\(stored.segments.first?.written ?? -1)-")
                     #expect(resume.header("if-range") == resource.entityTagValue)
                     #expect(proxy.seen.count == server.requests(for: "/resumed").count, "every request went through it")
+                    // The proxy saw the resume's Range and If-Range on their way.
+                    let forwarded = try #require(proxy.seen.last)
+                    #expect(forwarded.header("range") == resume.header("range"))
+                    #expect(forwarded.header("if-range") == resource.entityTagValue)
+                }
+            }
+        }
+    }
+
+    @Test func aDownloadInRangesIsForwardedRequestByRequest() async throws {
+        try await HaulTestServer.withRunning { server in
+            try await TestProxy.withRunning(.http) { proxy in
+                try await withTemporaryDirectory { directory in
+                    let resource = TestResource(name: "ranges", size: 3 << 20)
+                    server.add("/ranges", resource)
+                    server.setStandingFaults("/ranges", [.throttle(bytesPerSecond: 3 << 20)])
+                    var configuration = segmentedConfiguration(connections: 3)
+                    configuration.proxy.http = try Proxy(parsing: proxy.url)
+                    try await withDownloader(configuration) { downloader in
+                        try await downloader.download(
+                            DownloadRequest(url: server.url("/ranges"), destination: .file(directory + "/r")))
+                    }
+                    let identical = try readFile(directory + "/r") == resource.content
+                    #expect(identical)
+                    let ranges = proxy.seen.compactMap { $0.header("range") }
+                    #expect(ranges.count >= 3, "\(ranges)")
+                    #expect(proxy.seen.allSatisfy { $0.method == "GET" && $0.target == server.url("/ranges") })
+                    #expect(server.requests(for: "/ranges").allSatisfy { $0.header("via") != nil })
                 }
             }
         }

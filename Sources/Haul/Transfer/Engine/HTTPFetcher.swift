@@ -33,9 +33,13 @@ struct HTTPFetcher: Sendable {
     }
 
     /// Sends `ask` on connection `connection` to source `source` (0: the request's URL, then its
-    /// mirrors); returns the final (non-redirect) answer and its URL. Credentials the caller gave go
-    /// to the request URL's origin only: a mirror elsewhere gets none.
-    func fetch(_ ask: RangeAsk, connection: Int, source: Int = 0) async throws -> (HTTPClientResponse, DownloadURL) {
+    /// mirrors) and gives `consume` the final (non-redirect) answer and its URL; returns what
+    /// `consume` returns. Credentials the caller gave go to the request URL's origin only: a mirror
+    /// elsewhere gets none.
+    func fetch<Result>(
+        _ ask: RangeAsk, connection: Int, source: Int = 0,
+        _ consume: (HTTPClientResponse, DownloadURL) async -> Result
+    ) async throws -> Result {
         var current = sources.indices.contains(source) ? sources[source] : url
         var headers = request.headers.map { ($0.name, $0.value) }
         if current.origin != url.origin {
@@ -49,8 +53,6 @@ struct HTTPFetcher: Sendable {
         var visited: Set<String> = [current.string]
         let redirects = configuration.redirects
         for _ in 0...redirects.maximum {
-            // Each request goes the way its URL's scheme and host say: a redirect may leave a proxy.
-            let client = try clients.lanes(through: configuration.proxy.proxy(for: current.url)).client(for: connection)
             var outgoing = HTTPClientRequest(url: current.string)
             outgoing.method = .GET
             for (name, value) in headers { outgoing.headers.add(name: name, value: value) }
@@ -61,18 +63,19 @@ struct HTTPFetcher: Sendable {
                 let given = outgoing.headers.first(name: "cookie")
                 outgoing.headers.replaceOrAdd(name: "Cookie", value: given.map { $0 + "; " + cookies } ?? cookies)
             }
-            let response: HTTPClientResponse
-            do {
-                response = try await client.execute(outgoing, deadline: .distantFuture)
-            } catch {
-                throw FetchFailure(error: error, url: current)
+            let from = current
+            let hop: Hop<Result> = try await exchange(outgoing, to: current, connection: connection) { response in
+                request.cookies?.store(setCookie: response.headers["set-cookie"], from: from.url, now: now)
+                guard [301, 302, 303, 307, 308].contains(response.status.code),
+                    let location = response.headers.first(name: "location")
+                else { return .answer(await consume(response, from)) }
+                _ = try? await response.body.collect(upTo: 64 * 1024)
+                return .redirect(location)
             }
-            request.cookies?.store(setCookie: response.headers["set-cookie"], from: current.url, now: now)
-            guard [301, 302, 303, 307, 308].contains(response.status.code),
-                let location = response.headers.first(name: "location")
-            else { return (response, current) }
-            _ = try? await response.body.collect(upTo: 64 * 1024)
-
+            guard case .redirect(let location) = hop else {
+                if case .answer(let result) = hop { return result }
+                continue
+            }
             let next: DownloadURL
             (next, headers) = try RedirectPolicy.follow(
                 location: location, from: current, headers: headers, allowHTTPSToHTTP: redirects.allowHTTPSToHTTP
@@ -84,6 +87,35 @@ struct HTTPFetcher: Sendable {
             current = next
         }
         throw HaulError(.redirectRefused, "more than \(redirects.maximum) redirects from \(url.string)")
+    }
+
+    /// What one request of a chain of redirects came to.
+    private enum Hop<Result> {
+        case answer(Result)
+        case redirect(String)
+    }
+
+    /// Sends one request the way its URL's scheme and host say (a redirect may leave a proxy): a
+    /// plain-http one through an HTTP proxy is forwarded, every other one goes through the HTTP
+    /// client of connection `connection` for that way out. `handle` reads the answer.
+    private func exchange<Result>(
+        _ outgoing: HTTPClientRequest, to url: DownloadURL, connection: Int,
+        _ handle: (HTTPClientResponse) async -> Result
+    ) async throws -> Result {
+        let proxy = configuration.proxy.proxy(for: url.url)
+        do {
+            if let proxy, proxy.kind == .http, !url.isHTTPS {
+                return try await ProxyForwarding.execute(
+                    outgoing, url: url, through: proxy, connectTimeout: configuration.timeouts.connect, handle)
+            }
+            let client = try clients.lanes(through: proxy).client(for: connection)
+            let response = try await client.execute(outgoing, deadline: .distantFuture)
+            return await handle(response)
+        } catch let error as HaulError {
+            throw error
+        } catch {
+            throw FetchFailure(error: error, url: url)
+        }
     }
 
     /// What a failure of a request or of its body means for the transfer.

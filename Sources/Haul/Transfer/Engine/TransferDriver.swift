@@ -264,18 +264,20 @@ final class TransferDriver {
         tasks[request] = Task {
             let end: ConnectionEnd
             do {
-                let (response, finalURL) = try await fetcher.fetch(ask, connection: connection, source: request.source)
-                let reply = Reply<Verdict>()
-                let head = ResponseHead(
-                    status: Int(response.status.code), headers: response.headers, finalURL: finalURL.string,
-                    date: Int64(Date().timeIntervalSince1970))
-                post.yield(.answer(request, head, reply))
-                switch await reply.wait() {
-                case .drop:
-                    _ = try? await response.body.collect(upTo: 64 * 1024)
-                    end = .dropped
-                case .receive(let plan, let receiver):
-                    end = await receiver.receive(response.body, plan: plan)
+                end = try await fetcher.fetch(ask, connection: connection, source: request.source) {
+                    response, finalURL in
+                    let reply = Reply<Verdict>()
+                    let head = ResponseHead(
+                        status: Int(response.status.code), headers: response.headers, finalURL: finalURL.string,
+                        date: Int64(Date().timeIntervalSince1970))
+                    post.yield(.answer(request, head, reply))
+                    switch await reply.wait() {
+                    case .drop:
+                        _ = try? await response.body.collect(upTo: 64 * 1024)
+                        return .dropped
+                    case .receive(let plan, let receiver):
+                        return await receiver.receive(response.body, plan: plan)
+                    }
                 }
             } catch {
                 end = .failed(fetcher.failure(error))
