@@ -24,8 +24,7 @@ public struct Proxy: Sendable, Hashable, CustomStringConvertible {
     public enum Kind: String, Sendable {
         /// An HTTP proxy.
         case http
-        /// A SOCKS5 proxy. Haul hands it host names to resolve, as for ``socks5h``: the HTTP client
-        /// it uses has no local resolution before SOCKS.
+        /// A SOCKS5 proxy given addresses: Haul resolves host names itself, as curl does.
         case socks5
         /// A SOCKS5 proxy that resolves host names itself.
         case socks5h

@@ -188,6 +188,40 @@ struct ProxyTests {
         }
     }
 
+    @Test func aSocks5ProxyIsGivenTheAddressHaulResolvedAndTheCertificateIsCheckedForTheName() async throws {
+        try await HaulTestServer.withRunning(transport: .tls) { server in
+            try await TestProxy.withRunning(.socks5) { proxy in
+                try await withTemporaryDirectory { directory in
+                    let resource = TestResource(name: "local", size: 200_000)
+                    server.add("/local", resource)
+                    var configuration = try trustingTestServer(testConfiguration(retries: 0), in: directory)
+                    // socks5:// (not socks5h://): names are resolved here, as curl does.
+                    configuration.proxy.https = try Proxy(parsing: "socks5://127.0.0.1:\(proxy.port)")
+                    try await withDownloader(configuration) { downloader in
+                        try await downloader.download(
+                            DownloadRequest(
+                                url: server.url("/local", host: "localhost"), destination: .file(directory + "/l")))
+                    }
+                    let identical = try readFile(directory + "/l") == resource.content
+                    #expect(identical)
+                    let seen = try #require(proxy.seen.last)
+                    #expect(seen.addressType == "ipv4" && seen.target == "127.0.0.1:\(server.port)", "\(seen)")
+                    // A name that does not resolve fails at once, naming it, before the proxy is asked.
+                    let before = proxy.seen.count
+                    let unknown = await expectHaulError(.network) {
+                        try await withDownloader(configuration) { downloader in
+                            try await downloader.download(
+                                DownloadRequest(
+                                    url: "https://no-such-host.invalid/x", destination: .file(directory + "/u")))
+                        }
+                    }
+                    #expect(unknown?.message.contains("cannot resolve no-such-host.invalid") == true)
+                    #expect(proxy.seen.count == before)
+                }
+            }
+        }
+    }
+
     @Test func noProxyHostsAreReachedDirectly() async throws {
         try await HaulTestServer.withRunning { server in
             try await TestProxy.withRunning(.http) { proxy in

@@ -1,6 +1,12 @@
 import AsyncHTTPClient
 import Synchronization
 
+#if canImport(FoundationEssentials)
+    import FoundationEssentials
+#else
+    import Foundation
+#endif
+
 /// One HTTP client per connection of a download, so that `N` connections are `N` transport
 /// connections whatever the protocol: over HTTP/2 the requests given to one client share one TCP
 /// connection, so the ranges of a download would otherwise share one congestion window and one path.
@@ -58,11 +64,21 @@ final class ConnectionLanes: Sendable {
 }
 
 /// The connection lanes of each way out: directly, or through each proxy a download's requests
-/// take (see ``ProxySettings``); made when first needed.
+/// take (see ``ProxySettings``); made when first needed. A `socks5://` proxy is given addresses,
+/// not names (as curl's): its lanes are per host, their client told the address Haul resolved for
+/// it, and the server's certificate is still checked against the host's name.
 final class ProxiedLanes: Sendable {
+    /// One way out: a proxy (`nil`: directly), and for a `socks5://` proxy the host and the address
+    /// resolved for it.
+    private struct Route: Hashable {
+        var proxy: Proxy?
+        var host: String?
+        var address: String?
+    }
+
     private let count: Int
     private let configuration: HTTPClient.Configuration
-    private let lanes: Mutex<(byProxy: [Proxy?: ConnectionLanes], shutDown: Bool)> = Mutex(([:], false))
+    private let lanes: Mutex<(byRoute: [Route: ConnectionLanes], shutDown: Bool)> = Mutex(([:], false))
 
     init(count: Int, configuration: HTTPClient.Configuration) {
         self.count = count
@@ -71,15 +87,34 @@ final class ProxiedLanes: Sendable {
 
     /// The lanes for requests through `proxy` (`nil`: directly).
     func lanes(through proxy: Proxy?) -> ConnectionLanes {
+        lanes(for: Route(proxy: proxy))
+    }
+
+    /// The lanes for requests to `url` through `proxy` (`nil`: directly): for a `socks5://` proxy,
+    /// the host's name is resolved here first (the proxy is given its address).
+    func lanes(to url: URL, through proxy: Proxy?) async throws -> ConnectionLanes {
+        guard let proxy, proxy.kind == .socks5, let host = url.host, IPAddress(host) == nil,
+            !host.hasPrefix("[")
+        else { return lanes(through: proxy) }
+        if let known = lanes.withLock({ lanes in lanes.byRoute.first { $0.key.proxy == proxy && $0.key.host == host } })
+        {
+            return known.value
+        }
+        let address = try await HostResolution.address(of: host)
+        return lanes(for: Route(proxy: proxy, host: host, address: address))
+    }
+
+    private func lanes(for route: Route) -> ConnectionLanes {
         lanes.withLock { lanes in
-            if let existing = lanes.byProxy[proxy] { return existing }
+            if let existing = lanes.byRoute[route] { return existing }
             var proxied = self.configuration
-            proxied.proxy = proxy.map(Self.clientProxy)
+            proxied.proxy = route.proxy.map(Self.clientProxy)
+            if let host = route.host, let address = route.address { proxied.dnsOverride = [host: address] }
             let configuration = proxied
             let made = ConnectionLanes(count: count, shutDown: lanes.shutDown) {
                 HTTPClient(eventLoopGroupProvider: .singleton, configuration: configuration)
             }
-            lanes.byProxy[proxy] = made
+            lanes.byRoute[route] = made
             return made
         }
     }
@@ -89,7 +124,7 @@ final class ProxiedLanes: Sendable {
         var failure: (any Error)?
         let all = lanes.withLock { lanes in
             lanes.shutDown = true
-            return Array(lanes.byProxy.values)
+            return Array(lanes.byRoute.values)
         }
         for lane in all {
             do { try await lane.shutdown() } catch { failure = failure ?? error }

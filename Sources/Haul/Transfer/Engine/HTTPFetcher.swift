@@ -108,7 +108,7 @@ struct HTTPFetcher: Sendable {
                 return try await ProxyForwarding.execute(
                     outgoing, url: url, through: proxy, connectTimeout: configuration.timeouts.connect, handle)
             }
-            let client = try clients.lanes(through: proxy).client(for: connection)
+            let client = try await clients.lanes(to: url.url, through: proxy).client(for: connection)
             let response = try await client.execute(outgoing, deadline: .distantFuture)
             return await handle(response)
         } catch let error as HaulError {
@@ -130,6 +130,9 @@ struct HTTPFetcher: Sendable {
             if cause is CancellationError { return .cancelled }
         }
         let host = url.url.host ?? url.string
+        if let unresolved = cause as? HostResolution.Failure {
+            return .retryable(HaulError(.network, unresolved.message, underlying: cause), retryAfter: nil)
+        }
         if let clientError = cause as? HTTPClientError {
             switch clientError {
             case .readTimeout:
