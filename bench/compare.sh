@@ -27,13 +27,7 @@ esac
 runs="${RUNS:-3}"
 bench_install
 command -v bc >/dev/null || { apt-get update -qq; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bc; }
-# HAUL_BIN runs another build of haul (an earlier version, say) through the same script.
-if [ -n "${HAUL_BIN:-}" ]; then
-    HAUL="$HAUL_BIN"
-else
-    (cd "$ROOT_DIR" && swift build -c release --product haul >/dev/null 2>&1) || { echo "the release build failed"; exit 1; }
-    HAUL="$ROOT_DIR/.build/release/haul"
-fi
+bench_haul
 out="$DATA_DIR/out"
 state="$DATA_DIR/haul-state"
 mkdir -p "$out"

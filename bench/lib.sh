@@ -26,6 +26,18 @@ bench_install() {
     fi
 }
 
+# Sets HAUL to the haul to measure: $HAUL_BIN (another build, an earlier version say), else this
+# checkout's release build, built here.
+bench_haul() {
+    if [ -n "${HAUL_BIN:-}" ]; then
+        HAUL="$HAUL_BIN"
+    else
+        (cd "$ROOT_DIR" && swift build -c release --product haul >/dev/null 2>&1) \
+            || { echo "the release build failed"; exit 1; }
+        HAUL="$ROOT_DIR/.build/release/haul"
+    fi
+}
+
 # bench_file NAME SIZE_MIB: a file of random bytes under $DATA_DIR/www, made once.
 bench_file() {
     local path="$DATA_DIR/www/$1"

@@ -20,12 +20,7 @@ command -v bc >/dev/null || { apt-get update -qq; DEBIAN_FRONTEND=noninteractive
 (cd "$ROOT_DIR" && swift build -c release --product haul-test-server >/dev/null 2>&1) \
     || { echo "the release build of haul-test-server failed"; exit 1; }
 SERVER="$ROOT_DIR/.build/release/haul-test-server"
-if [ -n "${HAUL_BIN:-}" ]; then
-    HAUL="$HAUL_BIN"
-else
-    (cd "$ROOT_DIR" && swift build -c release --product haul >/dev/null 2>&1) || { echo "the release build failed"; exit 1; }
-    HAUL="$ROOT_DIR/.build/release/haul"
-fi
+bench_haul
 out="$DATA_DIR/mirrors"
 state="$DATA_DIR/mirrors-state"
 rm -rf "$out" "$state"

@@ -47,6 +47,9 @@ package struct Manifest: Codable, Equatable, Sendable {
     package var originalURL: String
     /// The URL the bytes came from after redirects.
     package var finalURL: String
+    /// The mirror the bytes came from, when the request's mirrors are used one after another and
+    /// the file comes from one of them (`nil`: the URL asked for, or several mixed).
+    package var source: String?
     package var validator: ResourceValidator
     /// The complete length, when the server announced it.
     package var totalLength: Int64?

@@ -257,6 +257,7 @@ func describe(_ actions: [TransferAction]) -> [String] {
             "prepare file\(preparation.startsOver ? " fresh" : "")\(preparation.storesLayout ? " layout" : "")"
         case .checkpoint(let checkpoint): checkpoint.durable ? "checkpoint durable" : "checkpoint"
         case .cut(let offset): "cut \(offset)"
+        case .forgetHashes(let offset): "forget hashes \(offset)"
         case .discard: "discard"
         case .verify: "verify"
         case .finish: "finish"

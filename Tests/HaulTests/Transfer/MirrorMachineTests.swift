@@ -9,12 +9,18 @@ struct MirrorMachineTests {
     typealias Harness = MachineHarness
     static let mirrors = ["http://m1/f", "http://m2/f"]
 
-    /// A fresh download of `Harness.url` with two mirrors and three connections, its first request out.
-    static func probing(checksum: Bool) -> Harness {
+    /// A download of `Harness.url` with two mirrors and three connections, not started.
+    static func created(checksum: Bool) -> Harness {
         var harness = Harness(connections: 3) { $0.checksumGiven = checksum }
         harness.machine = TransferMachine(
             settings: harness.machine.settings, url: Harness.url, mirrors: mirrors, bootID: Harness.boot, now: .zero,
             seed: 7)
+        return harness
+    }
+
+    /// A fresh download of `Harness.url` with two mirrors and three connections, its first request out.
+    static func probing(checksum: Bool) -> Harness {
+        var harness = created(checksum: checksum)
         harness.handle(.start(.nothing))
         return harness
     }
@@ -75,6 +81,69 @@ struct MirrorMachineTests {
             }
         }
         #expect(harness.machine.connections[2].state != .retired)
+    }
+
+    @Test func aServerThatDeliversOnOneConnectionIsNotLeftForTheFailuresOfAnother() throws {
+        // Mirrors used in turn; the origin serves connection 0 and refuses the others' ranges, as a
+        // host allowing one connection per client does.
+        var harness = Self.probing(checksum: false)
+        harness.answer(0, Harness.partial(0, Harness.total - 1))
+        harness.wrote(0, segment: 0, upTo: 65_536)
+        for _ in 0..<10 {
+            for connection in 1...2 where harness.machine.connections[connection].isBusy {
+                harness.answer(connection, Harness.status(503))
+            }
+            harness.wrote(0, segment: 0, upTo: harness.machine.table!.segments[0].position + 65_536)
+            harness.advance(.seconds(10))
+            harness.handle(.timer)
+        }
+        #expect(harness.machine.connections[1].state == .retired && harness.machine.connections[2].state == .retired)
+        #expect(harness.machine.origin == 0 && harness.machine.sources.allSatisfy(\.isActive))
+        #expect(harness.machine.phase == .transferring)
+    }
+
+    @Test func aStoredDownloadFromAMirrorResumesFromThatMirror() throws {
+        var harness = Self.created(checksum: false)
+        var stored = Harness.storedManifest(written: 1 << 20)
+        stored.source = Self.mirrors[1]
+        harness.handle(.start(.stored(stored, partialSize: 1 << 20)))
+        let actions = harness.handle(.storedDataChecked(StoredData(segments: stored.segments, pieces: [])))
+        let sends = Self.sends(actions)
+        #expect(harness.machine.origin == 2)
+        #expect(sends.count == 1 && sends[0].tag.source == 2 && sends[0].ask.ifRange == Harness.etag)
+    }
+
+    @Test func aFileThatFailsItsChecksumHasTheMirrorsBytesFetchedAgainUnlessItPauses() throws {
+        for pausing in [false, true] {
+            var harness = Self.probing(checksum: true)
+            harness.answer(0, Harness.partial(0, Harness.total - 1))
+            harness.wrote(0, segment: 0, upTo: harness.machine.table!.segments[0].end)
+            for connection in 1...2 {
+                let range = harness.machine.table!.segments[connection]
+                harness.answer(connection, Harness.partial(range.start, range.end - 1))
+                harness.handle(
+                    .wrote(
+                        RequestTag(
+                            connection: connection, serial: harness.machine.connections[connection].serial,
+                            source: connection), segment: connection, upTo: range.end, pieces: [:]))
+            }
+            harness.endBusyConnections()
+            #expect(harness.machine.phase == .verifying)
+            if pausing { harness.handle(.cancel) }
+            let actions = harness.handle(.verified(.checksumMismatch(HaulError(.checksumMismatch, "mismatch"))))
+            let segments = harness.machine.table!.segments
+            // What the mirrors wrote is forgotten, the hash of the file's first bytes from there too.
+            #expect(segments[1].written == 0 && segments[2].written == 0 && segments[0].isComplete)
+            #expect(describe(actions).contains("forget hashes \(segments[1].start)"))
+            #expect(harness.machine.sources[1].dropped != nil && harness.machine.sources[2].dropped != nil)
+            if pausing {
+                #expect(harness.machine.phase == .pausing && Self.sends(actions).isEmpty)
+            } else {
+                #expect(harness.machine.phase == .transferring)
+                let sources = Self.sends(actions).map(\.tag.source)
+                #expect(sources.count >= 2 && sources.allSatisfy { $0 == 0 }, "\(sources)")
+            }
+        }
     }
 
     @Test func withoutProofTheMirrorsAreNotMixedAndTheNextServesTheFileFromByteZero() throws {

@@ -50,6 +50,23 @@ private func droppedURLs(_ log: EventLog) -> [String] {
     mirrorReports(log).compactMap { if case .dropped(let url, _) = $0 { url } else { nil } }
 }
 
+/// Downloads `/file` of the first server, with the same path on the others as mirrors, into
+/// `directory` over as many connections as servers; returns the events, the file's bytes and the result.
+private func downloadMirrored(
+    _ servers: [HaulTestServer], into directory: String, checksum: Checksum? = nil,
+    _ change: (inout DownloadRequest) -> Void = { _ in }
+) async throws -> (log: EventLog, bytes: [UInt8], result: DownloadResult) {
+    let log = EventLog()
+    let destination = directory + "/file"
+    var request = DownloadRequest(url: servers[0].url("/file"), destination: .file(destination), checksum: checksum)
+    request.mirrors = servers.dropFirst().map { $0.url("/file") }
+    change(&request)
+    let result = try await withDownloader(segmentedConfiguration(connections: servers.count)) { downloader in
+        try await downloader.download(request, observing: log.record)
+    }
+    return (log, try readFile(destination), result)
+}
+
 @Suite("Mirrors: one file from several URLs", .timeLimit(.minutes(2)))
 struct MirrorTests {
     @Test("with a checksum the ranges are spread over every mirror, each asked with its own validator")
@@ -57,15 +74,9 @@ struct MirrorTests {
         try await withServers(3) { servers in
             try await withTemporaryDirectory { directory in
                 let resource = serveMirrored(servers)
-                let log = EventLog()
-                let destination = directory + "/file"
-                var request = DownloadRequest(
-                    url: servers[0].url("/file"), destination: .file(destination), checksum: try sha256(resource))
-                request.mirrors = [servers[1].url("/file"), servers[2].url("/file")]
-                try await withDownloader(segmentedConfiguration(connections: 3)) { downloader in
-                    try await downloader.download(request, observing: log.record)
-                }
-                #expect(try readFile(destination) == resource.content)
+                let (log, bytes, _) = try await downloadMirrored(
+                    servers, into: directory, checksum: try sha256(resource))
+                #expect(bytes == resource.content)
                 guard case .mixed = mirrorReports(log).first else {
                     Issue.record("expected the mirrors mixed, got \(mirrorReports(log))")
                     return
@@ -91,14 +102,8 @@ struct MirrorTests {
         try await withServers(3) { servers in
             try await withTemporaryDirectory { directory in
                 let resource = serveMirrored(servers) { _, resource in resource.reprDigest = true }
-                let log = EventLog()
-                let destination = directory + "/file"
-                var request = DownloadRequest(url: servers[0].url("/file"), destination: .file(destination))
-                request.mirrors = [servers[1].url("/file"), servers[2].url("/file")]
-                try await withDownloader(segmentedConfiguration(connections: 3)) { downloader in
-                    try await downloader.download(request, observing: log.record)
-                }
-                #expect(try readFile(destination) == resource.content)
+                let (log, bytes, _) = try await downloadMirrored(servers, into: directory)
+                #expect(bytes == resource.content)
                 guard case .mixed = mirrorReports(log).first else {
                     Issue.record("expected the mirrors mixed, got \(mirrorReports(log))")
                     return
@@ -113,14 +118,8 @@ struct MirrorTests {
         try await withServers(3) { servers in
             try await withTemporaryDirectory { directory in
                 let resource = serveMirrored(servers)
-                let log = EventLog()
-                let destination = directory + "/file"
-                var request = DownloadRequest(url: servers[0].url("/file"), destination: .file(destination))
-                request.mirrors = [servers[1].url("/file"), servers[2].url("/file")]
-                try await withDownloader(segmentedConfiguration(connections: 3)) { downloader in
-                    try await downloader.download(request, observing: log.record)
-                }
-                #expect(try readFile(destination) == resource.content)
+                let (log, bytes, _) = try await downloadMirrored(servers, into: directory)
+                #expect(bytes == resource.content)
                 #expect(mirrorReports(log).count == 1)
                 guard case .inTurn(let reason) = mirrorReports(log).first else {
                     Issue.record("expected the mirrors used in turn, got \(mirrorReports(log))")
@@ -143,14 +142,8 @@ struct MirrorTests {
                 servers[0].script("/file", [[.closeAfter(bytes: 700_000)]] + Array(repeating: [.status(404)], count: 8))
                 let good = TestResource(name: "mirrored", size: size)
                 servers[1].add("/file", good)
-                let log = EventLog()
-                let destination = directory + "/file"
-                var request = DownloadRequest(url: servers[0].url("/file"), destination: .file(destination))
-                request.mirrors = [servers[1].url("/file")]
-                try await withDownloader(segmentedConfiguration(connections: 2)) { downloader in
-                    try await downloader.download(request, observing: log.record)
-                }
-                #expect(try readFile(destination) == good.content)
+                let (log, bytes, _) = try await downloadMirrored(servers, into: directory)
+                #expect(bytes == good.content)
                 #expect(log.restartKinds == ["mirrorFallback"])
                 #expect(droppedURLs(log) == [servers[0].url("/file")])
                 // The second server's first request asked for the file from byte 0.
@@ -169,15 +162,9 @@ struct MirrorTests {
                 // The third breaks off its first answer part-way, then answers 503 to every request.
                 servers[2].script(
                     "/file", [[.closeAfter(bytes: 200_000)]] + Array(repeating: [.status(503)], count: 8))
-                let log = EventLog()
-                let destination = directory + "/file"
-                var request = DownloadRequest(
-                    url: servers[0].url("/file"), destination: .file(destination), checksum: try sha256(resource))
-                request.mirrors = [servers[1].url("/file"), servers[2].url("/file")]
-                try await withDownloader(segmentedConfiguration(connections: 3)) { downloader in
-                    try await downloader.download(request, observing: log.record)
-                }
-                #expect(try readFile(destination) == resource.content)
+                let (log, bytes, _) = try await downloadMirrored(
+                    servers, into: directory, checksum: try sha256(resource))
+                #expect(bytes == resource.content)
                 #expect(droppedURLs(log) == [servers[2].url("/file")])
                 #expect(servers[2].requests(for: "/file").count == TransferMachine.sourceFailureLimit)
             }
@@ -192,14 +179,8 @@ struct MirrorTests {
                     resource.reprDigest = true
                     if index == 1 { resource.version = 2 }
                 }
-                let log = EventLog()
-                let destination = directory + "/file"
-                var request = DownloadRequest(url: servers[0].url("/file"), destination: .file(destination))
-                request.mirrors = [servers[1].url("/file"), servers[2].url("/file")]
-                try await withDownloader(segmentedConfiguration(connections: 3)) { downloader in
-                    try await downloader.download(request, observing: log.record)
-                }
-                #expect(try readFile(destination) == resource.content)
+                let (log, bytes, _) = try await downloadMirrored(servers, into: directory)
+                #expect(bytes == resource.content)
                 #expect(droppedURLs(log) == [servers[1].url("/file")])
                 #expect(servers[1].requests(for: "/file").count == 1)
             }
@@ -213,15 +194,9 @@ struct MirrorTests {
                 let resource = serveMirrored(servers) { index, resource in
                     if index == 2 { resource.version = 2 }
                 }
-                let log = EventLog()
-                let destination = directory + "/file"
-                var request = DownloadRequest(
-                    url: servers[0].url("/file"), destination: .file(destination), checksum: try sha256(resource))
-                request.mirrors = [servers[1].url("/file"), servers[2].url("/file")]
-                let result = try await withDownloader(segmentedConfiguration(connections: 3)) { downloader in
-                    try await downloader.download(request, observing: log.record)
-                }
-                #expect(try readFile(destination) == resource.content)
+                let (log, bytes, result) = try await downloadMirrored(
+                    servers, into: directory, checksum: try sha256(resource))
+                #expect(bytes == resource.content)
                 #expect(droppedURLs(log).contains(servers[2].url("/file")))
                 #expect(result.bytes == resource.size)
             }
@@ -234,15 +209,9 @@ struct MirrorTests {
             try await withTemporaryDirectory { directory in
                 let resource = serveMirrored(servers)
                 servers[1].setStandingFaults("/file", [.ignoreRange])
-                let log = EventLog()
-                let destination = directory + "/file"
-                var request = DownloadRequest(
-                    url: servers[0].url("/file"), destination: .file(destination), checksum: try sha256(resource))
-                request.mirrors = [servers[1].url("/file"), servers[2].url("/file")]
-                try await withDownloader(segmentedConfiguration(connections: 3)) { downloader in
-                    try await downloader.download(request, observing: log.record)
-                }
-                #expect(try readFile(destination) == resource.content)
+                let (log, bytes, _) = try await downloadMirrored(
+                    servers, into: directory, checksum: try sha256(resource))
+                #expect(bytes == resource.content)
                 #expect(droppedURLs(log) == [servers[1].url("/file")])
                 #expect(servers[1].requests(for: "/file").count == 1)
             }
@@ -256,15 +225,10 @@ struct MirrorTests {
                 let resource = serveMirrored(servers) { index, resource in
                     if index == 0 { resource.requiredAuthorization = "Basic dXNlcjpzZWNyZXQ=" }
                 }
-                let destination = directory + "/file"
-                var request = DownloadRequest(
-                    url: servers[0].url("/file"), destination: .file(destination), checksum: try sha256(resource))
-                request.credentials = BasicCredentials(user: "user", password: "secret")
-                request.mirrors = [servers[1].url("/file")]
-                try await withDownloader(segmentedConfiguration(connections: 2)) { downloader in
-                    try await downloader.download(request)
-                }
-                #expect(try readFile(destination) == resource.content)
+                let (_, bytes, _) = try await downloadMirrored(
+                    servers, into: directory, checksum: try sha256(resource)
+                ) { $0.credentials = BasicCredentials(user: "user", password: "secret") }
+                #expect(bytes == resource.content)
                 #expect(servers[1].bodyBytesSent > 0)
                 #expect(servers[1].requests.allSatisfy { $0.header("authorization") == nil })
                 #expect(servers[0].requests.allSatisfy { $0.header("authorization") == "Basic dXNlcjpzZWNyZXQ=" })

@@ -4,6 +4,12 @@ import NIOHTTP1
 import NIOPosix
 import Synchronization
 
+#if canImport(FoundationEssentials)
+    import FoundationEssentials
+#else
+    import Foundation
+#endif
+
 /// A plain-http request through an HTTP proxy, forwarded as curl and wget forward it: sent to the
 /// proxy with the target's absolute URL as its request target (`GET http://host/file HTTP/1.1`),
 /// the proxy's credentials in `Proxy-Authorization`, over a TCP connection of its own that closes
@@ -32,7 +38,8 @@ enum ProxyForwarding {
             .connect(host: proxy.host, port: proxy.port).get()
         parts.attach(channel)
         do {
-            var head = HTTPRequestHead(version: .http1_1, method: .GET, uri: url.string, headers: request.headers)
+            var head = HTTPRequestHead(
+                version: .http1_1, method: .GET, uri: absoluteForm(url), headers: request.headers)
             if !head.headers.contains(name: "host") {
                 let host = url.url.host ?? ""
                 let shown = host.contains(":") ? "[\(host)]" : host
@@ -60,6 +67,17 @@ enum ProxyForwarding {
             try? await channel.close()
             throw error
         }
+    }
+}
+
+extension ProxyForwarding {
+    /// The request target a proxy is sent: the URL without user information or fragment.
+    static func absoluteForm(_ url: DownloadURL) -> String {
+        guard var components = URLComponents(url: url.url, resolvingAgainstBaseURL: false) else { return url.string }
+        components.user = nil
+        components.password = nil
+        components.fragment = nil
+        return components.string ?? url.string
     }
 }
 
@@ -97,6 +115,10 @@ final class ForwardedParts: Sendable {
         }
     }
 
+    /// Whether the reader waits and nothing is there for it: a read that decoded no whole part (a
+    /// head or a chunk split across packets) must be followed by another.
+    var isStarving: Bool { state.withLock { $0.waiter != nil && $0.parts.isEmpty && !$0.ended } }
+
     /// A part arrived (on the channel's event loop).
     func received(_ part: HTTPClientResponsePart) {
         let waiter = state.withLock { state -> CheckedContinuation<HTTPClientResponsePart?, any Error>? in
@@ -132,6 +154,11 @@ final class ForwardedPartsHandler: ChannelInboundHandler {
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         parts.received(unwrapInboundIn(data))
+    }
+
+    func channelReadComplete(context: ChannelHandlerContext) {
+        if parts.isStarving { context.read() }
+        context.fireChannelReadComplete()
     }
 
     func errorCaught(context: ChannelHandlerContext, error: any Error) {

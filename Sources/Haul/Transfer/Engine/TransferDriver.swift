@@ -209,6 +209,8 @@ final class TransferDriver {
         case .cut(let offset):
             await checkpointTask?.value
             try await files.cut(to: offset)
+        case .forgetHashes(let offset):
+            files.forgetHashes(from: offset)
         case .discard:
             await checkpointTask?.value
             try await files.discard()

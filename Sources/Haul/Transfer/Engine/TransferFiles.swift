@@ -303,6 +303,11 @@ final class TransferFiles {
         prefix?.forget(from: offset)
     }
 
+    /// Forgets the hash kept of the file's first bytes from `offset` on: they will be written again.
+    func forgetHashes(from offset: Int64) {
+        prefix?.forget(from: offset)
+    }
+
     /// Deletes the partial data and the manifest: the download starts over.
     func discard() async throws {
         if let file { try await file.truncate(to: 0) }

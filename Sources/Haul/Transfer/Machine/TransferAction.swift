@@ -14,6 +14,8 @@ enum TransferAction: Sendable {
     case cut(to: Int64)
     /// Delete the partial data and the manifest: the download starts over.
     case discard
+    /// The bytes from this offset on will be written again: hashes kept of them no longer hold.
+    case forgetHashes(from: Int64)
     /// Check the complete file against the expected checksums.
     case verify(totalBytes: Int64, validator: ResourceValidator)
     /// Give the complete file its final name.

@@ -301,7 +301,7 @@ extension TransferMachine {
         }
         self.table = table
         manifest?.forgetPieces(from: from, to: max(upTo, table.segments[segment].end))
-        return table.isSingle ? [.cut(to: from)] : []
+        return table.isSingle ? [.cut(to: from)] : [.forgetHashes(from: from)]
     }
 
     private mutating func finishedReceiving(_ connection: Int, segment: Int, at offset: Int64, now: Moment)

@@ -115,7 +115,7 @@ extension TransferMachine {
         _ verdict: ResponseVerdict, head: ResponseHead, on connection: Int, now: Moment
     ) -> [TransferAction]? {
         let source = connections[connection].source
-        guard isMixing, source != origin, othersActive(besides: source) else { return nil }
+        guard isMixing, othersActive(besides: source) else { return nil }
         let reason: String
         switch verdict {
         case .accept:
@@ -160,6 +160,15 @@ extension TransferMachine {
     {
         guard hasMirrors else { return nil }
         let source = connections[connection].source
+        // A server that delivers on another connection works: this connection's failures are its
+        // own (one connection per client, say), and it retires as without mirrors.
+        let delivering = connections.indices.contains { index in
+            guard index != connection, connections[index].source == source,
+                case .receiving(let receiving) = connections[index].state
+            else { return false }
+            return receiving.progressed
+        }
+        guard !delivering else { return nil }
         sources[source].failures += 1
         guard exhausted || sources[source].failures >= Self.sourceFailureLimit else { return nil }
         if isMixing {
@@ -207,6 +216,29 @@ extension TransferMachine {
             + restart(.mirrorFallback("\(failed) failed: \(error.message); next: \(sources[next].url)"), now: now)
     }
 
+    /// Forgets what the mirrors showed of the bytes a restart discards: who wrote what, their
+    /// validators and failures, and how they are used (the next origin's answer decides again). A
+    /// dropped origin gives way to the first mirror still in use.
+    mutating func resetSources() {
+        guard hasMirrors else { return }
+        for index in sources.indices {
+            sources[index].wrote = []
+            sources[index].failures = 0
+            sources[index].validator = nil
+        }
+        mirrorUse = nil
+        if !sources[origin].isActive, let next = sources.indices.first(where: { sources[$0].isActive }) {
+            origin = next
+        }
+    }
+
+    /// The source a stored download's bytes came from (see ``Manifest/source``), when it is one of
+    /// this request's.
+    mutating func resumeFrom(_ stored: Manifest) {
+        guard let source = stored.source, let index = sources.firstIndex(where: { $0.url == source }) else { return }
+        origin = index
+    }
+
     /// Records that `source` wrote `from..<upTo`.
     mutating func noteWritten(by source: Int, from: Int64, upTo: Int64) {
         guard hasMirrors, sources.indices.contains(source), from < upTo else { return }
@@ -223,12 +255,25 @@ extension TransferMachine {
     /// mirror but the origin wrote a byte (the failure is then the origin's own).
     mutating func refetchFromOthers(_ detail: String, now: Moment) -> [TransferAction]? {
         guard isMixing, var table else { return nil }
+        let attributed = sources.reduce(Int64(0)) { sum, source in
+            sum + source.wrote.reduce(Int64(0)) { $0 + $1.upperBound - $1.lowerBound }
+        }
+        if attributed < table.written {
+            // Bytes stored by an earlier session may come from any mirror: nobody can be blamed,
+            // and nothing of them can be trusted.
+            return restart(
+                .untrustedPartial("the file failed its check (\(detail)) and mirrors wrote part of it earlier"),
+                now: now)
+        }
         let blamed = sources.indices.filter { $0 != origin && !sources[$0].wrote.isEmpty }
         guard !blamed.isEmpty, sources[origin].isActive else { return nil }
         var actions: [TransferAction] = []
         var forgotten: Int64 = 0
         // Every connection stopped before the check: the ranges they finished are nobody's now.
         for index in connections.indices { table.releaseAll(of: index) }
+        let firstForgotten = blamed.compactMap { sources[$0].wrote.map(\.lowerBound).min() }.min() ?? 0
+        // The hash kept of the file's first bytes no longer holds from there.
+        actions.append(.forgetHashes(from: firstForgotten))
         for source in blamed {
             for interval in sources[source].wrote {
                 forgotten += interval.upperBound - interval.lowerBound
@@ -250,6 +295,10 @@ extension TransferMachine {
         let urls = blamed.map { sources[$0].url }.joined(separator: ", ")
         actions.append(
             .log("the file failed its check (\(detail)): \(ByteCount.format(forgotten)) from \(urls) fetched again"))
+        if cancelRequested {
+            // A pause asked for during the check: it keeps what is trusted, and the refetch waits.
+            return actions + stop(then: .pause, now: now)
+        }
         if let record = manifest {
             actions.append(
                 .started(
@@ -267,6 +316,7 @@ extension TransferMachine {
             .network, .timedOut, .tls, .httpStatus, .protocolViolation, .redirectRefused, .remoteChanged, .invalidURL,
             .unsupportedScheme,
         ]
-        return codes.contains(error.code)
+        // A 407 is the proxy's: another mirror through the same proxy would get the same answer.
+        return codes.contains(error.code) && error.status != 407
     }
 }

@@ -294,6 +294,7 @@ struct TransferMachine: Sendable {
         }
         manifest = trusted
         finalURL = stored.finalURL
+        resumeFrom(stored)
         phase = .resuming
         return [.checkStoredData(trusted)]
     }
@@ -476,6 +477,7 @@ struct TransferMachine: Sendable {
                 originalURL: originalURL, finalURL: head.finalURL, validator: facts.validator,
                 totalLength: facts.totalLength, acceptsRanges: facts.acceptsRanges,
                 contentEncoding: facts.contentEncoding, bootID: bootID, now: head.date, pieceSize: settings.pieceSize)
+            record.source = origin == 0 ? nil : sources[origin].url
             resumedFrom = 0
         } else {
             record =
@@ -661,11 +663,13 @@ struct TransferMachine: Sendable {
         meter = nil
         rangesAllowed = false
         unsavedProgress = false
+        resetSources()
         if cancelRequested {
             phase = .paused
             return []
         }
-        restarts += 1
+        // Going on to the next mirror is not a restart of the same file from the same server.
+        if case .mirrorFallback = reason {} else { restarts += 1 }
         guard restarts <= settings.maximumRestarts else {
             error = Self.tooManyRestarts(restarts, reason)
             phase = .failed
