@@ -91,15 +91,13 @@ final class ProxiedLanes: Sendable {
     }
 
     /// The lanes for requests to `url` through `proxy` (`nil`: directly): for a `socks5://` proxy,
-    /// the host's name is resolved here first (the proxy is given its address).
+    /// the host's name is resolved here first, for every request as curl does for every
+    /// connection, so an address that changes is followed (the proxy is given the address; the
+    /// lanes of an address already used, and their open connections, serve it again).
     func lanes(to url: URL, through proxy: Proxy?) async throws -> ConnectionLanes {
         guard let proxy, proxy.kind == .socks5, let host = url.host, IPAddress(host) == nil,
             !host.hasPrefix("[")
         else { return lanes(through: proxy) }
-        if let known = lanes.withLock({ lanes in lanes.byRoute.first { $0.key.proxy == proxy && $0.key.host == host } })
-        {
-            return known.value
-        }
         let address = try await HostResolution.address(of: host)
         return lanes(for: Route(proxy: proxy, host: host, address: address))
     }
