@@ -294,6 +294,7 @@ extension TransferMachine.Phase {
         case .stopping(.fail): "stopping(fail)"
         case .restarting: "restarting"
         case .verifying: "verifying"
+        case .checkingMirrors: "checkingMirrors"
         case .finishing: "finishing"
         case .pausing: "pausing"
         case .failing: "failing"

@@ -113,36 +113,82 @@ struct MirrorMachineTests {
         #expect(sends.count == 1 && sends[0].tag.source == 2 && sends[0].ask.ifRange == Harness.etag)
     }
 
-    @Test func aFileThatFailsItsChecksumHasTheMirrorsBytesFetchedAgainUnlessItPauses() throws {
-        for pausing in [false, true] {
-            var harness = Self.probing(checksum: true)
-            harness.answer(0, Harness.partial(0, Harness.total - 1))
-            harness.wrote(0, segment: 0, upTo: harness.machine.table!.segments[0].end)
-            for connection in 1...2 {
-                let range = harness.machine.table!.segments[connection]
-                harness.answer(connection, Harness.partial(range.start, range.end - 1))
-                harness.handle(
-                    .wrote(
-                        RequestTag(
-                            connection: connection, serial: harness.machine.connections[connection].serial,
-                            source: connection), segment: connection, upTo: range.end, pieces: [:]))
+    /// A checksum download whose three ranges came from the origin and the two mirrors, complete
+    /// and being checked.
+    static func mixedAndVerifying() -> Harness {
+        var harness = Self.probing(checksum: true)
+        harness.answer(0, Harness.partial(0, Harness.total - 1))
+        harness.wrote(0, segment: 0, upTo: harness.machine.table!.segments[0].end)
+        for connection in 1...2 {
+            let range = harness.machine.table!.segments[connection]
+            harness.answer(connection, Harness.partial(range.start, range.end - 1))
+            harness.handle(
+                .wrote(
+                    RequestTag(
+                        connection: connection, serial: harness.machine.connections[connection].serial,
+                        source: connection), segment: connection, upTo: range.end, pieces: [:]))
+        }
+        harness.endBusyConnections()
+        return harness
+    }
+
+    static let mismatch = Verification.checksumMismatch(HaulError(.checksumMismatch, "mismatch"))
+
+    @Test func whenTheFileFailsItsChecksumAPieceOfEachMirrorIsComparedAndOnlyOneThatDiffersIsDropped() throws {
+        var harness = Self.mixedAndVerifying()
+        #expect(harness.machine.phase == .verifying)
+        let segments = harness.machine.table!.segments
+        let checks = Self.sends(harness.handle(.verified(Self.mismatch)))
+        #expect(harness.machine.phase == .checkingMirrors)
+        // One piece of each mirror's bytes, asked of the origin, compared with the disk, not written.
+        #expect(checks.count == 2 && checks.allSatisfy { $0.tag.source == 0 && $0.ask.writeStart == $0.ask.to })
+        #expect(Set(checks.map(\.ask.from)) == [segments[1].start, segments[2].start])
+        for check in checks {
+            let plan = harness.answer(check.tag.connection, Harness.partial(check.ask.from, check.ask.to! - 1))
+            #expect(describe(plan) == ["receive \(check.tag.connection) \(check.ask.to!)..<\(check.ask.to!)"])
+        }
+        let first = try #require(checks.first { $0.ask.from == segments[1].start })
+        let second = try #require(checks.first { $0.ask.from == segments[2].start })
+        harness.ended(first.tag.connection, .finished(at: first.ask.to!))
+        let actions = harness.ended(second.tag.connection, .failed(.overlapMismatch))
+        // Mirror 2's bytes differ from the origin's: it alone is dropped and its range fetched again.
+        #expect(harness.machine.phase == .transferring)
+        #expect(harness.machine.sources[1].dropped == nil)
+        #expect(harness.machine.sources[2].dropped?.contains("differ") == true)
+        #expect(harness.machine.table!.segments[2].written == 0 && harness.machine.table!.segments[1].isComplete)
+        #expect(describe(actions).contains("forget hashes \(segments[2].start)"))
+        let refetch = Self.sends(actions)
+        #expect(!refetch.isEmpty && refetch.allSatisfy { $0.tag.source != 2 }, "\(refetch.map(\.tag))")
+    }
+
+    @Test func whenNoComparisonTellsTheMirrorsApartWhatEveryMirrorWroteIsFetchedAgainFromTheOrigin() throws {
+        var harness = Self.mixedAndVerifying()
+        let checks = Self.sends(harness.handle(.verified(Self.mismatch)))
+        var actions: [TransferAction] = []
+        for check in checks {
+            harness.answer(check.tag.connection, Harness.partial(check.ask.from, check.ask.to! - 1))
+            actions = harness.ended(check.tag.connection, .finished(at: check.ask.to!))
+        }
+        let segments = harness.machine.table!.segments
+        #expect(harness.machine.sources[1].dropped != nil && harness.machine.sources[2].dropped != nil)
+        #expect(segments[1].written == 0 && segments[2].written == 0 && segments[0].isComplete)
+        #expect(Self.sends(actions).allSatisfy { $0.tag.source == 0 })
+    }
+
+    @Test func aPauseDuringTheChecksForgetsWhatTheMirrorsWroteAndStops() throws {
+        for pauseWhileVerifying in [true, false] {
+            var harness = Self.mixedAndVerifying()
+            if pauseWhileVerifying { harness.handle(.cancel) }
+            var actions = harness.handle(.verified(Self.mismatch))
+            if !pauseWhileVerifying {
+                #expect(harness.machine.phase == .checkingMirrors)
+                actions = harness.handle(.cancel)
+                actions += harness.endBusyConnections()
             }
-            harness.endBusyConnections()
-            #expect(harness.machine.phase == .verifying)
-            if pausing { harness.handle(.cancel) }
-            let actions = harness.handle(.verified(.checksumMismatch(HaulError(.checksumMismatch, "mismatch"))))
             let segments = harness.machine.table!.segments
-            // What the mirrors wrote is forgotten, the hash of the file's first bytes from there too.
             #expect(segments[1].written == 0 && segments[2].written == 0 && segments[0].isComplete)
-            #expect(describe(actions).contains("forget hashes \(segments[1].start)"))
-            #expect(harness.machine.sources[1].dropped != nil && harness.machine.sources[2].dropped != nil)
-            if pausing {
-                #expect(harness.machine.phase == .pausing && Self.sends(actions).isEmpty)
-            } else {
-                #expect(harness.machine.phase == .transferring)
-                let sources = Self.sends(actions).map(\.tag.source)
-                #expect(sources.count >= 2 && sources.allSatisfy { $0 == 0 }, "\(sources)")
-            }
+            #expect(harness.machine.phase == .pausing, "\(harness.machine.phase)")
+            #expect(describe(actions).contains("checkpoint durable"))
         }
     }
 

@@ -18,6 +18,8 @@ extension TransferMachine {
         switch phase {
         case .probing:
             return firstAnswer(verdict, ask: ask, head: head, on: connection, now: now)
+        case .checkingMirrors:
+            return mirrorCheckAnswer(verdict, on: connection, now: now)
         case .transferring:
             guard let segment else {
                 connections[connection].state = .idle
@@ -223,6 +225,10 @@ extension TransferMachine {
 
     mutating func ended(_ connection: Int, _ end: ConnectionEnd, now: Moment) -> [TransferAction] {
         guard connections.indices.contains(connection) else { return [] }
+        if phase == .checkingMirrors {
+            if case .finished = end { return mirrorCheckEnded(connection, agrees: true, now: now) }
+            return mirrorCheckEnded(connection, agrees: false, now: now)
+        }
         var forgotten: [TransferAction] = []
         if phase == .stopping(then: .verify), case .receiving(let receiving) = connections[connection].state,
             receiving.checksBody

@@ -250,11 +250,31 @@ extension TransferMachine {
         }
     }
 
-    /// The complete file failed its checksum or digest while mixed mirrors wrote part of it: those
-    /// mirrors are dropped and what they wrote is fetched again from the others. `nil` when no
-    /// mirror but the origin wrote a byte (the failure is then the origin's own).
-    mutating func refetchFromOthers(_ detail: String, now: Moment) -> [TransferAction]? {
-        guard isMixing, var table else { return nil }
+    /// One check of a mirror's bytes: bytes `from..<to` (in range `segment`), which `source` wrote,
+    /// fetched again from the origin and compared with the disk.
+    struct MirrorCheck: Equatable, Sendable {
+        let source: Int
+        let segment: Int
+        let from: Int64
+        let to: Int64
+    }
+
+    /// The checks of the mirrors' bytes after the complete file failed its check.
+    struct MirrorChecks: Equatable, Sendable {
+        /// What the file's check said.
+        let detail: String
+        var pending: [MirrorCheck]
+        var running: [Int: MirrorCheck] = [:]
+        /// Mirrors whose bytes differ from the origin's, or could not be compared.
+        var blamed: Set<Int> = []
+    }
+
+    /// The complete file failed its checksum or digest while mixed mirrors wrote part of it: a
+    /// piece of what each mirror wrote is fetched again from the origin and compared with the disk
+    /// (``TransferMachine/Phase/checkingMirrors``). `nil` when no mirror but the origin wrote a byte
+    /// (the failure is then the origin's own).
+    mutating func checkMirrors(_ detail: String, now: Moment) -> [TransferAction]? {
+        guard isMixing, let table, let record = manifest, table.totalLength != nil else { return nil }
         let attributed = sources.reduce(Int64(0)) { sum, source in
             sum + source.wrote.reduce(Int64(0)) { $0 + $1.upperBound - $1.lowerBound }
         }
@@ -265,12 +285,96 @@ extension TransferMachine {
                 .untrustedPartial("the file failed its check (\(detail)) and mirrors wrote part of it earlier"),
                 now: now)
         }
-        let blamed = sources.indices.filter { $0 != origin && !sources[$0].wrote.isEmpty }
-        guard !blamed.isEmpty, sources[origin].isActive else { return nil }
+        let contributors = sources.indices.filter { $0 != origin && !sources[$0].wrote.isEmpty }
+        guard !contributors.isEmpty, sources[origin].isActive else { return nil }
+        var checks = MirrorChecks(detail: detail, pending: [])
+        for source in contributors {
+            // The longest stretch it wrote, its first piece's worth.
+            guard let interval = sources[source].wrote.max(by: { $0.count < $1.count }),
+                let segment = table.segments.firstIndex(where: {
+                    $0.start <= interval.lowerBound && interval.lowerBound < $0.end
+                })
+            else {
+                checks.blamed.insert(source)
+                continue
+            }
+            let to = min(interval.upperBound, interval.lowerBound + record.pieceSize, table.segments[segment].end)
+            checks.pending.append(MirrorCheck(source: source, segment: segment, from: interval.lowerBound, to: to))
+        }
+        mirrorChecks = checks
+        phase = .checkingMirrors
+        for index in connections.indices where connections[index].state != .retired {
+            connections[index].state = .idle
+        }
+        self.table?.releaseAllOwners()
+        if cancelRequested {
+            // A pause asked for during the file's check: no time to compare, what every mirror
+            // wrote is forgotten before it stops.
+            checks.pending = []
+            mirrorChecks = checks
+            return concludeMirrorChecks(now: now)
+        }
+        let log = TransferAction.log(
+            "the file failed its check (\(detail)): a piece of what each mirror wrote is compared with \(sources[origin].url)"
+        )
+        return [log] + nextMirrorChecks(now: now)
+    }
+
+    /// Sends the checks still to make on the connections free for them.
+    private mutating func nextMirrorChecks(now: Moment) -> [TransferAction] {
+        guard var checks = mirrorChecks, let record = manifest, let total = table?.totalLength else { return [] }
+        var actions: [TransferAction] = []
+        for index in connections.indices where connections[index].state == .idle && !checks.pending.isEmpty {
+            let check = checks.pending.removeFirst()
+            checks.running[index] = check
+            let ask = RangeAsk.compare(
+                from: check.from, to: check.to, ifRange: record.validator.ifRangeValue,
+                expected: RangeAsk.Expected(validator: record.validator, totalLength: total))
+            actions.append(send(ask, on: index, segment: check.segment, source: origin, now: now))
+        }
+        mirrorChecks = checks
+        if checks.running.isEmpty && checks.pending.isEmpty { return concludeMirrorChecks(now: now) }
+        return actions
+    }
+
+    /// The origin's answer to a check: its bytes are compared with the disk, none written.
+    mutating func mirrorCheckAnswer(_ verdict: ResponseVerdict, on connection: Int, now: Moment) -> [TransferAction] {
+        guard let check = mirrorChecks?.running[connection], case .accept(let facts) = verdict,
+            case .requesting(let ask, _, _) = connections[connection].state
+        else {
+            // The origin cannot show what the bytes should be: the mirror is not trusted.
+            connections[connection].state = .idle
+            return [.drop(connection: connection)] + mirrorCheckEnded(connection, agrees: false, now: now)
+        }
+        connections[connection].state = .receiving(.init(ask: ask, segment: check.segment, lastByte: now))
+        return [
+            .receive(
+                connection: connection,
+                ReceivePlan(
+                    segment: check.segment, bodyStart: facts.bodyStart, writeStart: check.to, limit: check.to,
+                    answerEnd: check.to, contentDigests: []))
+        ]
+    }
+
+    /// A check's request ended: the bytes matched (`agrees`), differed, or could not be compared.
+    mutating func mirrorCheckEnded(_ connection: Int, agrees: Bool, now: Moment) -> [TransferAction] {
+        guard var checks = mirrorChecks, let check = checks.running.removeValue(forKey: connection) else { return [] }
+        connections[connection].state = .idle
+        if !agrees { checks.blamed.insert(check.source) }
+        mirrorChecks = checks
+        return nextMirrorChecks(now: now)
+    }
+
+    /// Every check is done: the mirrors whose bytes differ are dropped and what they wrote is
+    /// fetched again from the others. When no check told them apart, what every mirror wrote is
+    /// fetched again from the origin.
+    mutating func concludeMirrorChecks(now: Moment) -> [TransferAction] {
+        guard let checks = mirrorChecks, var table else { return [] }
+        mirrorChecks = nil
+        let contributors = sources.indices.filter { $0 != origin && !sources[$0].wrote.isEmpty }
+        let blamed = checks.blamed.isEmpty ? contributors : contributors.filter { checks.blamed.contains($0) }
         var actions: [TransferAction] = []
         var forgotten: Int64 = 0
-        // Every connection stopped before the check: the ranges they finished are nobody's now.
-        for index in connections.indices { table.releaseAll(of: index) }
         let firstForgotten = blamed.compactMap { sources[$0].wrote.map(\.lowerBound).min() }.min() ?? 0
         // The hash kept of the file's first bytes no longer holds from there.
         actions.append(.forgetHashes(from: firstForgotten))
@@ -286,7 +390,10 @@ extension TransferMachine {
                 manifest?.forgetPieces(from: interval.lowerBound, to: interval.upperBound)
             }
             sources[source].wrote = []
-            actions += dropSource(source, "the complete file failed its check")
+            let reason =
+                checks.blamed.contains(source)
+                ? "its bytes differ from \(sources[origin].url)'s" : "the complete file failed its check"
+            actions += dropSource(source, reason)
         }
         self.table = table
         phase = .transferring
@@ -294,7 +401,9 @@ extension TransferMachine {
             startingAt: table.written, totalBytes: table.totalLength, interval: settings.progressInterval)
         let urls = blamed.map { sources[$0].url }.joined(separator: ", ")
         actions.append(
-            .log("the file failed its check (\(detail)): \(ByteCount.format(forgotten)) from \(urls) fetched again"))
+            .log(
+                "the file failed its check (\(checks.detail)): \(ByteCount.format(forgotten)) from \(urls) fetched again"
+            ))
         if cancelRequested {
             // A pause asked for during the check: it keeps what is trusted, and the refetch waits.
             return actions + stop(then: .pause, now: now)

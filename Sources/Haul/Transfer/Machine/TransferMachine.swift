@@ -28,6 +28,9 @@ struct TransferMachine: Sendable {
         case restarting(RestartReason)
         /// The complete file is being checked.
         case verifying
+        /// The complete file failed its check: a piece of what each mirror wrote is being fetched
+        /// again from the origin and compared with the disk, to tell which mirror served other bytes.
+        case checkingMirrors
         /// The complete file is being renamed into place.
         case finishing
         /// The last checkpoint of a cancelled download is being stored.
@@ -173,6 +176,8 @@ struct TransferMachine: Sendable {
     var mirrorUse: MirrorUse?
     /// The source the file comes from in order, and whose validator the manifest keeps.
     var origin = 0
+    /// The checks of the mirrors' bytes under way (``Phase/checkingMirrors``).
+    var mirrorChecks: MirrorChecks?
 
     init(
         settings: Settings, url: String, mirrors: [String] = [], bootID: String?, now: Moment,
@@ -588,6 +593,12 @@ struct TransferMachine: Sendable {
             pendingAnswer = nil
             connections[pending.connection].state = .idle
             return [.drop(connection: pending.connection)] + stop(then: .pause, now: now)
+        case .checkingMirrors:
+            // What the mirrors wrote is forgotten (the checks are not waited for), then it pauses.
+            cancelRequested = true
+            mirrorChecks?.pending = []
+            mirrorChecks?.running = [:]
+            return concludeMirrorChecks(now: now)
         case .resuming, .probing, .transferring, .stopping:
             return stop(then: .pause, now: now)
         }
@@ -700,11 +711,11 @@ struct TransferMachine: Sendable {
             phase = .finishing
             return [.finish(totalBytes: total)]
         case .checksumMismatch(let error):
-            if let refetch = refetchFromOthers(error.message, now: now) { return refetch }
+            if let check = checkMirrors(error.message, now: now) { return check }
             self.error = error
             return storeLastCheckpoint(durable: false, then: .failing, else: .failed)
         case .digestMismatch(let detail):
-            if let refetch = refetchFromOthers(detail, now: now) { return refetch }
+            if let check = checkMirrors(detail, now: now) { return check }
             phase = .restarting(.digestMismatch(detail))
             return [.log("starting over: the file does not match the server's digest (\(detail))"), .discard]
         }

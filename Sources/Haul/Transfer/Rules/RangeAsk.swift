@@ -52,6 +52,11 @@ struct RangeAsk: Equatable, Sendable {
         RangeAsk(kind: .range, from: from, to: to, writeStart: from, ifRange: ifRange, expected: expected)
     }
 
+    /// Bytes `from..<to` of a file fetched in ranges, to compare with the disk: none is written.
+    static func compare(from: Int64, to: Int64, ifRange: String?, expected: Expected) -> RangeAsk {
+        RangeAsk(kind: .range, from: from, to: to, writeStart: to, ifRange: ifRange, expected: expected)
+    }
+
     /// The bytes body must hold beyond those compared with the disk.
     var overlap: Int64 { writeStart - from }
 

@@ -168,6 +168,11 @@ struct RangeTable: Equatable, Sendable {
         if segments[index].owner == connection { segments[index].owner = nil }
     }
 
+    /// Leaves every range to whoever claims it next (every connection has stopped).
+    mutating func releaseAllOwners() {
+        for index in segments.indices { segments[index].owner = nil }
+    }
+
     /// Lets other connections continue every range of `connection`.
     mutating func releaseAll(of connection: Int) {
         for index in segments.indices where segments[index].owner == connection { segments[index].owner = nil }
