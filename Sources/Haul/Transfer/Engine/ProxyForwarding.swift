@@ -49,8 +49,10 @@ enum ProxyForwarding {
                 head.headers.replaceOrAdd(name: "Proxy-Authorization", value: credentials.authorization)
             }
             head.headers.replaceOrAdd(name: "Connection", value: "close")
-            try await channel.writeAndFlush(HTTPClientRequestPart.head(head))
-            try await channel.writeAndFlush(HTTPClientRequestPart.end(nil))
+            // A proxy may answer (a 407, say) and close before the request is all written: a failed
+            // write is not the outcome, the answer read next is (or the closed connection).
+            channel.write(HTTPClientRequestPart.head(head), promise: nil)
+            try? await channel.writeAndFlush(HTTPClientRequestPart.end(nil))
             guard case .head(let responseHead) = try await parts.next() else {
                 throw HTTPClientError.remoteConnectionClosed
             }
