@@ -2,7 +2,9 @@
 # The torture suite: haul downloads one file while the test server injects random resets, stalls,
 # short bodies, 503s, ignored ranges and version switches, and the haul process is SIGKILLed at
 # random moments. After every kill the partial file must hold one version's exact bytes; the final
-# run must produce the exact file.
+# run must produce the exact file. Then the same with two mirrors and the file's checksum: every
+# server misbehaves, now and then a mirror starts serving another version of the same length, and
+# the final run must produce exactly the checksum's file.
 #
 #   scripts/torture.sh --short          10 kills, 8 MiB, debug build, with one and with four
 #                                       connections (what CI runs)
@@ -22,7 +24,9 @@ swift build -c "$configuration" --product haul >/dev/null 2>&1
 swift build -c "$configuration" --product haul-torture >/dev/null 2>&1
 bin="$(swift build -c "$configuration" --show-bin-path)"
 seed="${SEED:-$(date +%s)}"
-for connections in 1 4; do
-    "$bin/haul-torture" --haul "$bin/haul" --kills "$kills" --size-mib "$size" --seed "$seed" \
-        --connections "$connections"
+for mirrors in 0 2; do
+    for connections in 1 4; do
+        "$bin/haul-torture" --haul "$bin/haul" --kills "$kills" --size-mib "$size" --seed "$seed" \
+            --connections "$connections" --mirrors "$mirrors"
+    done
 done

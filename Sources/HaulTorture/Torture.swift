@@ -5,6 +5,12 @@ import HaulTestServer
 /// Downloads one file with the real `haul` binary while the server misbehaves at random and the
 /// process is SIGKILLed at random moments, checking after every kill that the partial file holds
 /// only correct bytes, and at the end that the file is exactly the expected version.
+///
+/// With `--mirrors N`, N more servers serve the same file (each with an ETag of its own) and haul
+/// gets them with `--mirror` and the file's checksum, so it mixes their ranges; every server
+/// misbehaves at random, and now and then a mirror starts serving another version of the same
+/// length, which only the checksum at the end can catch. The partial file may then hold that
+/// mirror's bytes for a while; what must hold is the end: the file is exactly the checksum's.
 @main
 struct Torture: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
@@ -27,27 +33,51 @@ struct Torture: AsyncParsableCommand {
     @Option(help: "Seed for the random choices, to replay a run.")
     var seed: UInt64 = UInt64(Date().timeIntervalSince1970)
 
+    @Option(help: "Other servers of the same file, given to haul with --mirror and the file's checksum.")
+    var mirrors: Int = 0
+
     @Option(help: "Working directory (a temporary one by default).")
     var directory: String?
 
     mutating func run() async throws {
         let options = self
-        let report = try await HaulTestServer.withRunning { server in try await options.torture(server) }
+        let report = try await Self.withServers(1 + mirrors, []) { servers in try await options.torture(servers) }
         print(report)
     }
 
-    func torture(_ server: HaulTestServer) async throws -> String {
+    /// Runs `body` with `count` test servers.
+    static func withServers(
+        _ count: Int, _ started: [HaulTestServer], _ body: @escaping @Sendable ([HaulTestServer]) async throws -> String
+    ) async throws -> String {
+        guard started.count < count else { return try await body(started) }
+        return try await HaulTestServer.withRunning { server in
+            try await withServers(count, started + [server], body)
+        }
+    }
+
+    func torture(_ servers: [HaulTestServer]) async throws -> String {
         var random = SeededRandom(seed: seed)
         let size = Int64(sizeMiB) * 1024 * 1024
-        server.add("/file", TestResource(name: "torture", size: size))
+        let server = servers[0]
+        for (index, each) in servers.enumerated() {
+            var resource = TestResource(name: "torture", size: size)
+            if index > 0 { resource.fixedEntityTag = "\"mirror-\(index)\"" }
+            each.add("/file", resource)
+        }
         let work = directory ?? NSTemporaryDirectory() + "haul-torture-\(seed)"
         try FileManager.default.createDirectory(atPath: work, withIntermediateDirectories: true)
         let destination = work + "/file"
         removeDownload(destination)
-        let arguments = [
+        var arguments = [
             "get", server.url("/file"), "-o", destination, "-q", "--retries", "1000", "--retry-delay", "0.05",
             "--stall-timeout", "1", "-x", String(connections),
         ]
+        let expected = TestResource(name: "torture", size: size)
+        if mirrors > 0 {
+            let digest = expected.sha256(0..<size).map { ($0 < 16 ? "0" : "") + String($0, radix: 16) }.joined()
+            arguments += ["--checksum", "sha-256=" + digest, "--no-daemon"]
+            for mirror in servers.dropFirst() { arguments += ["--mirror", mirror.url("/file")] }
+        }
         // Slow enough that a round moves a small part of the file, so kills land mid-transfer.
         let rate = Int(max(64 * 1024, size / Int64(kills * 2)))
         var applied: [String: Int] = [:]
@@ -56,19 +86,29 @@ struct Torture: AsyncParsableCommand {
 
         for round in 1...kills {
             if random.next(in: 0...9) == 0 {
-                // The file changes on the server between two runs.
-                let version = versions.last! + 1
-                versions.append(version)
-                server.update("/file") { $0.version = version }
-                applied["version switch", default: 0] += 1
+                if mirrors > 0 {
+                    // A mirror starts serving another version of the same length (its own ETag
+                    // stays): only the checksum at the end can tell.
+                    let mirror = servers[random.next(in: 1...mirrors)]
+                    mirror.update("/file") { $0.version += 1 }
+                    applied["mirror version switch", default: 0] += 1
+                } else {
+                    // The file changes on the server between two runs.
+                    let version = versions.last! + 1
+                    versions.append(version)
+                    server.update("/file") { $0.version = version }
+                    applied["version switch", default: 0] += 1
+                }
             }
             var steps: [(String, [Fault])] = []
             for _ in 0..<6 {
                 let (name, fault) = randomFault(&random, within: Int64(rate / 2))
                 steps.append((name, [fault, .throttle(bytesPerSecond: rate)]))
             }
-            server.script("/file", steps.map(\.1))
-            server.setStandingFaults("/file", [.throttle(bytesPerSecond: rate)])
+            for each in servers {
+                each.script("/file", steps.map(\.1))
+                each.setStandingFaults("/file", [.throttle(bytesPerSecond: rate)])
+            }
             let requestsBefore = server.requests.count
 
             let process = try launch(arguments)
@@ -77,13 +117,14 @@ struct Torture: AsyncParsableCommand {
             if process.isRunning {
                 kill(process.processIdentifier, SIGKILL)
                 process.waitUntilExit()
-                try checkPartial(destination, versions: versions, round: round)
+                if mirrors == 0 { try checkPartial(destination, versions: versions, round: round) }
             } else {
                 guard process.terminationStatus == 0 else {
                     throw TortureFailure("round \(round): haul exited with \(process.terminationStatus)")
                 }
                 // Finished before the kill: the outcome must be exact, then start over.
-                guard try compare(destination, expected: server.resource("/file")!, length: size) else {
+                let version = mirrors > 0 ? expected : server.resource("/file")!
+                guard try compare(destination, expected: version, length: size) else {
                     throw TortureFailure("round \(round): a completed file differs from the expected bytes")
                 }
                 completions += 1
@@ -93,29 +134,36 @@ struct Torture: AsyncParsableCommand {
             for (name, _) in steps.prefix(used) { applied[name, default: 0] += 1 }
         }
 
-        server.script("/file", [])
-        server.setStandingFaults("/file", [])
-        let final = try launch(arguments)
+        for each in servers {
+            each.script("/file", [])
+            each.setStandingFaults("/file", [])
+        }
+        let log = work + "/final.log"
+        let final = try launch(arguments.filter { $0 != "-q" } + ["-v"], log: log)
         final.waitUntilExit()
         guard final.terminationStatus == 0 else {
-            throw TortureFailure("the final run failed with exit code \(final.terminationStatus)")
+            throw TortureFailure(
+                "the final run failed with exit code \(final.terminationStatus); its log is \(log)")
         }
-        guard try compare(destination, expected: server.resource("/file")!, length: size) else {
+        try? FileManager.default.removeItem(atPath: log)
+        guard try compare(destination, expected: mirrors > 0 ? expected : server.resource("/file")!, length: size)
+        else {
             throw TortureFailure("the final file differs from the expected bytes")
         }
         let names = try FileManager.default.contentsOfDirectory(atPath: work)
         guard names == ["file"] else { throw TortureFailure("left behind: \(names)") }
         try? FileManager.default.removeItem(atPath: work)
 
-        let sent = server.bodyBytesSent
+        let sent = servers.map(\.bodyBytesSent).reduce(0, +)
         let fetched = Double(sent) / Double(size * Int64(completions + 1))
         let faults = applied.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", ")
         return """
             haul-torture: seed \(seed), \(kills) kills, \(completions) completions before a kill, \
-            \(server.requests.count) requests, file \(sizeMiB) MiB, \(connections) connection(s)
+            \(servers.map(\.requests.count).reduce(0, +)) requests, file \(sizeMiB) MiB, \(connections) connection(s)\
+            \(mirrors > 0 ? ", \(mirrors) mirrors and the file's checksum" : "")
             faults applied: \(faults)
             bytes sent: \(sent) = \(String(format: "%.2f", fetched))× the file size per completed file
-            result: every partial file held one version's exact bytes; every completed file was byte-identical
+            result: \(mirrors > 0 ? "every completed file was byte-identical to the checksum's version" : "every partial file held one version's exact bytes; every completed file was byte-identical")
             """
     }
 
@@ -137,12 +185,18 @@ struct Torture: AsyncParsableCommand {
         }
     }
 
-    func launch(_ arguments: [String]) throws -> Process {
+    /// Starts haul; its standard error goes to `log` when given.
+    func launch(_ arguments: [String], log: String? = nil) throws -> Process {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: haul)
         process.arguments = arguments
         process.standardOutput = FileHandle.nullDevice
         process.standardError = FileHandle.nullDevice
+        if let log, FileManager.default.createFile(atPath: log, contents: nil),
+            let handle = FileHandle(forWritingAtPath: log)
+        {
+            process.standardError = handle
+        }
         try process.run()
         return process
     }

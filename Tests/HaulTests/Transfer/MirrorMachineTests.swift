@@ -175,6 +175,38 @@ struct MirrorMachineTests {
         #expect(Self.sends(actions).allSatisfy { $0.tag.source == 0 })
     }
 
+    @Test func whenTheOriginsOwnBytesFailTheChecksumTheMirrorsDroppedAgainstItComeBack() throws {
+        var harness = Self.mixedAndVerifying()
+        let checks = Self.sends(harness.handle(.verified(Self.mismatch)))
+        var actions: [TransferAction] = []
+        for check in checks {
+            harness.answer(check.tag.connection, Harness.partial(check.ask.from, check.ask.to! - 1))
+            actions = harness.ended(check.tag.connection, .failed(.overlapMismatch))
+        }
+        // Both mirrors differ from the origin: dropped, and their ranges fetched again from it.
+        #expect(harness.machine.sources[1].dropped != nil && harness.machine.sources[2].dropped != nil)
+        var sends = Self.sends(actions)
+        while let send = sends.first {
+            sends.removeFirst()
+            let segment = harness.machine.table!.segments.firstIndex { $0.start == send.ask.from }!
+            harness.answer(send.tag.connection, Harness.partial(send.ask.from, send.ask.to! - 1))
+            harness.wrote(send.tag.connection, segment: segment, upTo: send.ask.to!)
+            sends += Self.sends(harness.ended(send.tag.connection, .finished(at: send.ask.to!)))
+        }
+        harness.endBusyConnections()
+        #expect(harness.machine.phase == .verifying)
+        // The file, now all the origin's, still fails: the origin was the one serving other bytes.
+        harness.handle(.verified(Self.mismatch))
+        guard case .restarting(.mirrorFallback) = harness.machine.phase else {
+            Issue.record("\(harness.machine.phase)")
+            return
+        }
+        #expect(harness.machine.sources[0].dropped != nil)
+        #expect(harness.machine.sources[1].isActive && harness.machine.sources[2].isActive)
+        let probe = Self.sends(harness.handle(.discarded))
+        #expect(probe.count == 1 && probe[0].tag.source == 1)
+    }
+
     @Test func aPauseDuringTheChecksForgetsWhatTheMirrorsWroteAndStops() throws {
         for pauseWhileVerifying in [true, false] {
             var harness = Self.mixedAndVerifying()
@@ -190,6 +222,27 @@ struct MirrorMachineTests {
             #expect(harness.machine.phase == .pausing, "\(harness.machine.phase)")
             #expect(describe(actions).contains("checkpoint durable"))
         }
+    }
+
+    @Test func overOneConnectionAFileThatFailsTheChecksumIsFetchedFromTheNextMirror() throws {
+        var harness = Harness(connections: 1) { $0.checksumGiven = true }
+        harness.machine = TransferMachine(
+            settings: harness.machine.settings, url: Harness.url, mirrors: Self.mirrors, bootID: Harness.boot,
+            now: .zero, seed: 7)
+        harness.handle(.start(.nothing))
+        let first = harness.answer(0, Harness.partial(0, Harness.total - 1))
+        #expect(Self.reports(first).first == .inTurn(reason: "the file comes over one connection"))
+        harness.wrote(0, segment: 0, upTo: Harness.total)
+        harness.ended(0, .finished(at: Harness.total))
+        #expect(harness.machine.phase == .verifying)
+        harness.handle(.verified(Self.mismatch))
+        guard case .restarting(.mirrorFallback) = harness.machine.phase else {
+            Issue.record("\(harness.machine.phase)")
+            return
+        }
+        let probe = Self.sends(harness.handle(.discarded))
+        #expect(probe.count == 1 && probe[0].tag.source == 1)
+        #expect(harness.machine.sources[0].dropped == "mismatch")
     }
 
     @Test func withoutProofTheMirrorsAreNotMixedAndTheNextServesTheFileFromByteZero() throws {

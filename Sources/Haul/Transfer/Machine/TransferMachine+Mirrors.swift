@@ -21,6 +21,9 @@ extension TransferMachine {
         var failures = 0
         /// The parts of the file it wrote, as intervals (adjacent ones merged).
         var wrote: [Range<Int64>] = []
+        /// The origin it was dropped for differing from (or failing along with): it comes back if
+        /// that origin turns out to be the one serving other bytes.
+        var droppedAgainst: Int?
 
         var isActive: Bool { dropped == nil }
     }
@@ -205,12 +208,29 @@ extension TransferMachine {
         return sources.indices.first { $0 != origin && sources[$0].isActive }
     }
 
+    /// The next source to fetch the file from when the file fails the caller's checksum and all of
+    /// it came from the origin (mirrors used in turn, or mixed mirrors whose bytes were all fetched
+    /// again from it): the checksum shows the origin serves other bytes.
+    ///
+    /// The mirrors dropped for differing from this origin come back first: it was the one wrong.
+    mutating func nextSourceAfterMismatch() -> Int? {
+        guard hasMirrors else { return nil }
+        if isMixing, sources.indices.contains(where: { $0 != origin && !sources[$0].wrote.isEmpty }) { return nil }
+        for index in sources.indices where sources[index].droppedAgainst == origin {
+            sources[index].dropped = nil
+            sources[index].droppedAgainst = nil
+        }
+        return sources.indices.first { $0 != origin && sources[$0].isActive }
+    }
+
     /// Leaves the origin for source `next`: the download starts over from it (nothing shows the two
     /// hold the same bytes).
     mutating func switchSource(to next: Int, _ error: HaulError, now: Moment) -> [TransferAction] {
         let failed = sources[origin].url
         let actions = dropSource(origin, error.message)
         origin = next
+        sources[next].dropped = nil
+        sources[next].droppedAgainst = nil
         sources[next].failures = 0
         return actions
             + restart(.mirrorFallback("\(failed) failed: \(error.message); next: \(sources[next].url)"), now: now)
@@ -394,6 +414,7 @@ extension TransferMachine {
                 checks.blamed.contains(source)
                 ? "its bytes differ from \(sources[origin].url)'s" : "the complete file failed its check"
             actions += dropSource(source, reason)
+            sources[source].droppedAgainst = origin
         }
         self.table = table
         phase = .transferring

@@ -320,13 +320,14 @@ struct TransferMachine: Sendable {
         rangesAllowed = true
         ramp = ConnectionRamp(maximum: settings.connections, adaptive: false)
         meter = ProgressMeter(startingAt: table.written, totalBytes: total, interval: settings.progressInterval)
+        // How the mirrors are used holds for a file complete on disk too: its check may need them.
+        var actions = decideMirrorUse(validator: stored.validator, rangesAllowed: true)
         if table.isComplete {
             self.table = table
-            return beginVerifying(now: now)
+            return actions + beginVerifying(now: now)
         }
         self.table = table
         phase = .transferring
-        var actions = decideMirrorUse(validator: stored.validator, rangesAllowed: true)
         actions += [
             .prepareFile(
                 FilePreparation(
@@ -712,6 +713,10 @@ struct TransferMachine: Sendable {
             return [.finish(totalBytes: total)]
         case .checksumMismatch(let error):
             if let check = checkMirrors(error.message, now: now) { return check }
+            if let next = nextSourceAfterMismatch() {
+                // Mirrors used in turn: the checksum shows this one served other bytes.
+                return switchSource(to: next, error, now: now)
+            }
             self.error = error
             return storeLastCheckpoint(durable: false, then: .failing, else: .failed)
         case .digestMismatch(let detail):
