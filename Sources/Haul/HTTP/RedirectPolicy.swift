@@ -19,7 +19,13 @@ package enum RedirectPolicy {
         if current.isHTTPS && !next.isHTTPS && !allowHTTPSToHTTP {
             throw HaulError(.redirectRefused, "redirect from https to http refused: \(next.string)")
         }
-        guard next.origin != current.origin else { return (next, headers) }
-        return (next, headers.filter { !credentialHeaders.contains($0.0.lowercased()) })
+        return (next, Self.headers(headers, from: current, to: next))
+    }
+
+    /// `headers` as they may go to `to` when they were given for `from`: without credentials once
+    /// the origin (scheme, host and port) differs.
+    static func headers(_ headers: [(String, String)], from: DownloadURL, to: DownloadURL) -> [(String, String)] {
+        guard to.origin != from.origin else { return headers }
+        return headers.filter { !credentialHeaders.contains($0.0.lowercased()) }
     }
 }

@@ -9,9 +9,9 @@ struct MirrorMachineTests {
     typealias Harness = MachineHarness
     static let mirrors = ["http://m1/f", "http://m2/f"]
 
-    /// A download of `Harness.url` with two mirrors and three connections, not started.
-    static func created(checksum: Bool) -> Harness {
-        var harness = Harness(connections: 3) { $0.checksumGiven = checksum }
+    /// A download of `Harness.url` with two mirrors and `connections` connections, not started.
+    static func created(checksum: Bool, connections: Int = 3) -> Harness {
+        var harness = Harness(connections: connections) { $0.checksumGiven = checksum }
         harness.machine = TransferMachine(
             settings: harness.machine.settings, url: Harness.url, mirrors: mirrors, bootID: Harness.boot, now: .zero,
             seed: 7)
@@ -225,10 +225,7 @@ struct MirrorMachineTests {
     }
 
     @Test func overOneConnectionAFileThatFailsTheChecksumIsFetchedFromTheNextMirror() throws {
-        var harness = Harness(connections: 1) { $0.checksumGiven = true }
-        harness.machine = TransferMachine(
-            settings: harness.machine.settings, url: Harness.url, mirrors: Self.mirrors, bootID: Harness.boot,
-            now: .zero, seed: 7)
+        var harness = Self.created(checksum: true, connections: 1)
         harness.handle(.start(.nothing))
         let first = harness.answer(0, Harness.partial(0, Harness.total - 1))
         #expect(Self.reports(first).first == .inTurn(reason: "the file comes over one connection"))

@@ -41,10 +41,7 @@ struct HTTPFetcher: Sendable {
         _ consume: (HTTPClientResponse, DownloadURL) async -> Result
     ) async throws -> Result {
         var current = sources.indices.contains(source) ? sources[source] : url
-        var headers = request.headers.map { ($0.name, $0.value) }
-        if current.origin != url.origin {
-            headers = headers.filter { !RedirectPolicy.credentialHeaders.contains($0.0.lowercased()) }
-        }
+        var headers = RedirectPolicy.headers(request.headers.map { ($0.name, $0.value) }, from: url, to: current)
         if !headers.contains(where: { $0.0.lowercased() == "user-agent" }) {
             headers.append(("User-Agent", configuration.userAgent))
         }
@@ -72,19 +69,20 @@ struct HTTPFetcher: Sendable {
                 _ = try? await response.body.collect(upTo: 64 * 1024)
                 return .redirect(location)
             }
-            guard case .redirect(let location) = hop else {
-                if case .answer(let result) = hop { return result }
-                continue
+            switch hop {
+            case .answer(let result):
+                return result
+            case .redirect(let location):
+                let next: DownloadURL
+                (next, headers) = try RedirectPolicy.follow(
+                    location: location, from: current, headers: headers, allowHTTPSToHTTP: redirects.allowHTTPSToHTTP
+                )
+                guard visited.insert(next.string).inserted else {
+                    throw HaulError(.redirectRefused, "redirect loop at \(next.string)")
+                }
+                logger.debug("redirected", metadata: ["from": "\(current.string)", "to": "\(next.string)"])
+                current = next
             }
-            let next: DownloadURL
-            (next, headers) = try RedirectPolicy.follow(
-                location: location, from: current, headers: headers, allowHTTPSToHTTP: redirects.allowHTTPSToHTTP
-            )
-            guard visited.insert(next.string).inserted else {
-                throw HaulError(.redirectRefused, "redirect loop at \(next.string)")
-            }
-            logger.debug("redirected", metadata: ["from": "\(current.string)", "to": "\(next.string)"])
-            current = next
         }
         throw HaulError(.redirectRefused, "more than \(redirects.maximum) redirects from \(url.string)")
     }

@@ -300,7 +300,7 @@ final class TransferFiles {
     /// Cuts a file written in order back to `offset`: the bytes after it are not kept.
     func cut(to offset: Int64) async throws {
         try await partialFile().truncate(to: offset)
-        prefix?.forget(from: offset)
+        forgetHashes(from: offset)
     }
 
     /// Forgets the hash kept of the file's first bytes from `offset` on: they will be written again.

@@ -5,8 +5,9 @@
 /// hold the same bytes: a checksum the complete file must match (and the same length in every
 /// answer), or the same `Repr-Digest` in every answer. Then a mirror that fails again and again,
 /// refuses ranges, or answers with another length or digest is dropped and its ranges go to the
-/// others; and when the complete file fails its checksum or digest, the bytes the mirrors wrote are
-/// fetched again from the origin, the mirrors dropped. Without such proof the mirrors are used one
+/// others; and when the complete file fails its checksum or digest, a piece of what each mirror
+/// wrote is compared with the origin's bytes, and the mirrors that differ are dropped and their
+/// bytes fetched again (``Phase/checkingMirrors``). Without such proof the mirrors are used one
 /// after another: when the URL in use fails, the next one serves the file from byte 0, so bytes of
 /// two servers never meet in one file.
 extension TransferMachine {
@@ -58,6 +59,16 @@ extension TransferMachine {
     /// Whether a source other than `source` is still in use.
     func othersActive(besides source: Int) -> Bool {
         sources.indices.contains { $0 != source && sources[$0].isActive }
+    }
+
+    /// The first source in use other than the origin: the next to fetch the file from.
+    var nextActiveSource: Int? {
+        sources.indices.first { $0 != origin && sources[$0].isActive }
+    }
+
+    /// The sources other than the origin that wrote bytes of the file in this session.
+    var mirrorsThatWrote: [Int] {
+        sources.indices.filter { $0 != origin && !sources[$0].wrote.isEmpty }
     }
 
     /// The request for bytes `from..<to` from `source`: the origin's with the manifest's validator in
@@ -140,19 +151,13 @@ extension TransferMachine {
     }
 
     /// A failure on a connection to a mixed mirror that drops the mirror rather than the download:
-    /// one about the server (not the disk), or bytes that differ from those stored. `nil` when the
-    /// failure goes the usual way.
+    /// one about the server, not the disk. `nil` when the failure goes the usual way.
     mutating func mirrorFailure(_ failure: TransferFailure, on connection: Int) -> [TransferAction]? {
         let source = connections[connection].source
-        guard isMixing, sources[source].isActive, othersActive(besides: source) else { return nil }
-        switch failure {
-        case .fatal(let error) where Self.isAboutTheServer(error):
-            return dropSource(source, error.message)
-        case .overlapMismatch:
-            return dropSource(source, "its bytes differ from those stored")
-        default:
-            return nil
-        }
+        guard isMixing, sources[source].isActive, othersActive(besides: source),
+            case .fatal(let error) = failure, Self.isAboutTheServer(error)
+        else { return nil }
+        return dropSource(source, error.message)
     }
 
     /// Counts a failed attempt against the connection's source: past ``sourceFailureLimit`` in a
@@ -205,7 +210,7 @@ extension TransferMachine {
     /// are not mixed, if there is one and the error is about the server.
     func nextSource(for error: HaulError) -> Int? {
         guard hasMirrors, !isMixing, Self.isAboutTheServer(error) else { return nil }
-        return sources.indices.first { $0 != origin && sources[$0].isActive }
+        return nextActiveSource
     }
 
     /// The next source to fetch the file from when the file fails the caller's checksum and all of
@@ -214,24 +219,21 @@ extension TransferMachine {
     ///
     /// The mirrors dropped for differing from this origin come back first: it was the one wrong.
     mutating func nextSourceAfterMismatch() -> Int? {
-        guard hasMirrors else { return nil }
-        if isMixing, sources.indices.contains(where: { $0 != origin && !sources[$0].wrote.isEmpty }) { return nil }
+        guard hasMirrors, !isMixing || mirrorsThatWrote.isEmpty else { return nil }
         for index in sources.indices where sources[index].droppedAgainst == origin {
             sources[index].dropped = nil
             sources[index].droppedAgainst = nil
         }
-        return sources.indices.first { $0 != origin && sources[$0].isActive }
+        return nextActiveSource
     }
 
     /// Leaves the origin for source `next`: the download starts over from it (nothing shows the two
     /// hold the same bytes).
     mutating func switchSource(to next: Int, _ error: HaulError, now: Moment) -> [TransferAction] {
         let failed = sources[origin].url
+        // The restart's discard resets what the sources showed (``resetSources()``).
         let actions = dropSource(origin, error.message)
         origin = next
-        sources[next].dropped = nil
-        sources[next].droppedAgainst = nil
-        sources[next].failures = 0
         return actions
             + restart(.mirrorFallback("\(failed) failed: \(error.message); next: \(sources[next].url)"), now: now)
     }
@@ -247,9 +249,7 @@ extension TransferMachine {
             sources[index].validator = nil
         }
         mirrorUse = nil
-        if !sources[origin].isActive, let next = sources.indices.first(where: { sources[$0].isActive }) {
-            origin = next
-        }
+        if !sources[origin].isActive, let next = nextActiveSource { origin = next }
     }
 
     /// The source a stored download's bytes came from (see ``Manifest/source``), when it is one of
@@ -305,7 +305,7 @@ extension TransferMachine {
                 .untrustedPartial("the file failed its check (\(detail)) and mirrors wrote part of it earlier"),
                 now: now)
         }
-        let contributors = sources.indices.filter { $0 != origin && !sources[$0].wrote.isEmpty }
+        let contributors = mirrorsThatWrote
         guard !contributors.isEmpty, sources[origin].isActive else { return nil }
         var checks = MirrorChecks(detail: detail, pending: [])
         for source in contributors {
@@ -391,7 +391,7 @@ extension TransferMachine {
     mutating func concludeMirrorChecks(now: Moment) -> [TransferAction] {
         guard let checks = mirrorChecks, var table else { return [] }
         mirrorChecks = nil
-        let contributors = sources.indices.filter { $0 != origin && !sources[$0].wrote.isEmpty }
+        let contributors = mirrorsThatWrote
         let blamed = checks.blamed.isEmpty ? contributors : contributors.filter { checks.blamed.contains($0) }
         var actions: [TransferAction] = []
         var forgotten: Int64 = 0
