@@ -1,6 +1,9 @@
 #ifdef __linux__
 #define _GNU_SOURCE
 #include <fcntl.h>
+#include <linux/openat2.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #endif
 #include "CHaulSystem.h"
 
@@ -13,6 +16,23 @@ int haul_fallocate(int descriptor, int keep_size, off_t offset, off_t length) {
     (void)offset;
     (void)length;
     errno = EOPNOTSUPP;
+    return -1;
+#endif
+}
+
+int haul_open_beneath(int directory, const char *path, int flags, mode_t mode) {
+#if defined(__linux__) && defined(SYS_openat2)
+    struct open_how how = {0};
+    how.flags = (unsigned long long)flags;
+    how.mode = (flags & O_CREAT) ? mode : 0;
+    how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
+    return (int)syscall(SYS_openat2, directory, path, &how, sizeof(how));
+#else
+    (void)directory;
+    (void)path;
+    (void)flags;
+    (void)mode;
+    errno = ENOSYS;
     return -1;
 #endif
 }

@@ -41,6 +41,10 @@ public struct HaulError: Error, Sendable, CustomStringConvertible {
         public static let fileSystem = Code("fileSystem")
         /// Another process is downloading to the same destination.
         public static let locked = Code("locked")
+        /// A destination outside the download roots, or reached through a symbolic link beneath one
+        /// (see ``DownloaderConfiguration/downloadRoots``); a haul daemon also refuses its state
+        /// directory and hidden files and directories with it.
+        public static let outsideDownloadRoot = Code("outsideDownloadRoot")
         /// The destination already exists and overwriting was not allowed.
         public static let destinationExists = Code("destinationExists")
         /// The partial file's manifest could not be read; it was not trusted.

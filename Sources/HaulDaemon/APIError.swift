@@ -10,9 +10,6 @@ import NIOCore
 #endif
 
 extension HaulError.Code {
-    /// A haul daemon refused a destination outside its download roots (or in a hidden or its state
-    /// directory).
-    public static let outsideDownloadRoot = HaulError.Code("outsideDownloadRoot")
     /// Credentials were to go to a haul daemon on another machine, over plain HTTP: refused.
     public static let credentialsForRemoteDaemon = HaulError.Code("credentialsForRemoteDaemon")
 }
@@ -33,13 +30,14 @@ struct APIError: HTTPResponseError {
         self.headers = headers
     }
 
-    /// The answer to a library failure: bad input is 400, an unknown ID 404, a download in the wrong
-    /// state (or a destination taken) 409, anything else 500.
+    /// The answer to a library failure: bad input is 400, a path outside the download roots 403, an
+    /// unknown ID 404, a download in the wrong state (or a destination taken) 409, anything else 500.
     init(_ error: HaulError) {
         let status: HTTPResponse.Status =
             switch error.code {
             case .invalidArgument, .invalidURL, .unsupportedScheme: .badRequest
             case .unknownDownload: .notFound
+            case .outsideDownloadRoot: .forbidden
             case .invalidState, .destinationExists, .locked: .conflict
             case .insufficientSpace: .init(code: 507, reasonPhrase: "Insufficient Storage")
             default: .internalServerError

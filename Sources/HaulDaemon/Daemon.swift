@@ -116,8 +116,11 @@ public final class Daemon: Sendable {
         // Progress reaches event streams at most every 200 ms per download.
         var queue = options.manager
         queue.progressInterval = max(queue.progressInterval, .milliseconds(200))
+        // The roots are checked again when each download's files are opened, beneath them.
+        var transfer = options.downloader
+        transfer.downloadRoots = roots.directories
         manager = try DownloadManager(
-            stateDirectory: directory, configuration: queue, downloaderConfiguration: options.downloader,
+            stateDirectory: directory, configuration: queue, downloaderConfiguration: transfer,
             logger: logger, clock: clock)
     }
 

@@ -10,4 +10,10 @@
 /// 0, or -1 with errno set (EOPNOTSUPP where the file system or the platform cannot do it).
 int haul_fallocate(int descriptor, int keep_size, off_t offset, off_t length);
 
+/// Opens `path` relative to the open directory `directory` without leaving it and without following
+/// any symbolic link on the way, the last component included (Linux `openat2` with RESOLVE_BENEATH
+/// and RESOLVE_NO_SYMLINKS). Returns the descriptor, or -1 with errno set: ELOOP or EXDEV where a
+/// link or `..` would lead elsewhere, ENOSYS where the kernel or the platform has no such call.
+int haul_open_beneath(int directory, const char *path, int flags, mode_t mode);
+
 #endif

@@ -27,7 +27,7 @@ public enum DownloadVerifier {
     /// written), each as its own range checked with `If-Range`; when the server gave no validator that
     /// allows that, the partial file is cut at the first damaged piece instead.
     public static func verifyPartial(destination: String) async throws -> PartialReport {
-        let paths = DownloadPaths(destination: destination)
+        let paths = try DownloadPaths.open(destination)
         let lock = try DestinationLock.acquire(paths)
         defer {
             if lock.created { lock.removePartial() }

@@ -148,7 +148,7 @@ public struct DownloadInfo: Sendable, Identifiable {
 
     /// The file's name: the destination's last component, else the URL's last path segment.
     public var name: String {
-        if let destination { return DownloadPaths(destination: destination).fileName }
+        if let destination { return DownloadPaths.split(destination).fileName }
         return URL(string: url)?.lastPathComponent.nonEmpty ?? url
     }
 }

@@ -1,5 +1,13 @@
 import GRDB
 
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Musl)
+    import Musl
+#elseif canImport(Darwin)
+    import Darwin
+#endif
+
 extension DownloadManager {
     /// Adds a download to the queue and returns its ID.
     ///
@@ -58,13 +66,15 @@ extension DownloadManager {
         -> DownloadID
     {
         let identity = Identity(request)
+        try confinement.checkContains(identity.destination ?? identity.directory ?? "")
         if let id = batch.index.find(identity) { return id }
         if let id = index.find(identity) {
             if let entry = try requeued(id, with: request, priority: priority, db: db) { batch.changed.append(entry) }
             return id
         }
-        if let destination = identity.destination, !request.overwrite, POSIX.exists(destination),
-            Self.storedProgress(DownloadPaths(destination: destination)) == nil
+        if let destination = identity.destination, !request.overwrite,
+            let paths = try? DownloadPaths.open(destination, confinement: confinement),
+            paths.folder.exists(paths.fileName), Self.storedProgress(paths) == nil
         {
             throw HaulError(.destinationExists, "\(destination) already exists")
         }
@@ -76,7 +86,7 @@ extension DownloadManager {
             priority: priority.rawValue,
             owner: claim.name, now: now
         )
-        Self.refreshFromDisk(&record)
+        Self.refreshFromDisk(&record, confinement: confinement)
         try record.insert(db)
         try storeHeaders(request.headers, of: record.downloadID, db: db)
         batch.added.append((identity, Entry(record: record, headers: request.headers, cookies: request.cookies)))
@@ -104,7 +114,7 @@ extension DownloadManager {
             return entry
         case .queued where entry.record.owner == claim.name:
             return entry
-        case .completed where !request.overwrite && entry.record.destination.map(POSIX.exists) == true:
+        case .completed where !request.overwrite && entry.record.destination.map(finishedFileExists) == true:
             return nil
         default:
             break
@@ -311,18 +321,33 @@ extension DownloadManager {
         }
     }
 
+    /// Whether the finished file `destination` is in place (as the download roots let it be seen).
+    func finishedFileExists(_ destination: String) -> Bool {
+        guard let paths = try? DownloadPaths.open(destination, confinement: confinement) else { return false }
+        return paths.folder.exists(paths.fileName)
+    }
+
     /// Deletes the partial file and manifest (and the finished file when asked), under the
-    /// destination's lock so a process writing them is never pulled from under.
+    /// destination's lock so a process writing them is never pulled from under; beneath the download
+    /// roots only, so a directory swapped for a link is refused, never followed.
     func deleteFiles(of record: StoredDownload, finished: Bool) throws {
         guard let destination = record.destination else { return }
-        let paths = DownloadPaths(destination: destination)
-        guard POSIX.exists(paths.partial) || POSIX.exists(paths.manifest) || (finished && POSIX.exists(destination))
+        let paths: DownloadPaths
+        do {
+            paths = try DownloadPaths.open(destination, confinement: confinement)
+        } catch let error as HaulError where (error.underlying as? SystemError)?.code == ENOENT {
+            return  // its directory is gone, and its files with it
+        }
+        let folder = paths.folder
+        guard
+            folder.exists(paths.partialName) || folder.exists(paths.manifestName)
+                || (finished && folder.exists(paths.fileName))
         else { return }
         let lock = try DestinationLock.acquire(paths)
         defer { lock.unlock() }
         lock.removePartial()
         try ManifestStore.remove(paths)
-        if finished { try POSIX.unlink(destination) }
+        if finished { try folder.unlink(paths.fileName) }
     }
 }
 

@@ -7,7 +7,8 @@ extension DownloadManager {
     /// finished file that vanished makes the download failed; a download whose file was completed
     /// just before its process died is completed.
     static func reconcile(
-        store: DownloadStore, claim: ProcessClaim, restoring: Configuration.RestoredDownloads
+        store: DownloadStore, claim: ProcessClaim, restoring: Configuration.RestoredDownloads,
+        confinement: DownloadConfinement
     ) throws -> ([DownloadID: Entry], Heap<WaitingDownload>) {
         var entries: [DownloadID: Entry] = [:]
         var waiting = Heap<WaitingDownload>()
@@ -30,7 +31,7 @@ extension DownloadManager {
             }
             if record.state == .running { try record.move(to: .queued, at: now) }
             record.bytesPerSecond = nil
-            refreshFromDisk(&record)
+            refreshFromDisk(&record, confinement: confinement)
             if orphan && record.state != .completed {
                 switch restoring {
                 case .resume:
@@ -60,17 +61,19 @@ extension DownloadManager {
         return (entries, waiting)
     }
 
-    /// Sets a record's bytes (and state, where the files tell) from what is on disk now.
-    static func refreshFromDisk(_ record: inout StoredDownload) {
+    /// Sets a record's bytes (and state, where the files tell) from what is on disk now, as far as
+    /// `confinement` lets its directory be opened (one that cannot be holds nothing).
+    static func refreshFromDisk(_ record: inout StoredDownload, confinement: DownloadConfinement) {
         guard let destination = record.destination else {
             record.bytes = 0
             return
         }
-        let paths = DownloadPaths(destination: destination)
+        let paths = try? DownloadPaths.open(destination, confinement: confinement)
+        let finished = paths?.folder.status(paths!.fileName)
         switch record.state {
         case .completed:
-            if let status = POSIX.fileStatus(destination) {
-                record.bytes = Int64(status.st_size)
+            if let finished {
+                record.bytes = Int64(finished.st_size)
             } else {
                 let vanished = HaulError(.fileSystem, "the finished file \(destination) is no longer on disk")
                 try? record.move(to: .failed, at: now, error: vanished)
@@ -78,16 +81,15 @@ extension DownloadManager {
         case .cancelled:
             record.bytes = 0
         case .queued, .paused, .failed, .running:
-            if let progress = storedProgress(paths) {
+            if let progress = paths.flatMap(storedProgress) {
                 record.bytes = progress.bytes
                 record.totalBytes = progress.total ?? record.totalBytes
-            } else if record.startedAt != nil, record.state == .queued,
-                let status = POSIX.fileStatus(destination),
-                record.totalBytes == nil || record.totalBytes == Int64(status.st_size)
+            } else if record.startedAt != nil, record.state == .queued, let finished,
+                record.totalBytes == nil || record.totalBytes == Int64(finished.st_size)
             {
                 // The file got its final name, but the process died before the record said so.
                 try? record.move(to: .completed, at: now)
-                record.bytes = Int64(status.st_size)
+                record.bytes = Int64(finished.st_size)
                 record.totalBytes = record.bytes
             } else {
                 record.bytes = 0
@@ -98,9 +100,9 @@ extension DownloadManager {
     /// The bytes a resume would keep and the total, from the manifest beside `paths`; `nil` when
     /// neither the partial file nor the manifest exists.
     static func storedProgress(_ paths: DownloadPaths) -> (bytes: Int64, total: Int64?)? {
-        let partialSize = POSIX.fileStatus(paths.partial).map { Int64($0.st_size) }
+        let partialSize = paths.folder.status(paths.partialName).map { Int64($0.st_size) }
         guard let manifest = try? ManifestStore.load(paths) else {
-            return partialSize == nil && !POSIX.exists(paths.manifest) ? nil : (0, nil)
+            return partialSize == nil && !paths.folder.exists(paths.manifestName) ? nil : (0, nil)
         }
         let bytes = manifest.trustedBytes(currentBootID: BootIdentity.current, partialSize: partialSize ?? 0)
         return (bytes, manifest.totalLength)

@@ -87,7 +87,7 @@ extension DownloadManager {
         if let owner = record.owner, owner != claim.name, !claim.isAlive(owner) {
             record.owner = nil
             if record.state == .running { try record.move(to: .queued, at: Self.now) }
-            Self.refreshFromDisk(&record)
+            Self.refreshFromDisk(&record, confinement: confinement)
             try write([record])
         }
         var entry = entries[id] ?? Entry(record: record)

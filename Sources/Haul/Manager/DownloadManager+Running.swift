@@ -247,7 +247,7 @@ extension DownloadManager {
             entry.move(to: .failed, error: error)
             entry.record.owner = nil
         }
-        if entry.state != .completed { Self.refreshFromDisk(&entry.record) }
+        if entry.state != .completed { Self.refreshFromDisk(&entry.record, confinement: confinement) }
         // Written with the next transaction, which the next download's start usually is.
         try? save(&entry, soon: true)
     }
@@ -302,7 +302,7 @@ extension DownloadManager {
             $0.state == .paused && $0.record.owner == claim.name && $0.record.storedError?.code == .diskFull
         }
         for entry in waitingForSpace {
-            let directory = entry.record.destination.map { DownloadPaths(destination: $0).directory }
+            let directory = entry.record.destination.map { DownloadPaths.split($0).directory }
             guard let free = POSIX.freeSpace(directory ?? entry.record.directory ?? "/") else { continue }
             let remaining = entry.record.totalBytes.map { max(0, $0 - entry.record.bytes) } ?? 0
             guard free >= remaining + configuration.freeSpaceMargin else { continue }

@@ -87,6 +87,9 @@ public actor DownloadManager {
     /// What runs each download (Haul's own engine unless a test or an adapter gives another).
     let transport: any DownloadTransport
     let claim: ProcessClaim
+    /// Where downloads may write (``DownloaderConfiguration/downloadRoots``): their files are
+    /// opened, and deleted, beneath those roots only.
+    nonisolated let confinement: DownloadConfinement
     nonisolated let subscribers = Subscribers()
     /// The limit every download of this manager shares.
     package let rateLimiter: RateLimiter
@@ -171,8 +174,10 @@ public actor DownloadManager {
         self.transport = downloader
         self.clock = downloader.clock
         self.lastSpaceCheck = self.clock.now
+        let confinement = DownloadConfinement(roots: transfer.downloadRoots)
+        self.confinement = confinement
         let (entries, waiting) = try Self.reconcile(
-            store: store, claim: claim, restoring: configuration.restoredDownloads)
+            store: store, claim: claim, restoring: configuration.restoredDownloads, confinement: confinement)
         self.entries = entries
         self.waiting = waiting
         self.index = DestinationIndex(entries.values)

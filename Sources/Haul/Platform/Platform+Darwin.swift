@@ -43,10 +43,12 @@
             return 0
         }
 
-        /// Opens `path` for writes that bypass the page cache (`F_NOCACHE` on the new descriptor);
-        /// -1 with `errno` set when the file cannot be opened so.
-        package static func openUncached(_ path: String, flags: Int32) -> Int32 {
-            guard let descriptor = try? POSIX.open(path, flags: flags) else { return -1 }
+        /// Opens `name` in the open `directory` (`AT_FDCWD`: `name` is a path) for writes that bypass
+        /// the page cache (`F_NOCACHE` on the new descriptor), never through a symbolic link; -1 with
+        /// `errno` set when the file cannot be opened so.
+        package static func openUncached(in directory: Int32, _ name: String, flags: Int32) -> Int32 {
+            let descriptor = name.withCString { openat(directory, $0, flags | O_NOFOLLOW | O_CLOEXEC) }
+            guard descriptor >= 0 else { return -1 }
             guard fcntl(descriptor, F_NOCACHE, 1) == 0 else {
                 let code = errno
                 POSIX.close(descriptor)
@@ -54,6 +56,14 @@
                 return -1
             }
             return descriptor
+        }
+
+        /// Opens `path` beneath the open `directory` in one call: Darwin has no such call that every
+        /// supported version offers, so this answers `ENOSYS` and the caller walks the path one
+        /// component at a time (`openat` with `O_NOFOLLOW`), which holds the same rules.
+        package static func openBeneath(_ directory: Int32, _ path: String, flags: Int32, mode: mode_t) -> Int32 {
+            errno = ENOSYS
+            return -1
         }
 
         /// Flushes the file's data to stable storage: `F_FULLFSYNC`, which also empties the drive's

@@ -27,9 +27,10 @@
             haul_fallocate(descriptor, keepingSize ? 1 : 0, off_t(offset), off_t(length)) == 0 ? 0 : errno
         }
 
-        /// Opens `path` for writes that bypass the page cache (`O_DIRECT`: whole pages from
-        /// page-aligned memory); -1 with `errno` set when the file system refuses.
-        package static func openUncached(_ path: String, flags: Int32) -> Int32 {
+        /// Opens `name` in the open `directory` (`AT_FDCWD`: `name` is a path) for writes that bypass
+        /// the page cache (`O_DIRECT`: whole pages from page-aligned memory), never through a symbolic
+        /// link; -1 with `errno` set when the file system refuses.
+        package static func openUncached(in directory: Int32, _ name: String, flags: Int32) -> Int32 {
             // Glibc's module does not export O_DIRECT; its value differs between architectures.
             #if arch(x86_64)
                 let direct: Int32? = 0o40000
@@ -42,7 +43,26 @@
                 errno = EINVAL
                 return -1
             }
-            return (try? POSIX.open(path, flags: flags | direct)) ?? -1
+            return name.withCString { openat(directory, $0, flags | direct | O_NOFOLLOW | O_CLOEXEC) }
+        }
+
+        /// Opens `path` (relative, without `..`) beneath the open `directory` in one call, following no
+        /// symbolic link on the way, the last component included (`openat2` with `RESOLVE_BENEATH` and
+        /// `RESOLVE_NO_SYMLINKS`). -1 with `errno` set: `ELOOP` or `EXDEV` for a link, `ENOSYS` where the
+        /// kernel (before 5.6) or a sandbox's system call filter does not offer the call; the caller
+        /// then walks the path one component at a time.
+        package static func openBeneath(_ directory: Int32, _ path: String, flags: Int32, mode: mode_t) -> Int32 {
+            while true {
+                let result = path.withCString { haul_open_beneath(directory, $0, flags | O_CLOEXEC, mode) }
+                if result >= 0 { return result }
+                switch errno {
+                case EINTR: continue
+                // Container filters answer EPERM for calls they do not know; open itself never does here.
+                case EPERM, E2BIG: errno = ENOSYS
+                default: break
+                }
+                return -1
+            }
         }
 
         /// Flushes the file's data, and the metadata needed to read it back, to stable storage

@@ -33,7 +33,7 @@ final class DestinationLock: Sendable {
     static func acquire(_ paths: DownloadPaths) throws -> DestinationLock {
         let path = paths.partial
         for _ in 0..<8 {
-            let (descriptor, created) = try POSIX.openOrCreate(path, flags: O_RDWR)
+            let (descriptor, created) = try paths.folder.openOrCreate(paths.partialName, flags: O_RDWR)
             if flock(descriptor, LOCK_EX | LOCK_NB) != 0 {
                 let code = errno
                 let owner = Platform.lockHolder(descriptor)
@@ -49,7 +49,7 @@ final class DestinationLock: Sendable {
             }
             // The previous owner may have renamed or removed the file between our open and our lock:
             // only a lock on the file that is still at `path` counts.
-            guard let held = try? POSIX.identity(descriptor), let current = POSIX.fileStatus(path),
+            guard let held = try? POSIX.identity(descriptor), let current = paths.folder.status(paths.partialName),
                 held == [UInt64(current.st_dev), UInt64(current.st_ino)]
             else {
                 POSIX.close(descriptor)
@@ -66,12 +66,12 @@ final class DestinationLock: Sendable {
         let copy = dup(descriptor)
         guard copy >= 0 else { throw POSIX.error("open", path: paths.partial) }
         _ = fcntl(copy, F_SETFD, FD_CLOEXEC)
-        return PartialFile(path: paths.partial, descriptor: copy, io: io)
+        return PartialFile(in: paths.folder, name: paths.partialName, descriptor: copy, io: io)
     }
 
     /// Removes the partial file while still holding the lock, so nobody can take over a file that is
     /// on its way out.
-    func removePartial() { try? POSIX.unlink(paths.partial) }
+    func removePartial() { try? paths.folder.unlink(paths.partialName) }
 
     /// Lets go of the lock now. Closing the descriptor would not be enough: the partial file shares
     /// the lock's open file, and a thread that has just written it may still hold a reference for a

@@ -18,29 +18,33 @@ final class DirectoryFlusher: Sendable {
         var waiting: [(ticket: UInt64, turn: CheckedContinuation<Bool, Never>)] = []
     }
 
-    private let directories = Mutex<[String: Directory]>([:])
-    private let flush: @Sendable (String) throws -> Void
+    /// By the directory's device and inode: handles of one directory share flushes, and a path that
+    /// came to lead to another directory does not.
+    private let directories = Mutex<[[UInt64]: Directory]>([:])
+    private let flush: @Sendable (DirectoryHandle) throws -> Void
 
     /// - Parameter flush: makes the renames in a directory durable.
-    init(flush: @escaping @Sendable (String) throws -> Void = { try POSIX.syncDirectory($0) }) {
+    init(flush: @escaping @Sendable (DirectoryHandle) throws -> Void = { try $0.sync() }) {
         self.flush = flush
     }
 
-    /// Call on an I/O thread after a rename in `directory`. Flushes the directory and returns nil, or,
+    /// Call on an I/O thread after a rename in `folder`. Flushes the directory and returns nil, or,
     /// when a flush of it is already running, returns the ticket to pass to ``waitForFlush(of:ticket:io:)``.
-    func flushOrQueue(_ directory: String) throws -> UInt64? {
+    func flushOrQueue(_ folder: DirectoryHandle) throws -> UInt64? {
+        let directory = try folder.identity()
         let ticket = directories.withLock { directories -> UInt64? in
             directories[directory, default: Directory()].issued += 1
             if directories[directory]!.flushing { return directories[directory]!.issued }
             directories[directory]!.flushing = true
             return nil
         }
-        if ticket == nil { try flushRound(directory) }
+        if ticket == nil { try flushRound(folder, directory) }
         return ticket
     }
 
     /// Waits until a flush covers `ticket`, running that flush itself when no one else is.
-    func waitForFlush(of directory: String, ticket: UInt64, io: BlockingIO) async throws {
+    func waitForFlush(of folder: DirectoryHandle, ticket: UInt64, io: BlockingIO) async throws {
+        let directory = try folder.identity()
         let leads = await withCheckedContinuation { (turn: CheckedContinuation<Bool, Never>) in
             let now = directories.withLock { directories -> Bool? in
                 // A directory is forgotten once every ticket issued for it is covered.
@@ -54,15 +58,15 @@ final class DirectoryFlusher: Sendable {
             }
             if let now { turn.resume(returning: now) }
         }
-        if leads { try await io.run { try self.flushRound(directory) } }
+        if leads { try await io.run { try self.flushRound(folder, directory) } }
     }
 
     /// Flushes the directory for every ticket issued so far, then wakes the waiters it covered and hands
     /// the next round to one of the others.
-    private func flushRound(_ directory: String) throws {
+    private func flushRound(_ folder: DirectoryHandle, _ directory: [UInt64]) throws {
         let covers = directories.withLock { $0[directory]!.issued }
         var failure: (any Error)?
-        do { try flush(directory) } catch { failure = error }
+        do { try flush(folder) } catch { failure = error }
         let (covered, next) = directories.withLock { directories in
             var state = directories[directory]!
             if failure == nil { state.covered = max(state.covered, covers) }

@@ -214,8 +214,8 @@ extension Manifest {
 /// Reads and atomically replaces manifests.
 enum ManifestStore {
     static func load(_ paths: DownloadPaths) throws -> Manifest? {
-        guard POSIX.exists(paths.manifest) else { return nil }
-        let bytes = try POSIX.readWholeFile(paths.manifest, limit: 1 << 24)
+        guard paths.folder.exists(paths.manifestName) else { return nil }
+        let bytes = try paths.folder.readWholeFile(paths.manifestName, limit: 1 << 24)
         do {
             return try Manifest.decode(bytes)
         } catch let error as HaulError {
@@ -229,22 +229,25 @@ enum ManifestStore {
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.sortedKeys]
         let data = try encoder.encode(manifest)
-        let descriptor = try POSIX.open(paths.manifestTemporary, flags: O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW)
+        let temporary = paths.manifestTemporaryName
+        let descriptor = try paths.folder.openFile(temporary, flags: O_WRONLY | O_CREAT | O_TRUNC)
         do {
-            try data.withUnsafeBytes { try POSIX.write(descriptor, $0, at: 0, path: paths.manifestTemporary) }
-            if durable { try POSIX.syncAll(descriptor, path: paths.manifestTemporary) }
+            try data.withUnsafeBytes { try POSIX.write(descriptor, $0, at: 0, path: paths.folder.pathOf(temporary)) }
+            if durable { try POSIX.syncAll(descriptor, path: paths.folder.pathOf(temporary)) }
             POSIX.close(descriptor)
         } catch {
             POSIX.close(descriptor)
             throw error
         }
-        try POSIX.rename(paths.manifestTemporary, to: paths.manifest)
-        if durable { try POSIX.syncDirectory(paths.directory) }
+        try paths.folder.rename(temporary, to: paths.manifestName)
+        if durable { try paths.folder.sync() }
     }
 
     /// Removes the manifest and any temporary one. Looking before unlinking spares the directory's
     /// write lock when there is nothing to remove, as for a small file that never needed a manifest.
     static func remove(_ paths: DownloadPaths) throws {
-        for path in [paths.manifest, paths.manifestTemporary] where POSIX.exists(path) { try POSIX.unlink(path) }
+        for name in [paths.manifestName, paths.manifestTemporaryName] where paths.folder.exists(name) {
+            try paths.folder.unlink(name)
+        }
     }
 }

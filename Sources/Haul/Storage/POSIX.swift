@@ -29,21 +29,6 @@ package enum POSIX {
         }
     }
 
-    /// Opens `path` with `flags`, creating it (mode 0644) when nothing is there; tells whether this
-    /// call created it. Both opens carry `O_NOFOLLOW`, so a symbolic link is refused.
-    package static func openOrCreate(_ path: String, flags: Int32) throws -> (descriptor: Int32, created: Bool) {
-        while true {
-            let existing = path.withCString { systemOpen($0, flags | O_NOFOLLOW | O_CLOEXEC, 0) }
-            if existing >= 0 { return (existing, false) }
-            if errno == EINTR { continue }
-            guard errno == ENOENT else { throw error("open", path: path) }
-            let fresh = path.withCString { systemOpen($0, flags | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o644) }
-            if fresh >= 0 { return (fresh, true) }
-            // Somebody created it in between: open theirs.
-            guard errno == EEXIST || errno == EINTR else { throw error("create", path: path) }
-        }
-    }
-
     /// The device and inode of an open file.
     package static func identity(_ descriptor: Int32) throws -> [UInt64] {
         var status = stat()
@@ -125,13 +110,6 @@ package enum POSIX {
         _ = systemClose(descriptor)
     }
 
-    /// Makes a rename or unlink in `directory` durable.
-    package static func syncDirectory(_ directory: String) throws {
-        let descriptor = try open(directory, flags: O_RDONLY | O_DIRECTORY)
-        defer { close(descriptor) }
-        try syncAll(descriptor, path: directory)
-    }
-
     package static func rename(_ source: String, to destination: String) throws {
         let result = source.withCString { from in destination.withCString { to in systemRename(from, to) } }
         if result != 0 { throw error("rename \(source) to", path: destination) }
@@ -176,6 +154,11 @@ package enum POSIX {
     package static func readWholeFile(_ path: String, limit: Int) throws -> [UInt8] {
         let descriptor = try open(path, flags: O_RDONLY | O_NOFOLLOW)
         defer { close(descriptor) }
+        return try readWholeFile(descriptor, limit: limit, path: path)
+    }
+
+    /// The bytes of the open file, at most `limit` of them.
+    package static func readWholeFile(_ descriptor: Int32, limit: Int, path: String) throws -> [UInt8] {
         let length = Int(clamping: try size(descriptor, path: path))
         // One byte more than the size says, so a file that grew meanwhile is still read to its end.
         var bytes = try read(descriptor, count: min(limit, length + 1), at: 0, path: path)
@@ -188,9 +171,8 @@ package enum POSIX {
         return bytes
     }
 
-    package static func listDirectory(_ path: String) -> [String] {
-        guard let directory = opendir(path) else { return [] }
-        defer { closedir(directory) }
+    /// The names a directory stream lists, `.` and `..` left out.
+    static func names(in directory: DirectoryStream) -> [String] {
         var names: [String] = []
         while let entry = readdir(directory) {
             let name = withUnsafePointer(to: entry.pointee.d_name) {
@@ -236,6 +218,14 @@ package enum POSIX {
         }
     }
 }
+
+#if canImport(Darwin)
+    /// What `opendir` returns.
+    typealias DirectoryStream = UnsafeMutablePointer<DIR>
+#else
+    /// What `opendir` returns (`DIR` is opaque in Glibc).
+    typealias DirectoryStream = OpaquePointer
+#endif
 
 /// An `errno` value, kept as the underlying error of a ``HaulError``.
 public struct SystemError: Error, Sendable, Equatable {

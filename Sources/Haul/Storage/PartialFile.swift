@@ -16,6 +16,9 @@ import Synchronization
 /// on a thread pool, never on the caller's executor or an event loop.
 final class PartialFile: Sendable {
     let path: String
+    /// The directory the file was opened in and its name there, to open it again for direct I/O;
+    /// `nil` for a file opened by its path.
+    private let place: (folder: DirectoryHandle, name: String)?
     private let descriptor: Int32
     private let io: BlockingIO
     /// A second descriptor opened for direct I/O, once ``enableDirectWrites()`` succeeded.
@@ -26,13 +29,15 @@ final class PartialFile: Sendable {
     init(path: String, io: BlockingIO = .shared, readOnly: Bool = false) throws {
         self.path = path
         self.io = io
+        self.place = nil
         self.descriptor = try POSIX.open(path, flags: readOnly ? O_RDONLY | O_NOFOLLOW : O_RDWR | O_CREAT | O_NOFOLLOW)
     }
 
-    /// Takes over `descriptor`, already open on `path` for reading and writing.
-    init(path: String, descriptor: Int32, io: BlockingIO) {
-        self.path = path
+    /// Takes over `descriptor`, already open on the file `name` in `folder` for reading and writing.
+    init(in folder: DirectoryHandle, name: String, descriptor: Int32, io: BlockingIO) {
+        self.path = folder.pathOf(name)
         self.io = io
+        self.place = (folder, name)
         self.descriptor = descriptor
     }
 
@@ -47,7 +52,12 @@ final class PartialFile: Sendable {
     func enableDirectWrites() -> Bool {
         directDescriptor.withLock { direct in
             if direct != nil { return true }
-            let opened = Platform.openUncached(path, flags: O_WRONLY | O_NOFOLLOW)
+            let opened =
+                if let place {
+                    Platform.openUncached(in: place.folder.descriptor, place.name, flags: O_WRONLY)
+                } else {
+                    Platform.openUncached(in: AT_FDCWD, path, flags: O_WRONLY)
+                }
             guard opened >= 0 else { return false }
             // The same file, not one that replaced it at this path in between.
             guard let mine = try? POSIX.identity(descriptor), let theirs = try? POSIX.identity(opened), mine == theirs

@@ -12,43 +12,42 @@ import Synchronization
 /// started after the listing is not found here; the session recognises it once the server's answer
 /// names the file, and then resumes it instead of starting over.
 final class PartialIndex: Sendable {
-    /// Directory → original URL → destination.
+    /// Directory path → original URL → file name.
     private let directories = Mutex<[String: [String: String]]>([:])
 
-    /// The unfinished download of `url` in `directory`, if there is one.
-    func find(_ url: String, in directory: String) -> DownloadPaths? {
-        var known = directories.withLock { $0[directory] }
+    /// The unfinished download of `url` in `folder`, if there is one.
+    func find(_ url: String, in folder: DirectoryHandle) -> DownloadPaths? {
+        var known = directories.withLock { $0[folder.path] }
         if known == nil {
-            let listed = Self.list(directory)
+            let listed = Self.list(folder)
             known = directories.withLock { directories in
                 // Names noted while the directory was being listed are newer than the listing.
-                let merged = listed.merging(directories[directory] ?? [:]) { _, noted in noted }
-                directories[directory] = merged
+                let merged = listed.merging(directories[folder.path] ?? [:]) { _, noted in noted }
+                directories[folder.path] = merged
                 return merged
             }
         }
-        guard let destination = known?[url] else { return nil }
-        let paths = DownloadPaths(destination: destination)
+        guard let name = known?[url] else { return nil }
+        let paths = DownloadPaths(in: folder, fileName: name)
         guard let manifest = try? ManifestStore.load(paths), manifest.originalURL == url else { return nil }
         return paths
     }
 
-    /// Records the name a download of `url` chose in `directory`.
-    func note(_ url: String, at destination: String, in directory: String) {
-        directories.withLock { $0[directory, default: [:]][url] = destination }
+    /// Records the name a download of `url` chose in its directory.
+    func note(_ url: String, at paths: DownloadPaths) {
+        directories.withLock { $0[paths.directory, default: [:]][url] = paths.fileName }
     }
 
-    /// Every manifest in `directory`, by the URL it was started from; of two for the same URL, the
+    /// Every manifest in `folder`, by the URL it was started from; of two for the same URL, the
     /// one updated last.
-    private static func list(_ directory: String) -> [String: String] {
-        var found: [String: (destination: String, updated: Int64)] = [:]
-        for name in POSIX.listDirectory(directory) where name.hasSuffix(DownloadPaths.manifestSuffix) {
-            let paths = DownloadPaths(
-                directory: directory, fileName: String(name.dropLast(DownloadPaths.manifestSuffix.count)))
+    private static func list(_ folder: DirectoryHandle) -> [String: String] {
+        var found: [String: (name: String, updated: Int64)] = [:]
+        for name in folder.list() where name.hasSuffix(DownloadPaths.manifestSuffix) {
+            let paths = DownloadPaths(in: folder, fileName: String(name.dropLast(DownloadPaths.manifestSuffix.count)))
             guard let manifest = try? ManifestStore.load(paths) else { continue }
             if let best = found[manifest.originalURL], best.updated >= manifest.updatedAt { continue }
-            found[manifest.originalURL] = (paths.destination, manifest.updatedAt)
+            found[manifest.originalURL] = (paths.fileName, manifest.updatedAt)
         }
-        return found.mapValues(\.destination)
+        return found.mapValues(\.name)
     }
 }

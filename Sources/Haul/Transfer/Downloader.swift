@@ -37,6 +37,8 @@ public final class Downloader: Sendable {
     let partials = PartialIndex()
     /// Shares directory flushes among downloads finishing in the same directory.
     let directoryFlusher = DirectoryFlusher()
+    /// Where downloads may write (``DownloaderConfiguration/downloadRoots``).
+    let confinement: DownloadConfinement
 
     /// - Parameters:
     ///   - configuration: how downloads behave.
@@ -53,6 +55,7 @@ public final class Downloader: Sendable {
         self.logger = logger ?? Logger(label: "haul", factory: { _ in SwiftLogNoOpLogHandler() })
         self.clock = TransferClock(clock)
         self.io = .shared
+        self.confinement = DownloadConfinement(roots: configuration.downloadRoots)
         // Stalls are detected by the transfer's own clock (`timeouts.stall`), not by the client.
         var clientConfiguration = HTTPClient.Configuration(
             redirectConfiguration: .disallow,

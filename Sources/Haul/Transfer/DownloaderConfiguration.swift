@@ -153,6 +153,16 @@ public struct DownloaderConfiguration: Sendable {
     /// variable: the caller decides (`haul` follows curl's `http_proxy`, `https_proxy`, `all_proxy`
     /// and `no_proxy`).
     public var proxy = ProxySettings()
+    /// Directories downloads may write into; empty (the default): wherever their paths lead.
+    ///
+    /// With roots, a download's directory must lie inside one of them, and it is opened beneath that
+    /// root when the download's files are opened, following no symbolic link below the root (on
+    /// Linux `openat2` with `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`, elsewhere one component at a
+    /// time with `O_NOFOLLOW`); the partial file, the manifest and the final rename are then made by
+    /// name in that open directory, which is checked once more right before the rename. A download
+    /// that would leave its root fails with ``HaulError/Code/outsideDownloadRoot`` and writes
+    /// nothing there. A root may itself be a symbolic link. `haul daemon --download-root` sets them.
+    public var downloadRoots: [String] = []
     /// Sent as `User-Agent` unless the request sets its own.
     public var userAgent: String = "haul/\(HaulVersion.current)"
     /// Resume even when the server gave no validator (no ETag, no Last-Modified). Haul then only

@@ -123,7 +123,7 @@ struct ProxyTests {
                         (fileSize(destination + ".haul.part") ?? 0) > 200_000
                     }
                     server.setStandingFaults("/resumed", [])
-                    let stored = try #require(try ManifestStore.load(DownloadPaths(destination: destination)))
+                    let stored = try #require(try ManifestStore.load(DownloadPaths.open(destination)))
                     try await withDownloader(configuration) { try await $0.download(request) }
                     let identical = try readFile(destination) == resource.content
                     #expect(identical)

@@ -112,7 +112,7 @@ struct HostileInputTests {
             let resource = TestResource(name: "truncated-manifest", size: 300_000)
             server.add("/f", resource)
             try await withTemporaryDirectory { directory in
-                let paths = DownloadPaths(destination: directory + "/f")
+                let paths = try DownloadPaths.open(directory + "/f")
                 try plantPartialDownload(
                     at: paths, resource: resource, bytes: resource.bytes(0..<100_000), written: 100_000,
                     url: server.url("/f")
@@ -133,7 +133,7 @@ struct HostileInputTests {
             let resource = TestResource(name: "this-one", size: 300_000)
             server.add("/this", resource)
             try await withTemporaryDirectory { directory in
-                let paths = DownloadPaths(destination: directory + "/f")
+                let paths = try DownloadPaths.open(directory + "/f")
                 let other = TestResource(name: "other", size: 900_000)
                 try plantPartialDownload(
                     at: paths, resource: other, bytes: other.bytes(0..<200_000), written: 200_000,

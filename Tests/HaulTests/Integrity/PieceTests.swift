@@ -42,7 +42,7 @@ struct PieceTests {
     {
         try await interruptedSession(
             server, destination: destination, bytes: bytes, configuration: configuration(retries: 0))
-        return try #require(try ManifestStore.load(DownloadPaths(destination: destination)))
+        return try #require(try ManifestStore.load(DownloadPaths.open(destination)))
     }
 
     @Test func everyCompletePieceWrittenIsRecorded() async throws {

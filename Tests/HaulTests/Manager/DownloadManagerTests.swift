@@ -136,7 +136,7 @@ import Testing
                     let partial = try readFile(destination + ".haul.part")
                     #expect(Int64(partial.count) == paused.bytes)
                     #expect(partial == resource.bytes(0..<paused.bytes))
-                    let manifest = try #require(try ManifestStore.load(DownloadPaths(destination: destination)))
+                    let manifest = try #require(try ManifestStore.load(DownloadPaths.open(destination)))
                     #expect(manifest.segments[0].durable == paused.bytes)
 
                     server.setStandingFaults("/big", [])

@@ -14,7 +14,7 @@ func directIOAvailable(in directory: String) -> Bool {
     let path = directory + "/.direct-probe"
     close(open(path, O_WRONLY | O_CREAT, 0o644))
     defer { unlink(path) }
-    let descriptor = Platform.openUncached(path, flags: O_WRONLY)
+    let descriptor = Platform.openUncached(in: AT_FDCWD, path, flags: O_WRONLY)
     guard descriptor >= 0 else { return false }
     close(descriptor)
     return true

@@ -15,11 +15,11 @@ struct DirectoryFlusherTests {
 
         init(failing: Set<Int> = []) { self.failing = failing }
 
-        func flush(_ directory: String) throws {
+        func flush(_ directory: DirectoryHandle) throws {
             let call = calls.add(1, ordering: .relaxed).newValue
             if call == 1 { gate.wait() }
             if failing.contains(call) { throw HaulError(.fileSystem, "flush \(call) failed") }
-            try POSIX.syncDirectory(directory)
+            try directory.sync()
         }
 
         func release() { gate.signal() }
@@ -27,7 +27,7 @@ struct DirectoryFlusherTests {
 
     /// Starts a flush that is held at the gate, then queues `count` more requests behind it.
     static func queueBehindAHeldFlush(
-        _ flusher: DirectoryFlusher, _ gated: GatedFlush, in directory: String, count: Int
+        _ flusher: DirectoryFlusher, _ gated: GatedFlush, in directory: DirectoryHandle, count: Int
     ) async throws -> (first: Task<UInt64?, any Error>, tickets: [UInt64]) {
         let io = BlockingIO.shared
         // The held flush waits on a thread of its own, not one of the I/O pool's.
@@ -49,7 +49,8 @@ struct DirectoryFlusherTests {
 
     @Test("requests made during a flush share one more flush; a lone request flushes at once")
     func requestsDuringAFlushShareTheNext() async throws {
-        try await withTemporaryDirectory { directory in
+        try await withTemporaryDirectory { path in
+            let directory = try DirectoryHandle.open(path)
             let gated = GatedFlush()
             let flusher = DirectoryFlusher(flush: { try gated.flush($0) })
             let (first, tickets) = try await Self.queueBehindAHeldFlush(flusher, gated, in: directory, count: 6)
@@ -71,7 +72,8 @@ struct DirectoryFlusherTests {
 
     @Test("a failed flush covers no one: its runner reports it and the next waiter flushes again")
     func aFailedFlushIsRetriedByTheNextWaiter() async throws {
-        try await withTemporaryDirectory { directory in
+        try await withTemporaryDirectory { path in
+            let directory = try DirectoryHandle.open(path)
             let gated = GatedFlush(failing: [2])
             let flusher = DirectoryFlusher(flush: { try gated.flush($0) })
             let (first, tickets) = try await Self.queueBehindAHeldFlush(flusher, gated, in: directory, count: 4)

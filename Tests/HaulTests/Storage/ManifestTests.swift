@@ -43,7 +43,7 @@ struct ManifestTests {
 
     @Test func impossibleManifestsAreRejected() throws {
         try withTemporaryDirectorySync { directory in
-            let paths = DownloadPaths(destination: directory + "/f")
+            let paths = try DownloadPaths.open(directory + "/f")
             try ManifestStore.store(manifest(written: 100, durable: 200, bootID: nil), at: paths, durable: true)
             #expect(throws: HaulError.self) { try ManifestStore.load(paths) }
             try ManifestStore.store(manifest(written: 2000, durable: 0, bootID: nil), at: paths, durable: false)
@@ -51,7 +51,7 @@ struct ManifestTests {
             let good = manifest(written: 200, durable: 100, bootID: "x")
             try ManifestStore.store(good, at: paths, durable: true)
             #expect(try ManifestStore.load(paths) == good)
-            #expect(!fileExists(paths.manifestTemporary))
+            #expect(!paths.folder.exists(paths.manifestTemporaryName))
         }
     }
 
@@ -60,7 +60,7 @@ struct ManifestTests {
             let resource = TestResource(name: "rebooted", size: 500_000)
             server.add("/f", resource)
             try await withTemporaryDirectory { directory in
-                let paths = DownloadPaths(destination: directory + "/f")
+                let paths = try DownloadPaths.open(directory + "/f")
                 // 300,000 bytes were written before a power loss, but only 120,000 had been flushed.
                 try writeFile(paths.partial, resource.bytes(0..<300_000))
                 var stored = manifest(written: 300_000, durable: 120_000, bootID: "an-earlier-boot")
@@ -86,7 +86,7 @@ struct ManifestTests {
             server.add("/f", resource)
             server.script("/f", [[.closeAfter(bytes: 10_000)]])
             try await withTemporaryDirectory { directory in
-                let paths = DownloadPaths(destination: directory + "/f")
+                let paths = try DownloadPaths.open(directory + "/f")
                 // Before a power loss: 120,000 bytes flushed; after it, 180,000 more bytes of zeros.
                 try writeFile(paths.partial, resource.bytes(0..<120_000) + [UInt8](repeating: 0, count: 180_000))
                 var stored = manifest(written: 300_000, durable: 120_000, bootID: "an-earlier-boot")
@@ -119,7 +119,7 @@ struct ManifestTests {
             let resource = TestResource(name: "renamed", size: 50_000)
             server.add("/f", resource)
             try await withTemporaryDirectory { directory in
-                let paths = DownloadPaths(destination: directory + "/f")
+                let paths = try DownloadPaths.open(directory + "/f")
                 // The complete file was renamed into place, then the process died before removing the manifest.
                 try writeFile(paths.destination, resource.content)
                 var stored = manifest(written: 50_000, durable: 50_000, bootID: BootIdentity.current)

@@ -240,7 +240,7 @@ struct DestinationTests {
                 }
                 let stored = try #require(fileSize(destination + ".haul.part"))
                 #expect(stored >= 200_000 && stored < 1_000_000)
-                let manifest = try #require(try ManifestStore.load(DownloadPaths(destination: destination)))
+                let manifest = try #require(try ManifestStore.load(DownloadPaths.open(destination)))
                 // A pause flushes: the stored bytes are durable, not just written.
                 #expect(manifest.segments[0].written == stored)
                 #expect(manifest.segments[0].durable == stored)
@@ -259,7 +259,7 @@ struct DestinationTests {
             let resource = TestResource(name: "huge", size: size)
             server.add("/huge.iso", resource)
             try await withTemporaryDirectory { directory in
-                let paths = DownloadPaths(destination: directory + "/huge.iso")
+                let paths = try DownloadPaths.open(directory + "/huge.iso")
                 // A sparse partial file claiming everything below 4 GiB + 1 MiB, as a long first session would leave it.
                 let stored: Int64 = (4 << 30) + 1024 * 1024
                 let descriptor = open(paths.partial, O_RDWR | O_CREAT, 0o644)

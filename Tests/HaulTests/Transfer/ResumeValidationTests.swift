@@ -115,7 +115,7 @@ struct ResumeValidationTests {
                 // A first session stored 600,000 bytes of the 1,000,000-byte file.
                 let stored: Int64 = 600_000
                 try plantPartialDownload(
-                    at: DownloadPaths(destination: destination), resource: original, bytes: original.bytes(0..<stored),
+                    at: try DownloadPaths.open(destination), resource: original, bytes: original.bytes(0..<stored),
                     written: stored, url: server.url("/f")
                 )
                 // Same validator, but the file is now shorter than what is on disk.

@@ -34,7 +34,7 @@ func pauseWhenRanges(
     _ condition: @escaping ([Manifest.Segment]) -> Bool
 ) async throws -> Manifest {
     server.setStandingFaults(path, [.throttle(bytesPerSecond: bytesPerSecond)])
-    let paths = DownloadPaths(destination: destination)
+    let paths = try DownloadPaths.open(destination)
     try await downloadUntil(DownloadRequest(url: server.url(path), destination: .file(destination)), configuration) {
         condition((try? ManifestStore.load(paths))?.segments ?? [])
     }
@@ -251,7 +251,7 @@ func pauseWhenRanges(
                 server.add("/ordered", resource)
                 server.setStandingFaults("/ordered", [.throttle(bytesPerSecond: 1 << 20)])
                 let destination = directory + "/ordered"
-                let paths = DownloadPaths(destination: destination)
+                let paths = try DownloadPaths.open(destination)
                 var configuration = segmentedConfiguration()
                 // No periodic checkpoint during the test: what is on disk is what was stored up front.
                 configuration.storage.checkpointInterval = .seconds(600)

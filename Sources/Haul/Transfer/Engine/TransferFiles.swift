@@ -12,6 +12,8 @@ final class TransferFiles {
     let request: DownloadRequest
     let url: DownloadURL
     private(set) var paths: DownloadPaths?
+    /// The open directory a download given a directory goes into, once opened.
+    private var folder: DirectoryHandle?
     private var lock: DestinationLock?
     private(set) var file: PartialFile?
     /// Whether a manifest of this download is on disk.
@@ -32,29 +34,30 @@ final class TransferFiles {
     }
 
     func open() throws -> FoundDownload {
+        let confinement = downloader.confinement
         switch request.destination {
         case .file(let path):
-            let paths = DownloadPaths(destination: path)
-            guard POSIX.isDirectory(paths.directory) else {
-                throw HaulError(.fileSystem, "directory \(paths.directory) does not exist")
+            let paths = try DownloadPaths.open(path, confinement: confinement)
+            guard !paths.folder.isDirectory(paths.fileName) else {
+                throw HaulError(.fileSystem, "\(path) is a directory")
             }
-            guard !POSIX.isDirectory(path) else { throw HaulError(.fileSystem, "\(path) is a directory") }
             return try open(paths)
         case .directory(let directory):
-            if !POSIX.isDirectory(directory) { try POSIX.makeDirectories(directory) }
-            guard let found = downloader.partials.find(url.string, in: directory) else { return .unnamed }
+            let folder = try confinement.directory(directory, creating: true)
+            self.folder = folder
+            guard let found = downloader.partials.find(url.string, in: folder) else { return .unnamed }
             return try open(found)
         }
     }
 
     /// Names the file from the first answer when the caller gave only a directory.
     func chooseDestination(contentDisposition: String?) throws -> FoundDownload {
-        guard case .directory(let directory) = request.destination else { return .nothing }
+        guard case .directory = request.destination, let folder else { return .nothing }
         let suggested = contentDisposition.flatMap(ContentDisposition.filename).flatMap(FileNaming.sanitize)
         let name = suggested ?? FileNaming.name(fromURLPath: url.url.path)
-        let paths = DownloadPaths(directory: directory, fileName: name)
+        let paths = DownloadPaths(in: folder, fileName: name)
         let found = try open(paths)
-        downloader.partials.note(url.string, at: paths.destination, in: directory)
+        downloader.partials.note(url.string, at: paths)
         return found
     }
 
@@ -91,7 +94,7 @@ final class TransferFiles {
         } catch let error as HaulError where error.code == .manifestCorrupt {
             untrusted = .untrustedPartial(error.message)
         }
-        if loaded == nil, POSIX.exists(paths.destination), !request.overwrite {
+        if loaded == nil, paths.folder.exists(paths.fileName), !request.overwrite {
             throw HaulError(.destinationExists, "\(paths.destination) already exists")
         }
         if case .directory = request.destination, let loaded, loaded.originalURL != url.string {
@@ -105,7 +108,7 @@ final class TransferFiles {
         if let loaded, !partialExists {
             // A crash between the final rename and the manifest's removal leaves exactly this.
             if let total = loaded.totalLength, loaded.segments.reduce(0, { $0 + $1.written }) == total,
-                let status = POSIX.fileStatus(paths.destination), Int64(status.st_size) == total
+                let status = paths.folder.status(paths.fileName), Int64(status.st_size) == total
             {
                 return .complete(totalBytes: total)
             }
@@ -114,7 +117,7 @@ final class TransferFiles {
             untrusted = .untrustedPartial("\(paths.partial) has no manifest")
         }
         if let untrusted {
-            manifestOnDisk = manifestOnDisk || POSIX.exists(paths.manifest)
+            manifestOnDisk = manifestOnDisk || paths.folder.exists(paths.manifestName)
             return .untrusted(untrusted)
         }
         if let loaded { return .stored(loaded, partialSize: 0) }
@@ -125,7 +128,7 @@ final class TransferFiles {
     /// later resume: the partial file when no manifest describes it.
     func release() {
         guard let paths, let lock else { return }
-        if !POSIX.exists(paths.manifest) { lock.removePartial() }
+        if !paths.folder.exists(paths.manifestName) { lock.removePartial() }
         lock.unlock()
         self.lock = nil
         self.file = nil
@@ -219,7 +222,7 @@ final class TransferFiles {
             // When old data or an old manifest is replaced, the new manifest is flushed before any new
             // byte is written: after a power loss the old manifest can then never describe new data.
             let size = try file.size()
-            let replacing = manifestOnDisk || POSIX.exists(paths.manifest) || size > 0
+            let replacing = manifestOnDisk || paths.folder.exists(paths.manifestName) || size > 0
             if size > 0 { try await file.truncate(to: 0) }
             prefix = PrefixHash(algorithms: expectedAlgorithms(manifest.validator))
             if let total = manifest.totalLength, total <= Int64(configuration.storage.blockSize), !replacing {
@@ -249,7 +252,7 @@ final class TransferFiles {
     /// Refuses a download the volume cannot hold, before anything is written for it. Bytes a restart
     /// will truncate count as free.
     private func checkFreeSpace(needed: Int64, countingPartial: Bool, paths: DownloadPaths, file: PartialFile) throws {
-        guard var free = POSIX.freeSpace(paths.directory) else { return }
+        guard var free = paths.folder.freeSpace() else { return }
         if countingPartial { free += (try? file.size()) ?? 0 }
         let margin = configuration.storage.freeSpaceMargin
         guard needed + margin > free else { return }
@@ -377,19 +380,22 @@ final class TransferFiles {
         // The directory flush is shared with downloads finishing beside this one; the manifest goes only
         // after it, so a crash never leaves the partial data without its manifest.
         let flusher = downloader.directoryFlusher
+        let confinement = downloader.confinement
         let hasManifest = manifestOnDisk
         let inPlace = completeInPlace
         let queued = try await downloader.io.run { [file] () throws -> UInt64? in
-            if !inPlace, let file, POSIX.exists(paths.partial) {
+            if !inPlace, let file, paths.folder.exists(paths.partialName) {
                 try file.syncDataNow()
-                try POSIX.rename(paths.partial, to: paths.destination)
-                if let ticket = try flusher.flushOrQueue(paths.directory) { return ticket }
+                // The directory was opened beneath its root; it must still lie there.
+                try confinement.check(paths.folder)
+                try paths.folder.rename(paths.partialName, to: paths.fileName)
+                if let ticket = try flusher.flushOrQueue(paths.folder) { return ticket }
             }
             if hasManifest { try ManifestStore.remove(paths) }
             return nil
         }
         if let queued {
-            try await flusher.waitForFlush(of: paths.directory, ticket: queued, io: downloader.io)
+            try await flusher.waitForFlush(of: paths.folder, ticket: queued, io: downloader.io)
             if hasManifest { try await downloader.io.run { try ManifestStore.remove(paths) } }
         }
         manifestOnDisk = false

@@ -1,0 +1,198 @@
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Musl)
+    import Musl
+#elseif canImport(Darwin)
+    import Darwin
+#endif
+
+/// An open directory that holds a download's files. Its files are opened, renamed and removed by
+/// name relative to it (`openat`, `renameat`, `unlinkat`), never through its path again and never
+/// through a symbolic link: once the directory is open, what its path leads to later does not
+/// matter. ``DownloadConfinement`` opens it beneath a download root, following no link on the way.
+package final class DirectoryHandle: Sendable {
+    /// The directory's path, as it was opened; for messages and for the paths of its files.
+    package let path: String
+    let descriptor: Int32
+
+    private init(path: String, descriptor: Int32) {
+        self.path = path
+        self.descriptor = descriptor
+    }
+
+    deinit { POSIX.close(descriptor) }
+
+    /// Opens the directory at `path`, following symbolic links as the caller's own path does
+    /// (creating it and its parents first when `creating`).
+    package static func open(_ path: String, creating: Bool = false) throws -> DirectoryHandle {
+        if creating && !POSIX.isDirectory(path) { try POSIX.makeDirectories(path) }
+        do {
+            return DirectoryHandle(path: path, descriptor: try POSIX.open(path, flags: O_RDONLY | O_DIRECTORY))
+        } catch let error as HaulError where (error.underlying as? SystemError)?.code == ENOENT {
+            throw HaulError(.fileSystem, "directory \(path) does not exist", underlying: error.underlying)
+        }
+    }
+
+    /// Opens the directory `relative` (components separated by `/`, no `..`) beneath the open
+    /// `root`, following no symbolic link on the way: one `openat2` on Linux, else a walk of
+    /// `openat` calls with `O_NOFOLLOW`, one component at a time. With `creating`, missing
+    /// directories are made on the way (mode 0755, or less by the umask).
+    static func open(
+        _ relative: String, beneath root: DirectoryHandle, creating: Bool, rootPath: String
+    ) throws -> DirectoryHandle {
+        let components = relative.split(separator: "/").filter { $0 != "." }.map(String.init)
+        let path = components.isEmpty ? root.path : root.path + "/" + components.joined(separator: "/")
+        if components.contains("..") {
+            throw HaulError(.outsideDownloadRoot, "\(path): a path with \"..\" is not opened beneath \(rootPath)")
+        }
+        if components.isEmpty {
+            let copy = dup(root.descriptor)
+            guard copy >= 0 else { throw POSIX.error("open", path: path) }
+            _ = fcntl(copy, F_SETFD, FD_CLOEXEC)
+            return DirectoryHandle(path: path, descriptor: copy)
+        }
+        if !creating {
+            let opened = Platform.openBeneath(
+                root.descriptor, components.joined(separator: "/"), flags: O_RDONLY | O_DIRECTORY, mode: 0)
+            if opened >= 0 { return DirectoryHandle(path: path, descriptor: opened) }
+            if errno != ENOSYS { throw failure(errno, opening: path, rootPath: rootPath) }
+        }
+        // One component at a time: each is opened in the one before, refusing links.
+        var current = root
+        var walked = root.path
+        for component in components {
+            walked += "/" + component
+            var next = current.openDirectory(component)
+            if next < 0 && errno == ENOENT && creating {
+                if component.withCString({ mkdirat(current.descriptor, $0, 0o755) }) != 0 && errno != EEXIST {
+                    throw POSIX.error("create directory", path: walked)
+                }
+                next = current.openDirectory(component)
+            }
+            guard next >= 0 else {
+                let code = errno
+                if code == ENOTDIR, current.status(component).map({ $0.st_mode & S_IFMT == S_IFLNK }) == true {
+                    throw failure(ELOOP, opening: walked, rootPath: rootPath)
+                }
+                throw failure(code, opening: walked, rootPath: rootPath)
+            }
+            current = DirectoryHandle(path: walked, descriptor: next)
+        }
+        return current
+    }
+
+    private static func failure(_ code: Int32, opening path: String, rootPath: String) -> HaulError {
+        switch code {
+        case ELOOP, EXDEV:
+            return HaulError(
+                .outsideDownloadRoot,
+                "\(path) is reached through a symbolic link, which is never followed beneath the download root "
+                    + rootPath,
+                underlying: SystemError(code: code))
+        case ENOENT:
+            return HaulError(.fileSystem, "directory \(path) does not exist", underlying: SystemError(code: code))
+        default:
+            return POSIX.error("open", path: path, errno: code)
+        }
+    }
+
+    private func openDirectory(_ name: String) -> Int32 {
+        while true {
+            let result = name.withCString { openat(descriptor, $0, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC) }
+            if result >= 0 || errno != EINTR { return result }
+        }
+    }
+
+    /// The path of the file `name` in this directory.
+    package func pathOf(_ name: String) -> String { path == "/" ? "/" + name : path + "/" + name }
+
+    /// The device and inode of the directory.
+    package func identity() throws -> [UInt64] { try POSIX.identity(descriptor) }
+
+    /// Opens the file `name` (a symbolic link there is refused, never followed).
+    package func openFile(_ name: String, flags: Int32, mode: mode_t = 0o644) throws -> Int32 {
+        while true {
+            let result = name.withCString { openat(descriptor, $0, flags | O_NOFOLLOW | O_CLOEXEC, mode) }
+            if result >= 0 { return result }
+            if errno == EINTR { continue }
+            throw POSIX.error("open", path: pathOf(name))
+        }
+    }
+
+    /// Opens the file `name` with `flags`, creating it (mode 0644) when nothing is there; tells
+    /// whether this call created it. A symbolic link is refused.
+    package func openOrCreate(_ name: String, flags: Int32) throws -> (descriptor: Int32, created: Bool) {
+        while true {
+            let existing = name.withCString { openat(descriptor, $0, flags | O_NOFOLLOW | O_CLOEXEC) }
+            if existing >= 0 { return (existing, false) }
+            if errno == EINTR { continue }
+            guard errno == ENOENT else { throw POSIX.error("open", path: pathOf(name)) }
+            let fresh = name.withCString {
+                openat(descriptor, $0, flags | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o644)
+            }
+            if fresh >= 0 { return (fresh, true) }
+            // Somebody created it in between: open theirs.
+            guard errno == EEXIST || errno == EINTR else { throw POSIX.error("create", path: pathOf(name)) }
+        }
+    }
+
+    /// What `lstat` says about `name`: `nil` when nothing is there.
+    package func status(_ name: String) -> stat? {
+        var info = stat()
+        return name.withCString { fstatat(descriptor, $0, &info, AT_SYMLINK_NOFOLLOW) } == 0 ? info : nil
+    }
+
+    package func exists(_ name: String) -> Bool { status(name) != nil }
+
+    package func isDirectory(_ name: String) -> Bool {
+        status(name).map { $0.st_mode & S_IFMT == S_IFDIR } ?? false
+    }
+
+    /// Renames `name` to `newName` in this directory (replacing what was there, a link itself
+    /// rather than what it points to).
+    package func rename(_ name: String, to newName: String) throws {
+        let result = name.withCString { from in newName.withCString { to in renameat(descriptor, from, descriptor, to) }
+        }
+        if result != 0 { throw POSIX.error("rename \(pathOf(name)) to", path: pathOf(newName)) }
+    }
+
+    /// Removes the file `name`; a file that is already gone is not an error.
+    package func unlink(_ name: String) throws {
+        if name.withCString({ unlinkat(descriptor, $0, 0) }) != 0 && errno != ENOENT {
+            throw POSIX.error("remove", path: pathOf(name))
+        }
+    }
+
+    /// Makes renames and removals in the directory durable.
+    package func sync() throws {
+        try POSIX.syncAll(descriptor, path: path)
+    }
+
+    /// Bytes available to unprivileged users on the directory's volume.
+    package func freeSpace() -> Int64? {
+        var info = statvfs()
+        guard fstatvfs(descriptor, &info) == 0 else { return nil }
+        return Int64(info.f_bavail) * Int64(info.f_frsize)
+    }
+
+    /// The bytes of the file `name`, at most `limit` of them.
+    package func readWholeFile(_ name: String, limit: Int) throws -> [UInt8] {
+        let file = try openFile(name, flags: O_RDONLY)
+        defer { POSIX.close(file) }
+        return try POSIX.readWholeFile(file, limit: limit, path: pathOf(name))
+    }
+
+    /// The names in the directory, `.` and `..` left out.
+    package func list() -> [String] {
+        let copy = dup(descriptor)
+        guard copy >= 0 else { return [] }
+        guard let directory = fdopendir(copy) else {
+            POSIX.close(copy)
+            return []
+        }
+        defer { closedir(directory) }
+        // The copy shares the read position with the handle's descriptor: start from the top.
+        rewinddir(directory)
+        return POSIX.names(in: directory)
+    }
+}
