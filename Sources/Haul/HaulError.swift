@@ -71,13 +71,21 @@ public struct HaulError: Error, Sendable, CustomStringConvertible {
     public let status: Int?
     /// The error that caused this one, if any.
     public let underlying: (any Error)?
+    /// The download the error is about, when it is another than the one asked for: for
+    /// ``Code/destinationExists``, the download that already has the destination.
+    public let downloadID: DownloadID?
 
-    /// An error with `code` and a one-line `message`; `status` and `underlying` when they apply.
-    public init(_ code: Code, _ message: String, status: Int? = nil, underlying: (any Error)? = nil) {
+    /// An error with `code` and a one-line `message`; `status`, `underlying` and `downloadID` when
+    /// they apply.
+    public init(
+        _ code: Code, _ message: String, status: Int? = nil, underlying: (any Error)? = nil,
+        downloadID: DownloadID? = nil
+    ) {
         self.code = code
         self.message = message
         self.status = status
         self.underlying = underlying
+        self.downloadID = downloadID
     }
 
     /// The message.

@@ -133,7 +133,7 @@ struct API: Sendable {
             do {
                 requests.append(try await makeRequest(item))
             } catch let error as APIError {
-                throw APIError(error.status, error.code, "downloads.\(index): \(error.message)")
+                throw error.prefixed("downloads.\(index)")
             }
         }
         var files = Set<String>()
@@ -151,7 +151,7 @@ struct API: Sendable {
             } catch let error as APIError {
                 // The ones this request added before it are taken back: it adds all or nothing.
                 for id in ids where !known.contains(id) { try? await manager.remove(id, deletingFiles: false) }
-                throw APIError(error.status, error.code, "downloads.\(index): \(error.message)")
+                throw error.prefixed("downloads.\(index)")
             }
         }
         var added: [DownloadBody] = []

@@ -20,8 +20,10 @@ extension HaulError.Code {
 struct APIError: HTTPResponseError {
     let status: HTTPResponse.Status
     let code: String
-    let message: String
+    private(set) var message: String
     var headers: HTTPFields = [:]
+    /// The download the error is about, when it is another than the one asked for.
+    var downloadID: DownloadID?
 
     init(_ status: HTTPResponse.Status, _ code: String, _ message: String, headers: HTTPFields = [:]) {
         self.status = status
@@ -43,6 +45,14 @@ struct APIError: HTTPResponseError {
             default: .internalServerError
             }
         self.init(status, error.code.name, error.message)
+        downloadID = error.downloadID
+    }
+
+    /// The same error with `context` (the item of a request it is about) before its message.
+    func prefixed(_ context: String) -> APIError {
+        var error = self
+        error.message = "\(context): \(message)"
+        return error
     }
 
     static func unauthorized() -> APIError {
@@ -57,7 +67,7 @@ struct APIError: HTTPResponseError {
         var headers = self.headers
         headers[.contentType] = "application/json; charset=utf-8"
         headers[.cacheControl] = "no-store"
-        let body = ErrorResponse(error: .init(code: code, message: message))
+        let body = ErrorResponse(error: .init(code: code, message: message, downloadId: downloadID?.rawValue))
         return Response(status: status, headers: headers, body: .init(byteBuffer: try JSONBody.encode(body)))
     }
 }
@@ -67,6 +77,8 @@ struct ErrorResponse: Codable, Sendable {
     struct Detail: Codable, Sendable, Equatable {
         var code: String
         var message: String
+        /// For `destinationExists`: the download that has the destination.
+        var downloadId: Int64?
     }
     var error: Detail
 }

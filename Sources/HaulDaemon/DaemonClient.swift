@@ -151,7 +151,8 @@ public final class DaemonClient: Sendable {
         let failure = try? JSONDecoder().decode(ErrorResponse.self, from: Data(body.readableBytesView))
         return HaulError(
             HaulError.Code(failure?.error.code ?? "httpStatus"),
-            failure?.error.message ?? "the haul daemon answered \(status.code)")
+            failure?.error.message ?? "the haul daemon answered \(status.code)",
+            downloadID: failure?.error.downloadId.map(DownloadID.init))
     }
 
     private func call<Answer: Decodable>(_ method: HTTPMethod, _ path: String) async throws -> Answer {

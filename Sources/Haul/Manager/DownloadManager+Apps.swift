@@ -67,10 +67,10 @@ extension DownloadManager {
         headers: [(name: String, value: String)] = [], priority: DownloadPriority = .normal,
         onProgress: (@Sendable (DownloadInfo) -> Void)? = nil,
         onStateChange: (@Sendable (DownloadInfo) -> Void)? = nil
-    ) throws -> DownloadID {
+    ) async throws -> DownloadID {
         let request = DownloadRequest(
             url: url.absoluteString, destination: destination, headers: headers, checksum: checksum)
-        let id = try enqueue(request, priority: priority)
+        let id = try await enqueue(request, priority: priority)
         if onProgress != nil || onStateChange != nil {
             let events = events(for: id)
             Task {

@@ -15,22 +15,30 @@ extension DownloadManager {
     /// same directory) returns the existing download and never makes a second writer: a paused, failed
     /// or cancelled one is queued again with this request's URL and headers (a refreshed link keeps the
     /// partial data when the file is unchanged); a completed one whose file is still there stays
-    /// completed unless the request asks to overwrite.
+    /// completed unless the request asks to overwrite. Another URL for the file of a download that is
+    /// queued, running or completed is refused, unless the request asks to overwrite: then that
+    /// download is removed first (its finished file stays until the new one replaces it).
     ///
     /// - Throws: ``HaulError/Code/invalidURL`` or ``HaulError/Code/unsupportedScheme`` for a bad URL,
     ///   ``HaulError/Code/invalidArgument`` for a limit or connection count out of range,
     ///   ``HaulError/Code/destinationExists`` when a file the manager did not download is in the way,
+    ///   or another URL's download has the file (its ID in ``HaulError/downloadID``),
     ///   ``HaulError/Code/locked`` when another process runs this download.
     @discardableResult
-    public func enqueue(_ request: DownloadRequest, priority: DownloadPriority = .normal) throws -> DownloadID {
-        try enqueue([request], priority: priority)[0]
+    public func enqueue(_ request: DownloadRequest, priority: DownloadPriority = .normal) async throws -> DownloadID {
+        try await enqueue([request], priority: priority)[0]
     }
 
     /// Adds several downloads in one database transaction (much faster than one by one for long lists).
     /// Nothing is added when one of them is refused.
-    public func enqueue(_ requests: [DownloadRequest], priority: DownloadPriority = .normal) throws -> [DownloadID] {
+    public func enqueue(_ requests: [DownloadRequest], priority: DownloadPriority = .normal) async throws
+        -> [DownloadID]
+    {
         guard !closed else { throw HaulError(.invalidState, "the download manager is closed") }
         for request in requests { try request.check() }
+        // Every conflict is found before any download is replaced.
+        let replaced = try requests.compactMap { request in try downloadOfAnotherURL(for: request) }
+        for id in replaced { try await remove(id, deletingFiles: false) }
         var batch = Batch()
         // The memory changes only once the transaction has committed. Changes still waiting to be
         // written go first, so a download queued again here is not overwritten by its older record.
@@ -92,6 +100,29 @@ extension DownloadManager {
         batch.added.append((identity, Entry(record: record, headers: request.headers, cookies: request.cookies)))
         batch.index.add(identity, record.downloadID)
         return record.downloadID
+    }
+
+    /// The download of another URL that holds the file `request` names and must make way for it
+    /// (`request` overwrites); throws when it may not.
+    private func downloadOfAnotherURL(for request: DownloadRequest) throws -> DownloadID? {
+        let identity = Identity(request)
+        guard identity.destination != nil, let id = index.find(identity) else { return nil }
+        try learn(id)
+        guard let entry = entries[id], entry.record.url != request.url else { return nil }
+        switch entry.state {
+        case .paused, .failed, .cancelled:
+            // A refreshed link continues the download (see requeued(_:with:priority:db:)).
+            return nil
+        case .completed where entry.record.destination.map(finishedFileExists) != true:
+            return nil
+        case .queued, .running, .completed:
+            if request.overwrite { return id }
+            throw HaulError(
+                .destinationExists,
+                "\(entry.info.destination ?? entry.info.name) is the file of download \(id) (\(entry.record.url), "
+                    + "\(entry.state)); overwrite replaces that download, or resume it with the new URL",
+                downloadID: id)
+        }
     }
 
     /// The existing download queued again for a new request of the same destination, or `nil` when it

@@ -93,6 +93,48 @@ struct DaemonAPITests {
         }
     }
 
+    @Test func anotherURLForATakenFileIsAConflictUnlessItOverwrites() async throws {
+        try await HaulTestServer.withRunning { server in
+            let first = TestResource(name: "a", size: 400_000)
+            let second = TestResource(name: "b", size: 300_000)
+            server.add("/a", first)
+            server.add("/b", second)
+            server.script("/a", [[.stall(afterBytes: 100_000, seconds: 30)]])
+            try await withDaemon { daemon in
+                let running = try await daemon.add(#"{"url": "\#(server.url("/a"))", "destination": "same.bin"}"#)[0]
+                _ = try await daemon.waitFor(running, "running")
+                let refused = try await daemon.send(
+                    .POST, "/api/v1/downloads",
+                    json: #"{"downloads": [{"url": "\#(server.url("/b"))", "destination": "same.bin"}]}"#)
+                #expect(refused.status == 409 && refused.errorCode == "destinationExists", "\(refused.body)")
+                #expect(refused.body.contains(#""downloadId":\#(running)"#), "\(refused.body)")
+                let list = try await daemon.send(.GET, "/api/v1/downloads").json(DownloadListAnswer.self).downloads
+                #expect(list.map(\.id) == [running] && list[0].url == server.url("/a"))
+
+                // Overwriting replaces the running download with one of the new URL.
+                let replaced = try await daemon.add(
+                    #"{"url": "\#(server.url("/b"))", "destination": "same.bin", "overwrite": true}"#)[0]
+                #expect(replaced != running)
+                #expect(try await daemon.send(.GET, "/api/v1/downloads/\(running)").status == 404)
+                #expect(try await daemon.waitFor(replaced, "completed").url == server.url("/b"))
+                #expect(try readFile(daemon.root + "/same.bin") == second.content)
+
+                // A completed file of another URL is not taken over either, and is replaced only when asked.
+                let again = try await daemon.send(
+                    .POST, "/api/v1/downloads",
+                    json: #"{"downloads": [{"url": "\#(server.url("/a"))", "destination": "same.bin"}]}"#)
+                #expect(again.status == 409 && again.body.contains(#""downloadId":\#(replaced)"#), "\(again.body)")
+                server.script("/a", [])
+                let last = try await daemon.add(
+                    #"{"url": "\#(server.url("/a"))", "destination": "same.bin", "overwrite": true}"#)[0]
+                _ = try await daemon.waitFor(last, "completed")
+                #expect(try readFile(daemon.root + "/same.bin") == first.content)
+                // The same URL and file still name the download there is.
+                #expect(try await daemon.add(#"{"url": "\#(server.url("/a"))", "destination": "same.bin"}"#) == [last])
+            }
+        }
+    }
+
     @Test func listsFilterByStateAndPage() async throws {
         try await HaulTestServer.withRunning { server in
             try await withDaemon { daemon in

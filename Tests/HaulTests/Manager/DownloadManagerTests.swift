@@ -200,8 +200,14 @@ import Testing
                     let first = try await manager.enqueue(
                         DownloadRequest(url: server.url("/one"), destination: .file(directory + "/one")))
                     let second = try await manager.enqueue(
-                        DownloadRequest(url: server.url("/one?again"), destination: .file(directory + "/./one")))
+                        DownloadRequest(url: server.url("/one"), destination: .file(directory + "/./one")))
                     #expect(first == second)
+                    // Another URL for the file of a queued download is refused, naming that download.
+                    let taken = await expectHaulError(.destinationExists) {
+                        try await manager.enqueue(
+                            DownloadRequest(url: server.url("/one?again"), destination: .file(directory + "/one")))
+                    }
+                    #expect(taken?.downloadID == first)
                     let third = try await manager.enqueue(
                         DownloadRequest(url: server.url("/one"), destination: .directory(directory + "/sub")))
                     let fourth = try await manager.enqueue(
