@@ -39,8 +39,10 @@ public final class RateLimiter: Sendable {
         self.bucket = Mutex(Bucket(tokens: 0, updated: clock.now, rate: rate, burst: Self.burst(rate)))
     }
 
-    /// A twentieth of a second of credit: smooth, yet no stop-and-go for every network buffer.
-    private static func burst(_ rate: Int64) -> Double { max(16 * 1024, Double(rate) / 20) }
+    /// A twentieth of a second of credit, at least 16 KiB so that fast transfers do not stop and go
+    /// for every network buffer, but never more than a second's worth: at a low rate the limit holds
+    /// from the first second on.
+    private static func burst(_ rate: Int64) -> Double { max(min(16 * 1024, Double(rate)), Double(rate) / 20) }
 
     /// Changes the rate (`nil`: no limit) for every download sharing the limiter, from their next
     /// bytes on.
@@ -52,6 +54,14 @@ public final class RateLimiter: Sendable {
             bucket.tokens = min(bucket.tokens, bucket.burst)
         }
         currentRate.store(rate, ordering: .relaxed)
+    }
+
+    /// The most bytes a transfer should take at once: a quarter of a second's worth (`nil` while
+    /// unlimited). At a low rate, bytes then still reach the disk every second or so instead of
+    /// after one long wait per network buffer.
+    var pace: Int? {
+        let rate = currentRate.load(ordering: .relaxed)
+        return rate > 0 ? Int(max(1, rate / 4)) : nil
     }
 
     /// Accounts for `count` bytes, sleeping as long as the rate requires.

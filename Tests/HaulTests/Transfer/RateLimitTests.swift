@@ -1,4 +1,5 @@
 import HaulTestServer
+import Synchronization
 import Testing
 
 @testable import Haul
@@ -87,6 +88,15 @@ struct RateLimiterRuleTests {
         #expect(limiter.debit(10_000_000, at: Moment(.seconds(100))) == .zero)
     }
 
+    @Test func atALowRateTheFirstBurstIsASecondsWorthAtMost() {
+        let limiter = RateLimiter(bytesPerSecond: 1000, clock: ManualClock())
+        #expect(limiter.debit(1000, at: Moment(.seconds(60))) == .zero)
+        #expect(limiter.debit(250, at: Moment(.seconds(60))) == .milliseconds(250))
+        #expect(limiter.pace == 250)
+        #expect(RateLimiter(bytesPerSecond: 1, clock: ManualClock()).pace == 1)
+        #expect(RateLimiter(bytesPerSecond: nil, clock: ManualClock()).pace == nil)
+    }
+
     @Test func aTakerSleepsOnTheLimitersClock() async throws {
         let clock = ManualClock()
         let limiter = RateLimiter(bytesPerSecond: 1000, clock: clock)
@@ -117,6 +127,54 @@ struct RateLimitTests {
                 // Less the bucket's first burst (a twentieth of a second).
                 #expect((clock.now - start).secondsValue >= 0.9)
                 #expect(try readFile(directory + "/f") == resource.content)
+            }
+        }
+    }
+
+    /// A download slowed by its limit far below what the server sends is not stalled: bytes reach
+    /// the disk every second, the stall clock runs only while the limit lets bytes through, and the
+    /// limit holds. On the download's clock, moved on only while the transfer waits for the limiter.
+    @Test(arguments: [(Int64(1000), Int64(20_000)), (1, 40)])
+    func aLowLimitIsNotTakenForAStall(rate: Int64, size: Int64) async throws {
+        try await HaulTestServer.withRunning { server in
+            let resource = TestResource(name: "slow-\(rate)", size: size)
+            server.add("/f", resource)
+            try await withTemporaryDirectory { directory in
+                let clock = ManualClock()
+                let log = EventLog()
+                let done = Atomic(false)
+                let download = Task {
+                    defer { done.store(true, ordering: .relaxed) }
+                    return try await withDownloader(testConfiguration(retries: 0, stall: .seconds(5)), clock: clock) {
+                        downloader in
+                        try await downloader.download(
+                            DownloadRequest(
+                                url: server.url("/f"), destination: .file(directory + "/f"), bytesPerSecondLimit: rate),
+                            observing: log.record)
+                    }
+                }
+                // A quarter of a second's worth goes at a time (one byte at 1 B/s).
+                let step: Duration = rate >= 4 ? .milliseconds(250) : .seconds(1)
+                var elapsed: Duration = .zero
+                while !done.load(ordering: .relaxed) {
+                    // The driver's timer and the transfer waiting for the limiter.
+                    if clock.sleeperCount < 2 {
+                        try await Task.sleep(for: .milliseconds(1))
+                        continue
+                    }
+                    clock.advance(by: step)
+                    elapsed += step
+                    #expect(elapsed < .seconds(Int64(Double(size) / Double(rate) * 2)), "no end in sight")
+                    if elapsed > .seconds(Int64(Double(size) / Double(rate) * 2)) { break }
+                }
+                _ = try await download.value
+                #expect(try readFile(directory + "/f") == resource.content)
+                #expect(server.requests(for: "/f").count == 1 && log.retries.isEmpty)
+                // The limit held within a few percent: a second's burst at most.
+                let expected = Double(size) / Double(rate)
+                #expect(elapsed.secondsValue >= expected - 1.01 && elapsed.secondsValue <= expected * 1.05 + 0.5)
+                // Bytes reached the disk all along, not in one go at the end.
+                #expect(Set(log.progress.map(\.bytes)).count >= Int(expected / 2), "\(log.progress.map(\.bytes))")
             }
         }
     }

@@ -298,6 +298,30 @@ struct TransferMachineScenarioTests {
         #expect(describe(end).contains("retrying 1 in 1.0 seconds"), "\(describe(end))")
     }
 
+    @Test func aConnectionHeldBackByARateLimitIsNeitherStalledNorTakenOver() throws {
+        // Two ranges of 2 MiB, never split below 1 MiB: a range can only be taken over, not halved.
+        var harness = MachineHarness(connections: 2) { $0.minimumSplit = 1 << 20 }
+        harness.handle(.start(.nothing))
+        harness.answer(0, Harness.partial(0, Harness.total - 1))
+        let ranges = harness.machine.table!.segments
+        harness.answer(1, Harness.partial(ranges[1].start, ranges[1].end - 1))
+        harness.wrote(1, segment: 1, upTo: ranges[1].start + 65_536)
+        // Connection 1 waits a minute for a limit shared with many downloads.
+        harness.handle(.throttled(harness.request(1), until: harness.now + .seconds(60)))
+        harness.advance(.seconds(29))
+        harness.wrote(0, segment: 0, upTo: ranges[0].end)
+        // Connection 0 is done; it does not take connection 1's range, whose stall clock waits.
+        let done = describe(harness.ended(0, .finished(at: ranges[0].end)))
+        #expect(!done.contains { $0.hasPrefix("send") }, "\(done)")
+        harness.advance(.seconds(30))
+        let waiting = describe(harness.handle(.timer))
+        #expect(!waiting.contains { $0.hasPrefix("abandon") || $0.hasPrefix("send") }, "\(waiting)")
+        #expect(harness.machine.nextDeadline.map { $0 >= .zero + .seconds(60) } == true)
+        // Once the limit lets it go and it still sends nothing, the usual take-over applies.
+        harness.advance(.seconds(4))
+        #expect(describe(harness.handle(.timer)).contains { $0.hasPrefix("send 0") })
+    }
+
     @Test func aFileWhoseLastBytesFailTheirContentDigestIsNotComplete() throws {
         var harness = Harness.stoppingToVerify()
         // The body's end is awaited before the file counts as complete.

@@ -112,7 +112,7 @@ struct RangeReceiver: Sendable {
                         state.skip(in: &chunk)
                         continue
                     }
-                    let count = min(Int(end - state.position), chunk.readableBytes)
+                    let count = min(Int(end - state.position), chunk.readableBytes, pace)
                     if count == chunk.readableBytes {
                         state.block.append(chunk)
                     } else if let slice = chunk.getSlice(at: chunk.readerIndex, length: count) {
@@ -120,7 +120,7 @@ struct RangeReceiver: Sendable {
                     }
                     chunk.moveReaderIndex(forwardBy: count)
                     state.position += Int64(count)
-                    for limiter in rateLimiters { try await limiter.take(count) }
+                    try await holdBack(count)
                     let reachedEnd = state.position >= end
                     if state.block.count >= blockSize || reachedEnd || clock.now - state.lastWrite >= flushInterval {
                         guard await state.flush(final: reachedEnd) else { break receiving }
@@ -141,6 +141,25 @@ struct RangeReceiver: Sendable {
             return .failed(.bodyDigestMismatch(mismatch.description, from: plan.writeStart))
         }
         return .finished(at: state.position)
+    }
+
+    /// The most bytes passed on at once: the limiters' pace (see ``RateLimiter/pace``).
+    private var pace: Int {
+        var pace = Int.max
+        for limiter in rateLimiters { pace = min(pace, limiter.pace ?? Int.max) }
+        return pace
+    }
+
+    /// Waits as long as the rate limits require for `count` more bytes. A long wait is announced to
+    /// the transfer machine first: a connection held back by a limit is not a stalled one.
+    private func holdBack(_ count: Int) async throws {
+        for limiter in rateLimiters where limiter.bytesPerSecond != nil {
+            let now = clock.now
+            let wait = limiter.debit(count, at: now)
+            guard wait > .zero else { continue }
+            if wait >= .milliseconds(500) { post(.throttled(request, until: now + wait)) }
+            try await clock.sleep(for: wait)
+        }
     }
 
     /// The connection's progress through its answer, and the blocks on their way to the disk.

@@ -90,6 +90,8 @@ enum TransferEvent: Sendable {
     case head(RequestTag, ResponseHead)
     /// A request wrote its range's bytes up to `upTo`, completing the pieces in `pieces`.
     case wrote(RequestTag, segment: Int, upTo: Int64, pieces: [Int: String])
+    /// A rate limit holds a request's bytes back until `until`: its silence until then is no stall.
+    case throttled(RequestTag, until: Moment)
     /// A request reached the end of its range while its answer goes on.
     case reachedLimit(RequestTag, at: Int64)
     /// A request is over.

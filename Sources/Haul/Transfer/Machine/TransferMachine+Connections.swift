@@ -99,6 +99,17 @@ extension TransferMachine {
 
     // MARK: Progress
 
+    /// A rate limit holds the request's bytes back until `until`: neither its stall clock nor a
+    /// take-over of its range runs before then.
+    mutating func throttled(_ request: RequestTag, until: Moment) {
+        guard isCurrent(request), case .receiving(var receiving) = connections[request.connection].state else {
+            return
+        }
+        receiving.lastByte = max(receiving.lastByte, until)
+        connections[request.connection].state = .receiving(receiving)
+        table?.hold(receiving.segment, until: until)
+    }
+
     mutating func wrote(_ request: RequestTag, segment: Int, upTo: Int64, pieces: [Int: String], now: Moment)
         -> [TransferAction]
     {

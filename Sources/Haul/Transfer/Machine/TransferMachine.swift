@@ -78,7 +78,8 @@ struct TransferMachine: Sendable {
             let ask: RangeAsk
             /// The range it writes now.
             var segment: Int
-            /// When its last bytes were written.
+            /// When its last bytes were written, or when a rate limit that holds them back lets
+            /// them go, whichever is later: its stall clock runs from there.
             var lastByte: Moment
             /// Whether it wrote a byte in this request.
             var progressed = false
@@ -207,6 +208,9 @@ struct TransferMachine: Sendable {
             return received(head, on: request.connection, now: now)
         case .wrote(let request, let segment, let upTo, let pieces):
             return wrote(request, segment: segment, upTo: upTo, pieces: pieces, now: now)
+        case .throttled(let request, let until):
+            throttled(request, until: until)
+            return []
         case .reachedLimit(let request, let offset):
             guard isCurrent(request) else { return [.proceed(connection: request.connection, nil)] }
             return reachedLimit(request.connection, at: offset, now: now)

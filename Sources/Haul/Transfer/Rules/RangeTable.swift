@@ -140,6 +140,13 @@ struct RangeTable: Equatable, Sendable {
         return previous == connection ? nil : previous
     }
 
+    /// Counts range `index` as making progress until `moment` (a rate limit holds its bytes back):
+    /// no idle connection takes it over before then.
+    mutating func hold(_ index: Int, until moment: Moment) {
+        guard segments.indices.contains(index) else { return }
+        segments[index].lastProgress = max(segments[index].lastProgress, moment)
+    }
+
     /// Records bytes written up to `position`; returns whether the range is complete.
     @discardableResult
     mutating func advance(_ index: Int, to position: Int64, now: Moment) -> Bool {
