@@ -104,3 +104,28 @@ struct CredentialOptions: ParsableArguments {
         try POSIX.replacePrivateFile(saveCookies, with: Array(jar.netscapeText(now: Int64(time(nil))).utf8))
     }
 }
+
+/// Request headers the user marks secret, beside those Haul knows by name.
+struct SecretHeaderOptions: ParsableArguments {
+    @Option(
+        name: .customLong("secret-header"),
+        help: ArgumentHelp(
+            "Hold this -H header as secret: never stored, sent to the URL's own site only; repeatable. "
+                + "Authorization, Proxy-Authorization, Cookie and names with auth, token, secret, password, "
+                + "session, credential or signature in them, or ending in key, are secret already.",
+            valueName: "name"))
+    var secretHeaders: [String] = []
+
+    var names: Set<String> { Set(secretHeaders) }
+
+    /// Refuses a name no header carries (a typo would leave the header to be stored); with `more`
+    /// headers to come (an input file), only an empty name is refused.
+    func validate(headers: [(name: String, value: String)], more: Bool) throws {
+        for name in secretHeaders {
+            if name.isEmpty { throw ValidationError("--secret-header needs a header name") }
+            if !more && !headers.contains(where: { $0.name.lowercased() == name.lowercased() }) {
+                throw ValidationError("--secret-header \(name) names no header given with -H")
+            }
+        }
+    }
+}

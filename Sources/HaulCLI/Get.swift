@@ -20,7 +20,7 @@ struct RequestOptions: ParsableArguments {
         name: [.customShort("i"), .customLong("input-file")],
         help: ArgumentHelp(
             "Download the URLs listed in this file ('-' for standard input): one per line, with optional "
-                + "indented out=, dir=, checksum=, header=, user=, limit-rate=, mirror= lines after each.",
+                + "indented out=, dir=, checksum=, header=, secret-header=, user=, limit-rate=, mirror= lines after each.",
             valueName: "file"))
     var inputFile: String?
 
@@ -32,6 +32,8 @@ struct RequestOptions: ParsableArguments {
 
     @Option(name: [.customShort("H"), .customLong("header")], help: "Extra request header 'Name: value'; repeatable.")
     var headers: [String] = []
+
+    @OptionGroup var secrets: SecretHeaderOptions
 
     @Option(
         help: ArgumentHelp(
@@ -71,7 +73,7 @@ struct RequestOptions: ParsableArguments {
         if let output, output.hasPrefix("/"), directory != nil {
             throw ValidationError("-d cannot be combined with an absolute -o path; give one or the other")
         }
-        _ = try parseHeaders(headers)
+        try secrets.validate(headers: parseHeaders(headers), more: inputFile != nil)
         _ = try parsedChecksum()
         _ = try parsedPriority()
     }
@@ -125,9 +127,11 @@ struct RequestOptions: ParsableArguments {
     func requests(bytesPerSecondLimit rate: Int64?) throws -> [DownloadRequest] {
         let common = try parseHeaders(headers)
         var requests = urls.map { url in
-            DownloadRequest(
+            var request = DownloadRequest(
                 url: url, destination: Self.destination(output: output, directory: directory), headers: common,
                 overwrite: force, checksum: try? parsedChecksum(), bytesPerSecondLimit: rate, mirrors: mirrors)
+            request.secretHeaders = secrets.names
+            return request
         }
         if let inputFile {
             let text = try InputFile.read(inputFile)
@@ -138,6 +142,14 @@ struct RequestOptions: ParsableArguments {
                     headers: common + entry.headers, overwrite: force, checksum: entry.checksum,
                     bytesPerSecondLimit: entry.limitRate ?? rate, mirrors: entry.mirrors)
                 if let credentials = entry.credentials { request.credentials = credentials }
+                request.secretHeaders = secrets.names.union(entry.secretHeaders)
+                if let unknown = entry.secretHeaders.first(where: { name in
+                    !request.headers.contains { $0.name.lowercased() == name.lowercased() }
+                }) {
+                    throw HaulError(
+                        .invalidArgument,
+                        "\(inputFile):\(entry.line): secret-header=\(unknown) names no header of this URL")
+                }
                 requests.append(request)
             }
         }
@@ -194,7 +206,8 @@ struct Get: AsyncParsableCommand {
         @Sendable func authorized(_ requests: [DownloadRequest]) -> [DownloadRequest] {
             requests.map { request in
                 var request = request
-                if !request.headers.contains(where: { $0.name.lowercased() == "authorization" }) {
+                // -u wins over credentials written into the URL, which win over a netrc file's.
+                if access.user != nil || !request.headers.contains(where: { $0.name.lowercased() == "authorization" }) {
                     request.credentials = access.credentials(for: request.url, netrc: netrc)
                 }
                 request.cookies = jar

@@ -22,6 +22,7 @@ import Haul
 /// ```
 ///
 /// Options: `out` (file name), `dir` (directory), `checksum` (ALG=HEX), `header` (repeatable),
+/// `secret-header` (a header name to hold as secret; repeatable),
 /// `limit-rate`, `user` (USER:PASSWORD, Basic credentials for that URL's site), `mirror` (another
 /// URL of the same file; repeatable). Blank lines and lines starting with `#` are ignored. Any
 /// other line is an error naming the file and line.
@@ -33,12 +34,13 @@ struct InputFile {
         var directory: String?
         var checksum: Checksum?
         var headers: [(name: String, value: String)] = []
+        var secretHeaders: Set<String> = []
         var limitRate: Int64?
         var credentials: BasicCredentials?
         var mirrors: [String] = []
     }
 
-    static let options = ["out", "dir", "checksum", "header", "limit-rate", "user", "mirror"]
+    static let options = ["out", "dir", "checksum", "header", "secret-header", "limit-rate", "user", "mirror"]
 
     let entries: [Entry]
 
@@ -84,6 +86,8 @@ struct InputFile {
                 let headerName = value[..<colon].trimmingCharacters(in: " \t")
                 let headerValue = value[value.index(after: colon)...].trimmingCharacters(in: " \t")
                 entries[entries.count - 1].headers.append((headerName, headerValue))
+            case "secret-header":
+                entries[entries.count - 1].secretHeaders.insert(value)
             case "user":
                 entries[entries.count - 1].credentials = BasicCredentials(parsing: value)
             case "mirror":

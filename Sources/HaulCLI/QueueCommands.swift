@@ -280,6 +280,8 @@ struct Resume: AsyncParsableCommand {
         name: [.customShort("H"), .customLong("header")], help: "Request header 'Name: value' to send; repeatable.")
     var headers: [String] = []
 
+    @OptionGroup var secrets: SecretHeaderOptions
+
     @OptionGroup var access: CredentialOptions
     @OptionGroup var transfer: TransferOptions
     @OptionGroup var state: StateOptions
@@ -289,6 +291,7 @@ struct Resume: AsyncParsableCommand {
     func validate() throws {
         if url != nil && ids.count != 1 { throw ValidationError("--url applies to exactly one download ID") }
         try access.validate(headers: parseHeaders(headers))
+        try secrets.validate(headers: parseHeaders(headers), more: false)
         _ = try parseIDs(ids)
     }
 
@@ -297,6 +300,7 @@ struct Resume: AsyncParsableCommand {
         let ids = self.ids
         let url = self.url
         let given = headers.isEmpty ? nil : headers
+        let secret = secrets.names
         let access = self.access
         let netrc = try await reportingErrors { try access.netrcEntries() }
         let jar = try await reportingErrors { try access.cookieJar() }
@@ -319,7 +323,10 @@ struct Resume: AsyncParsableCommand {
                 var site = url
                 if site == nil { site = try await client.download(id).url }
                 let credentials = access.credentials(for: site ?? "", netrc: netrc)
-                queued.add([try await client.resume(id, url: url, headers: given, credentials: credentials)])
+                queued.add([
+                    try await client.resume(
+                        id, url: url, headers: given, secretHeaders: secret, credentials: credentials)
+                ])
             }
         }
         try await runQueue(state, transfer, display) { manager in
@@ -335,8 +342,8 @@ struct Resume: AsyncParsableCommand {
                 var site = url
                 if site == nil { site = await manager.download(id)?.url }
                 try await manager.resume(
-                    id, url: url, headers: given, credentials: access.credentials(for: site ?? "", netrc: netrc),
-                    cookies: jar)
+                    id, url: url, headers: given, secretHeaders: secret,
+                    credentials: access.credentials(for: site ?? "", netrc: netrc), cookies: jar)
             }
             return selected
         } finishing: {

@@ -82,7 +82,9 @@ struct API: Sendable {
             if let headers { try await perform { try DownloadRequest.check(headers: headers) } }
             let credentials = body?.credentials.map { BasicCredentials(user: $0.user, password: $0.password) }
             try await perform {
-                try await manager.resume(id, url: body?.url, headers: headers, credentials: credentials)
+                try await manager.resume(
+                    id, url: body?.url, headers: headers, secretHeaders: Self.secretNames(body?.headers ?? []),
+                    credentials: credentials)
             }
             return try await current(id)
         }
@@ -176,10 +178,11 @@ struct API: Sendable {
         if let text = item.checksum {
             do { checksum = try Checksum(parsing: text) } catch let error as HaulError { throw APIError(error) }
         }
-        let request = DownloadRequest(
+        var request = DownloadRequest(
             url: item.url, destination: destination, headers: try Self.headers(item.headers ?? []),
             overwrite: item.overwrite ?? false, checksum: checksum, bytesPerSecondLimit: item.limitRate,
             connections: item.connections, mirrors: item.mirrors ?? [])
+        request.secretHeaders = Self.secretNames(item.headers ?? [])
         // The library's own rules (limits, connections, headers it manages), before anything is queued.
         _ = try await perform { try request.check() }
         return (request, DownloadPriority(item.priority ?? 0))
@@ -350,6 +353,11 @@ struct API: Sendable {
             }
             return (name: header.name, value: header.value)
         }
+    }
+
+    /// The names of the headers marked secret.
+    private static func secretNames(_ headers: [NewDownload.Header]) -> Set<String> {
+        Set(headers.filter { $0.secret == true }.map(\.name))
     }
 
     private static func isHeaderName(_ name: String) -> Bool {

@@ -70,7 +70,8 @@ struct NewDownload: Codable, Sendable {
     var priority: Int?
     /// This download's own limit, in bytes per second.
     var limitRate: Int64?
-    /// Request headers; credentials given here are held in memory only.
+    /// Request headers; secret ones (credentials, names that look like them, and those marked
+    /// `secret`) are held in memory only.
     var headers: [Header]?
     /// Replace an existing file at the destination once the download is complete.
     var overwrite: Bool?
@@ -82,6 +83,8 @@ struct NewDownload: Codable, Sendable {
     struct Header: Codable, Sendable {
         var name: String
         var value: String
+        /// Hold this header as secret: never stored, sent to the URL's origin only.
+        var secret: Bool?
     }
 }
 

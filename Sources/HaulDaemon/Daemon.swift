@@ -109,7 +109,7 @@ public final class Daemon: Sendable {
         self.clock = clock
         self.transferClock = TransferClock(clock)
         let directory = POSIX.absolutePath(options.stateDirectory)
-        try POSIX.makeDirectories(directory)
+        try POSIX.makePrivateDirectory(directory, marker: DownloadManager.databaseName)
         lock = try DaemonLock(stateDirectory: directory)
         token = try DaemonFiles.token(in: directory)
         roots = try DownloadRoots(options.downloadRoots, forbidden: [directory])

@@ -52,7 +52,7 @@ public final class DaemonClient: Sendable {
     ///   and the daemon is not on this machine.
     public func add(_ requests: [DownloadRequest], priority: DownloadPriority = .normal) async throws -> [DownloadInfo]
     {
-        try refuseCredentials(requests.contains { $0.headers.contains { DownloadRequest.carriesCredentials($0.name) } })
+        try refuseCredentials(requests.contains { request in request.headers.contains { request.isSecret($0.name) } })
         let items = requests.map { request in
             var item = NewDownload(url: request.url)
             switch request.destination {
@@ -62,7 +62,7 @@ public final class DaemonClient: Sendable {
             item.checksum = request.checksum?.description
             item.priority = priority.rawValue
             item.limitRate = request.bytesPerSecondLimit
-            item.headers = request.headers.isEmpty ? nil : request.headers.map { .init(name: $0.name, value: $0.value) }
+            item.headers = request.headers.isEmpty ? nil : Self.headers(request.headers, marked: request.secretHeaders)
             item.overwrite = request.overwrite ? true : nil
             item.connections = request.connections
             item.mirrors = request.mirrors.isEmpty ? nil : request.mirrors
@@ -117,16 +117,20 @@ public final class DaemonClient: Sendable {
     }
 
     /// Queues a paused download again, from `url` when given, with `headers` in place of the stored
-    /// ones and `credentials` beside them when given (both held in the daemon's memory only).
+    /// ones (those named in `secretHeaders` held as secret) and `credentials` beside them when given
+    /// (secrets are held in the daemon's memory only).
     @discardableResult
     public func resume(
         _ id: DownloadID, url: String? = nil, headers: [(name: String, value: String)]? = nil,
-        credentials: BasicCredentials? = nil
+        secretHeaders: Set<String> = [], credentials: BasicCredentials? = nil
     ) async throws -> DownloadInfo {
+        let (plain, written) = url.map(DownloadRequest.splittingCredentials) ?? (nil, nil)
+        let credentials = credentials ?? written
         try refuseCredentials(
-            credentials != nil || headers?.contains { DownloadRequest.carriesCredentials($0.name) } == true)
+            credentials != nil
+                || headers?.contains { DownloadRequest.isSecret($0.name, marked: secretHeaders) } == true)
         let resume = ResumeBody(
-            url: url, headers: headers?.map { .init(name: $0.name, value: $0.value) },
+            url: plain, headers: headers.map { Self.headers($0, marked: secretHeaders) },
             credentials: credentials.map { .init(user: $0.user, password: $0.password) })
         let body: DownloadBody = try await call(.POST, "/downloads/\(id)/resume", body: resume)
         return body.info
@@ -145,6 +149,16 @@ public final class DaemonClient: Sendable {
     }
 
     private struct Empty: Codable {}
+
+    /// Headers as the API takes them, those named in `marked` flagged secret.
+    private static func headers(_ headers: [(name: String, value: String)], marked: Set<String>)
+        -> [NewDownload.Header]
+    {
+        headers.map { header in
+            let secret = marked.contains { $0.lowercased() == header.name.lowercased() }
+            return NewDownload.Header(name: header.name, value: header.value, secret: secret ? true : nil)
+        }
+    }
 
     /// The daemon's error answer as a ``HaulError`` with its code.
     static func failure(_ status: HTTPResponseStatus, _ body: ByteBuffer) -> HaulError {

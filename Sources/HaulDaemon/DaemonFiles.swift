@@ -27,7 +27,7 @@ public enum DaemonFiles {
     /// The token in `stateDirectory`, made (32 random bytes as hex, mode 0600) when there is none.
     /// Throws when the file is readable or writable by others, or is not a regular file.
     public static func token(in stateDirectory: String) throws -> String {
-        try POSIX.makeDirectories(stateDirectory)
+        try POSIX.makePrivateDirectory(stateDirectory, marker: DownloadManager.databaseName)
         let path = stateDirectory + "/" + tokenName
         if let existing = try readToken(path) { return existing }
         var generator = SystemRandomNumberGenerator()

@@ -67,7 +67,8 @@ enum FuzzTarget: String, CaseIterable {
             guard let url = try? DownloadURL(text) else { return }
             check(url.isHTTPS || url.url.scheme?.lowercased() == "http", "scheme \(url.string)")
             _ = try? RedirectPolicy.follow(
-                location: text, from: url, headers: [("Authorization", "x")], allowHTTPSToHTTP: false)
+                location: text, from: url, headers: [("Authorization", "x")], allowHTTPSToHTTP: false,
+                isSecret: DownloadRequest.looksSecret)
         }
     }
 

@@ -76,6 +76,42 @@ struct CredentialCommandTests {
         }
     }
 
+    @Test func secretHeadersAndAPasswordInTheURLStayWithTheirSiteAndOffDisk() async throws {
+        try await HaulTestServer.withRunning { origin in
+            try await HaulTestServer.withRunning { other in
+                let resource = TestResource(name: "moved.bin", size: 200_000)
+                other.add("/moved.bin", resource)
+                origin.add("/moved.bin", .redirect(to: other.url("/moved.bin")))
+                let directory = try makeTemporaryDirectory()
+                defer { try? FileManager.default.removeItem(atPath: directory) }
+                let state = directory + "/state"
+                // A mark for a header not given is a typo: refused before anything is done.
+                let typo = try await HaulProcess.run([
+                    "get", origin.url("/moved.bin"), "--secret-header", "X-Tokn", "--state-dir", state,
+                ])
+                #expect(typo.status == 64 && typo.errors.contains("--secret-header X-Tokn"), "\(typo.errors)")
+                let url = origin.url("/moved.bin").replacingOccurrences(of: "http://", with: "http://bob:pw-1123@")
+                let get = try await HaulProcess.run([
+                    "get", url, "-o", directory + "/f", "--state-dir", state, "--no-daemon", "-q",
+                    "-H", "X-Api-Key: key-5813", "-H", "X-Team: team-2134", "--secret-header", "x-team",
+                    "-H", "X-Plain: plain-3455",
+                ])
+                #expect(get.status == 0, "\(get.errors)")
+                #expect(contents(directory + "/f") == resource.content)
+                let first = try #require(origin.requests(for: "/moved.bin").first)
+                #expect(first.header("x-api-key") == "key-5813" && first.header("x-team") == "team-2134")
+                #expect(
+                    first.header("authorization") == BasicCredentials(user: "bob", password: "pw-1123").authorization)
+                let moved = try #require(other.requests(for: "/moved.bin").first)
+                for name in ["x-api-key", "x-team", "authorization"] { #expect(moved.header(name) == nil, "\(name)") }
+                #expect(moved.header("x-plain") == "plain-3455")
+                try expectNoSecret(in: state, ["key-5813", "team-2134", "pw-1123"])
+                let listed = try await HaulProcess.run(["ls", "--json", "--state-dir", state])
+                #expect(!listed.output.contains("pw-1123") && listed.output.contains(origin.url("/moved.bin")))
+            }
+        }
+    }
+
     @Test func cookiesAreLoadedSentAndSavedForCurl() async throws {
         try await HaulTestServer.withRunning { server in
             let resource = TestResource(name: "members.bin", size: 200_000)

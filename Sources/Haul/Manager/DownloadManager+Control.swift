@@ -96,8 +96,14 @@ extension DownloadManager {
         )
         Self.refreshFromDisk(&record, confinement: confinement)
         try record.insert(db)
-        try storeHeaders(request.headers, of: record.downloadID, db: db)
-        batch.added.append((identity, Entry(record: record, headers: request.headers, cookies: request.cookies)))
+        try storeHeaders(request.headers, of: record.downloadID, isSecret: request.isSecret, db: db)
+        batch.added.append(
+            (
+                identity,
+                Entry(
+                    record: record, headers: request.headers, secretHeaders: request.secretHeaders,
+                    cookies: request.cookies)
+            ))
         batch.index.add(identity, record.downloadID)
         return record.downloadID
     }
@@ -139,6 +145,7 @@ extension DownloadManager {
             )
         }
         entry.headers = request.headers
+        entry.secretHeaders = request.secretHeaders
         entry.cookies = request.cookies
         switch entry.state {
         case .running:
@@ -158,7 +165,7 @@ extension DownloadManager {
         entry.record.connections = request.connections
         entry.record.mirrorList = request.mirrors
         entry.record.priority = priority.rawValue
-        try storeHeaders(request.headers, of: id, db: db)
+        try storeHeaders(request.headers, of: id, isSecret: request.isSecret, db: db)
         markQueued(&entry)
         try entry.record.updateManagedColumns(db)
         return entry
@@ -187,12 +194,14 @@ extension DownloadManager {
     /// Queues a paused download again (or one left queued by a manager that is gone, or one that
     /// failed, whose partial data was kept: after a 401, with the credentials it lacked). A new `url`
     /// replaces the old one, for links that expire; the partial data is kept when the server's file
-    /// is unchanged. `headers` replace the request headers, `credentials` join them (the given or the
-    /// stored ones) and `cookies` replace the cookie jar: credentials are never stored, so a download
+    /// is unchanged (credentials in it are taken out, as ``DownloadRequest/url`` does). `headers`
+    /// replace the request headers (`secretHeaders` names those of them to hold as secret, beside
+    /// the ones ``DownloadRequest/looksSecret(_:)`` knows), `credentials` join them (the given or the
+    /// stored ones) and `cookies` replace the cookie jar: secrets are never stored, so a download
     /// resumed in a new process needs them again.
     public func resume(
         _ id: DownloadID, url: String? = nil, headers: [(name: String, value: String)]? = nil,
-        credentials: BasicCredentials? = nil, cookies: CookieJar? = nil
+        secretHeaders: Set<String> = [], credentials: BasicCredentials? = nil, cookies: CookieJar? = nil
     ) throws {
         var entry = try controllable(id)
         switch entry.state {
@@ -206,11 +215,17 @@ extension DownloadManager {
                 "download \(id) is \(entry.state); only a paused, queued or failed download can be resumed"
                     + (entry.state == .completed ? "" : " (use retry)"))
         }
+        var credentials = credentials
         if let url {
-            _ = try DownloadURL(url)
-            entry.record.url = url
+            let (plain, written) = DownloadRequest.splittingCredentials(url)
+            _ = try DownloadURL(plain)
+            entry.record.url = plain
+            credentials = credentials ?? written
         }
-        if let headers { entry.headers = headers }
+        if let headers {
+            entry.headers = headers
+            entry.secretHeaders = secretHeaders
+        }
         if let credentials {
             let known = try entry.headers ?? store.headers(of: id).map { (name: $0.name, value: $0.value) }
             entry.headers = DownloadRequest.headers(known, with: credentials)
@@ -218,7 +233,10 @@ extension DownloadManager {
         if let cookies { entry.cookies = cookies }
         markQueued(&entry)
         try write([entry.record]) { db in
-            if let headers { try self.storeHeaders(headers, of: id, db: db) }
+            if let headers {
+                try self.storeHeaders(
+                    headers, of: id, isSecret: { DownloadRequest.isSecret($0, marked: secretHeaders) }, db: db)
+            }
         }
         enter(entry)
     }
@@ -344,9 +362,13 @@ extension DownloadManager {
         publish(.removed, entry)
     }
 
-    func storeHeaders(_ headers: [(name: String, value: String)], of id: DownloadID, db: Database) throws {
+    /// Stores the headers that are not secret (see ``DownloadRequest/isSecret(_:)``) in place of the
+    /// download's stored ones.
+    func storeHeaders(
+        _ headers: [(name: String, value: String)], of id: DownloadID, isSecret: (String) -> Bool, db: Database
+    ) throws {
         try StoredHeader.filter(Column("downloadId") == id.rawValue).deleteAll(db)
-        for (position, header) in headers.enumerated() where !DownloadRequest.carriesCredentials(header.name) {
+        for (position, header) in headers.enumerated() where !isSecret(header.name) {
             try StoredHeader(downloadID: id.rawValue, position: position, name: header.name, value: header.value)
                 .insert(db)
         }

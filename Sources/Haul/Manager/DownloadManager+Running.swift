@@ -158,7 +158,7 @@ extension DownloadManager {
         let headers =
             entry.headers
             ?? ((try? store.headers(of: entry.id)) ?? []).map { (name: $0.name, value: $0.value) }
-        return DownloadRequest(
+        var request = DownloadRequest(
             url: entry.record.url,
             destination: entry.record.destination.map { .file($0) } ?? .directory(entry.record.directory ?? "."),
             headers: headers, overwrite: entry.record.overwrite,
@@ -166,6 +166,8 @@ extension DownloadManager {
             bytesPerSecondLimit: entry.record.rateLimit, connections: entry.record.connections, cookies: entry.cookies,
             mirrors: entry.record.mirrorList
         )
+        request.secretHeaders = entry.secretHeaders
+        return request
     }
 
     /// Updates what is known of a running download from one of its events.

@@ -154,7 +154,8 @@ public actor DownloadManager {
         clock: any Clock<Duration> = ContinuousClock()
     ) throws {
         let directory = POSIX.absolutePath(stateDirectory)
-        try POSIX.makeDirectories(directory)
+        // It holds the downloads' headers and URLs: its owner's alone.
+        try POSIX.makePrivateDirectory(directory, marker: Self.databaseName)
         self.stateDirectory = directory
         self.configuration = configuration
         self.store = try DownloadStore(path: directory + "/" + Self.databaseName)
@@ -230,6 +231,8 @@ extension DownloadManager {
         var record: StoredDownload
         /// The request headers given in this process, secrets included; `nil` when only the stored ones are known.
         var headers: [(name: String, value: String)]?
+        /// The names of ``headers`` marked secret (never stored: marked headers are not stored either).
+        var secretHeaders: Set<String> = []
         /// The cookies given in this process (never stored).
         var cookies: CookieJar?
         var bytesPerSecond: Double?

@@ -49,10 +49,16 @@ final class DownloadStore: Sendable {
             // Opening switches a new database to WAL and runs the migrations; two processes doing that
             // at once can meet "database is locked" before SQLite's busy timeout applies. A lock file
             // makes them take turns (only for opening; afterwards SQLite's own locking is enough).
-            let setup = try POSIX.open(path + ".open-lock", flags: O_RDWR | O_CREAT | O_NOFOLLOW)
+            let setup = try POSIX.open(path + ".open-lock", flags: O_RDWR | O_CREAT | O_NOFOLLOW, mode: 0o600)
             defer { POSIX.close(setup) }
             while flock(setup, LOCK_EX) != 0 && errno == EINTR {}
             defer { flock(setup, LOCK_UN) }
+            // The database holds URLs and headers: its owner's alone. SQLite gives its -wal and -shm
+            // files the database's mode; files an earlier version made are closed too.
+            POSIX.close(try POSIX.open(path, flags: O_RDWR | O_CREAT | O_NOFOLLOW, mode: 0o600))
+            for file in [path, path + "-wal", path + "-shm", path + ".open-lock"] {
+                _ = file.withCString { chmod($0, 0o600) }
+            }
             database = try DatabasePool(path: path, configuration: configuration)
             try Self.migrator.migrate(database)
         } catch let error as HaulError {

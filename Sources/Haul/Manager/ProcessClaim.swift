@@ -23,14 +23,15 @@ final class ProcessClaim: Sendable {
 
     init(stateDirectory: String) throws {
         directory = stateDirectory + "/owners"
-        try POSIX.makeDirectories(directory)
+        // Always closed to others: the folder is Haul's alone ("." is in every folder).
+        try POSIX.makePrivateDirectory(directory, marker: ".")
         let serial = Self.counter.withLock { value -> Int in
             value += 1
             return value
         }
         name = "\(POSIX.processID).\(serial)"
         path = directory + "/" + name + ".lock"
-        descriptor = try POSIX.open(path, flags: O_RDWR | O_CREAT | O_NOFOLLOW)
+        descriptor = try POSIX.open(path, flags: O_RDWR | O_CREAT | O_NOFOLLOW, mode: 0o600)
         guard flock(descriptor, LOCK_EX | LOCK_NB) == 0 else {
             let code = errno
             POSIX.close(descriptor)

@@ -206,6 +206,23 @@ package enum POSIX {
         return "/" + components.joined(separator: "/")
     }
 
+    /// Creates the directory `path` for files no other user may read (mode 0700), and any missing
+    /// parents (0755). An existing one that holds `marker` (a file only such a directory holds) and
+    /// lets others in is closed to them: an earlier version made it 0755.
+    package static func makePrivateDirectory(_ path: String, marker: String) throws {
+        guard let slash = path.lastIndex(of: "/") else { return try makePrivateDirectory("./" + path, marker: marker) }
+        let parent = String(path[..<slash])
+        if !parent.isEmpty { try makeDirectories(parent) }
+        if path.withCString({ mkdir($0, 0o700) }) == 0 { return }
+        guard errno == EEXIST else { throw error("create directory", path: path) }
+        guard isDirectory(path) else { throw HaulError(.fileSystem, "\(path) is not a directory") }
+        if let status = fileStatus(path), status.st_uid == getuid(), status.st_mode & 0o077 != 0,
+            exists(path + "/" + marker)
+        {
+            _ = path.withCString { chmod($0, 0o700) }
+        }
+    }
+
     /// Creates `path` and any missing parent directories.
     package static func makeDirectories(_ path: String) throws {
         var current = path.hasPrefix("/") ? "" : "."

@@ -1,3 +1,9 @@
+#if canImport(FoundationEssentials)
+    import FoundationEssentials
+#else
+    import Foundation
+#endif
+
 /// What to download and where to put it.
 public struct DownloadRequest: Sendable {
     /// Where the finished file goes.
@@ -9,8 +15,13 @@ public struct DownloadRequest: Sendable {
         case directory(String)
     }
 
-    /// The http or https URL of the file.
-    public var url: String
+    /// The http or https URL of the file. Credentials written into it (`https://user:pass@host/…`)
+    /// are taken out as soon as it is set: they become ``credentials`` (unless credentials are given
+    /// already, which win, as curl's `-u` does), so the URL that is stored, shown, logged or handed to
+    /// a hook never holds them.
+    public var url: String {
+        didSet { moveCredentialsOutOfURL() }
+    }
     /// Other http or https URLs that serve the same file (mirrors), tried after ``url``. When a
     /// ``checksum`` is given, or every server sends the same `Repr-Digest`, the file's ranges are
     /// spread over all of them and a mirror that fails or serves other bytes is dropped; otherwise
@@ -20,9 +31,12 @@ public struct DownloadRequest: Sendable {
     public var mirrors: [String]
     /// Where the file goes.
     public var destination: Destination
-    /// Extra request headers, e.g. `Authorization`. They are sent, never stored; `Authorization`
-    /// and `Cookie` are dropped when a redirect leaves the origin.
+    /// Extra request headers. Secret ones (see ``isSecret(_:)``) are held in memory only and go to
+    /// ``url``'s origin only; the others are stored with a queued download.
     public var headers: [(name: String, value: String)]
+    /// Names of further headers to treat as secret, beside those ``isSecret(_:)`` knows by name
+    /// (`haul get --secret-header NAME`); compared without regard to case.
+    public var secretHeaders: Set<String> = []
     /// Replace an existing file at the destination once the new one is complete.
     public var overwrite: Bool
     /// The digest the complete file must have; checked before the file gets its final name.
@@ -81,6 +95,31 @@ public struct DownloadRequest: Sendable {
         self.bytesPerSecondLimit = bytesPerSecondLimit
         self.connections = connections
         self.cookies = cookies
+        moveCredentialsOutOfURL()
+    }
+
+    /// Takes the credentials written into ``url`` out of it, into ``credentials`` unless some are
+    /// given already.
+    private mutating func moveCredentialsOutOfURL() {
+        let (plain, found) = Self.splittingCredentials(url)
+        guard let found else { return }
+        url = plain
+        if credentials == nil { credentials = found }
+    }
+
+    /// `url` without the user information of its authority, and the credentials it held
+    /// (percent-decoded); `url` itself and `nil` when it holds none.
+    package static func splittingCredentials(_ url: String) -> (url: String, credentials: BasicCredentials?) {
+        guard let schemeEnd = url.range(of: "://") else { return (url, nil) }
+        let authorityStart = schemeEnd.upperBound
+        let authorityEnd = url[authorityStart...].firstIndex { "/?#".contains($0) } ?? url.endIndex
+        guard let at = url[authorityStart..<authorityEnd].lastIndex(of: "@") else { return (url, nil) }
+        let userInformation = url[authorityStart..<at]
+        let plain = String(url[..<authorityStart] + url[url.index(after: at)...])
+        let parts = userInformation.split(separator: ":", maxSplits: 1, omittingEmptySubsequences: false)
+        let decode = { (part: Substring) in String(part).removingPercentEncoding ?? String(part) }
+        let credentials = BasicCredentials(user: decode(parts[0]), password: parts.count > 1 ? decode(parts[1]) : "")
+        return (plain, credentials)
     }
 
     /// Throws ``HaulError/Code/invalidArgument`` for a header that is not valid (no name, a line
@@ -101,10 +140,32 @@ public struct DownloadRequest: Sendable {
         }
     }
 
-    /// Whether a header carries credentials: such headers live only in the memory of the process
-    /// that was given them, and go only to a daemon on the same machine.
-    package static func carriesCredentials(_ name: String) -> Bool {
-        ["authorization", "proxy-authorization", "cookie"].contains(name.lowercased())
+    /// Whether the header `name` is secret in this request: one Haul knows by name (see
+    /// ``looksSecret(_:)``) or one of ``secretHeaders``.
+    ///
+    /// Secret headers are held in the memory of the process that was given them, never stored (a
+    /// queued download resumed by a later process needs them again); they go to ``url``'s origin
+    /// only, dropped on a redirect to another scheme, host or port and never sent to a mirror
+    /// elsewhere; and they go only to a haul daemon on the same machine. Stricter than curl, which
+    /// drops only `Authorization` and `Cookie` on such a redirect: a token in `X-Api-Key` is worth
+    /// as much to whoever runs the other host.
+    public func isSecret(_ name: String) -> Bool { Self.isSecret(name, marked: secretHeaders) }
+
+    /// Whether the header `name` is secret when the names in `marked` are marked so.
+    package static func isSecret(_ name: String, marked: Set<String>) -> Bool {
+        looksSecret(name) || marked.contains { $0.lowercased() == name.lowercased() }
+    }
+
+    /// Whether the header `name` is secret whatever the request: `Authorization`,
+    /// `Proxy-Authorization`, `Cookie`, and names that look like credentials: with `auth`, `token`,
+    /// `secret`, `password`, `session`, `credential` or `signature` in them, or ending in `key` (`X-Api-Key`,
+    /// `X-Auth-Token`, `Private-Token`, `Ocp-Apim-Subscription-Key`).
+    public static func looksSecret(_ name: String) -> Bool {
+        let name = name.lowercased()
+        if name == "cookie" || name.hasSuffix("key") { return true }
+        return ["auth", "token", "secret", "password", "passwd", "session", "credential", "signature"].contains {
+            name.contains($0)
+        }
     }
 
     /// Throws ``HaulError`` for what no download could use: a URL that is not http or https, a header
@@ -134,6 +195,11 @@ public struct DownloadRequest: Sendable {
         }
         var seen: Set<String> = [parsed.string]
         return try mirrors.map { mirror in
+            if Self.splittingCredentials(mirror).credentials != nil {
+                throw HaulError(
+                    .invalidArgument,
+                    "mirror \(Self.splittingCredentials(mirror).url) has credentials in its URL: mirrors get none")
+            }
             let url: DownloadURL
             do { url = try DownloadURL(mirror) } catch let error as HaulError {
                 throw HaulError(error.code, "mirror: \(error.message)")

@@ -21,6 +21,11 @@ private func script(_ path: String, _ body: String) throws {
     close(descriptor)
 }
 
+/// The part of a list answer that says where the event stream stood.
+private struct DownloadListLastEvent: Decodable {
+    let lastEventId: String
+}
+
 private func text(_ path: String) -> String? {
     (try? readFile(path)).map { String(decoding: $0, as: UTF8.self) }
 }
@@ -56,6 +61,44 @@ struct DaemonHookTests {
                     try await waitUntilAsync("the result is recorded") {
                         try await daemon.download(id).hook == "on-complete exited 0"
                     }
+                }
+            }
+        }
+    }
+
+    @Test func aPasswordInTheURLIsSentAsCredentialsAndShownNowhere() async throws {
+        try await HaulTestServer.withRunning { server in
+            let resource = TestResource(name: "guarded", size: 30_000)
+            var guarded = resource
+            guarded.requiredAuthorization = BasicCredentials(user: "u", password: "pw-5772").authorization
+            server.add("/guarded", guarded)
+            try await withTemporaryDirectory { directory in
+                let record = directory + "/hook.out"
+                try script(
+                    directory + "/hook.sh", #"printf '%s\n' "$@" > "\#(record).tmp"; mv "\#(record).tmp" "\#(record)""#)
+                try await withDaemon({ $0.hooks.onComplete = directory + "/hook.sh" }) { daemon in
+                    // Events from here on are replayed to a stream opened later.
+                    let mark = try await daemon.send(.GET, "/api/v1/downloads").json(DownloadListLastEvent.self)
+                    let url = server.url("/guarded").replacingOccurrences(of: "http://", with: "http://u:pw-5772@")
+                    let id = try await daemon.add(#"{"url": "\#(url)", "destination": "g.bin"}"#)[0]
+                    let done = try await daemon.waitFor(id, "completed")
+                    #expect(done.url == server.url("/guarded"))
+                    #expect(try readFile(daemon.root + "/g.bin") == resource.content)
+                    try await waitUntil("the hook ran") { text(record) != nil }
+                    #expect(text(record) == "\(id)\n\(daemon.root)/g.bin\n\(server.url("/guarded"))\n")
+                    let events = try await EventReader(daemon, lastEventID: mark.lastEventId)
+                    var seen: [ReceivedEvent] = []
+                    while let event = try await events.next(), seen.count < 50 {
+                        seen.append(event)
+                        if event.name == "completed" { break }
+                    }
+                    #expect(seen.contains { $0.name == "completed" })
+                    for event in seen { #expect(!event.data.contains("pw-5772"), "\(event.name)") }
+                    for name in listDirectory(daemon.stateDirectory) where !name.hasPrefix("owners") {
+                        let bytes = (try? readFile(daemon.stateDirectory + "/" + name)) ?? []
+                        #expect(!String(decoding: bytes, as: UTF8.self).contains("pw-5772"), "\(name)")
+                    }
+                    #expect(!daemon.logs.wholeLines.contains { $0.contains("pw-5772") })
                 }
             }
         }

@@ -171,4 +171,102 @@ struct CredentialsTests {
             }
         }
     }
+
+    @Test func secretHeadersStayWithTheirOriginAndOutOfTheStateDirectory() async throws {
+        try await HaulTestServer.withRunning { origin in
+            try await HaulTestServer.withRunning { other in
+                let resource = TestResource(name: "elsewhere", size: 20_000)
+                other.add("/file", resource)
+                origin.add("/away", .redirect(to: other.url("/file")))
+                let secrets = [
+                    ("X-Api-Key", "k-3141"), ("Proxy-Authorization", "Basic cHJveHk6cA=="),
+                    ("X-Upload-Signature", "sig-2718"), ("Private-Token", "t-1618"), ("X-Custom", "c-1414"),
+                ]
+                try await withTemporaryDirectory { directory in
+                    var request = DownloadRequest(
+                        url: origin.url("/away"), destination: .file(directory + "/f"),
+                        headers: secrets + [("X-Plain", "plain-value")])
+                    request.secretHeaders = ["x-custom"]
+                    try await withManager(directory + "/state") { manager in
+                        let id = try await manager.enqueue(request)
+                        await manager.runUntilIdle()
+                        #expect(await manager.download(id)?.state == .completed)
+                    }
+                    #expect(try readFile(directory + "/f") == resource.content)
+                    // The origin got every header; the other origin only the plain one.
+                    let first = try #require(origin.requests(for: "/away").first)
+                    for (name, value) in secrets { #expect(first.header(name) == value, "\(name) to its origin") }
+                    let second = try #require(other.requests(for: "/file").first)
+                    for (name, _) in secrets { #expect(second.header(name) == nil, "\(name) left its origin") }
+                    #expect(second.header("x-plain") == "plain-value")
+                    // Nothing secret in the state directory, which only its owner may enter.
+                    let state = directory + "/state"
+                    var status = stat()
+                    #expect(stat(state, &status) == 0 && status.st_mode & 0o777 == 0o700)
+                    var stored = false
+                    for name in listDirectory(state) where !name.hasPrefix("owners") {
+                        #expect(stat(state + "/" + name, &status) == 0 && status.st_mode & 0o077 == 0, "\(name)")
+                        let text = String(decoding: try readFile(state + "/" + name), as: UTF8.self)
+                        stored = stored || text.contains("plain-value")
+                        for (_, value) in secrets { #expect(!text.contains(value), "\(value) in \(name)") }
+                    }
+                    #expect(stored, "the plain header is stored")
+                }
+            }
+        }
+    }
+
+    @Test func credentialsInAURLAreBasicCredentialsForItsOriginAndLeaveTheURL() async throws {
+        var request = DownloadRequest(url: "https://us%40er:p%3Ass@example.com:8443/a?b=c", destination: .file("/x"))
+        #expect(request.url == "https://example.com:8443/a?b=c")
+        #expect(request.credentials == BasicCredentials(user: "us@er", password: "p:ss"))
+        request.url = "http://only@example.com/f"
+        #expect(request.url == "http://example.com/f")
+        #expect(request.credentials == BasicCredentials(user: "us@er", password: "p:ss"), "given ones win")
+        #expect(
+            DownloadRequest(url: "http://example.com/a@b", destination: .file("/x")).url == "http://example.com/a@b")
+        var mirrored = DownloadRequest(url: "http://example.com/f", destination: .file("/x"))
+        mirrored.mirrors = ["http://u:p@mirror.example/f"]
+        #expect(throws: HaulError.self) { try mirrored.check() }
+
+        try await HaulTestServer.withRunning { origin in
+            try await HaulTestServer.withRunning { other in
+                let resource = TestResource(name: "guarded", size: 20_000)
+                var guarded = resource
+                guarded.requiredAuthorization = BasicCredentials(user: "u", password: "p4ss").authorization
+                origin.add("/guarded", guarded)
+                origin.add("/away", .redirect(to: other.url("/file")))
+                other.add("/file", TestResource(name: "file", size: 1000))
+                try await withTemporaryDirectory { directory in
+                    let url = origin.url("/guarded").replacingOccurrences(of: "http://", with: "http://u:p4ss@")
+                    let away = origin.url("/away").replacingOccurrences(of: "http://", with: "http://u:p4ss@")
+                    try await withManager(directory + "/state") { manager in
+                        let id = try await manager.enqueue(
+                            DownloadRequest(url: url, destination: .file(directory + "/g")))
+                        let moved = try await manager.enqueue(
+                            DownloadRequest(url: away, destination: .file(directory + "/a")))
+                        await manager.runUntilIdle()
+                        #expect(await manager.download(id)?.state == .completed)
+                        #expect(await manager.download(id)?.url == origin.url("/guarded"))
+                        #expect(await manager.download(moved)?.state == .completed)
+                    }
+                    #expect(try readFile(directory + "/g") == resource.content)
+                    #expect(other.requests(for: "/file").first?.header("authorization") == nil)
+                    for name in listDirectory(directory + "/state") where !name.hasPrefix("owners") {
+                        let text = String(decoding: try readFile(directory + "/state/" + name), as: UTF8.self)
+                        #expect(!text.contains("p4ss") && !text.contains("u:p4ss"), "\(name)")
+                    }
+                }
+            }
+        }
+    }
+
+    @Test(arguments: [
+        ("Authorization", true), ("proxy-authorization", true), ("Cookie", true), ("X-Api-Key", true),
+        ("X-Auth-Token", true), ("Private-Token", true), ("X-Client-Secret", true), ("Ocp-Apim-Subscription-Key", true),
+        ("X-Session-Id", true), ("Accept", false), ("User-Agent", false), ("X-Request-Id", false), ("Referer", false),
+    ])
+    func headersThatLookLikeCredentialsAreSecret(name: String, secret: Bool) {
+        #expect(DownloadRequest.looksSecret(name) == secret)
+    }
 }

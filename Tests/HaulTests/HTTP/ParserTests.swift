@@ -172,10 +172,12 @@ struct RedirectPolicyTests {
         let current = try DownloadURL("https://a.example/x")
         #expect(throws: HaulError.self) {
             try RedirectPolicy.follow(
-                location: "http://a.example/y", from: current, headers: [], allowHTTPSToHTTP: false)
+                location: "http://a.example/y", from: current, headers: [], allowHTTPSToHTTP: false,
+                isSecret: DownloadRequest.looksSecret)
         }
         let (next, _) = try RedirectPolicy.follow(
-            location: "http://a.example/y", from: current, headers: [], allowHTTPSToHTTP: true)
+            location: "http://a.example/y", from: current, headers: [], allowHTTPSToHTTP: true,
+            isSecret: DownloadRequest.looksSecret)
         #expect(next.string == "http://a.example/y")
     }
 
@@ -183,11 +185,12 @@ struct RedirectPolicyTests {
         let current = try DownloadURL("https://a.example/x")
         let headers = [("Authorization", "t"), ("Cookie", "c"), ("Accept", "*/*")]
         let (_, same) = try RedirectPolicy.follow(
-            location: "/y", from: current, headers: headers, allowHTTPSToHTTP: false)
+            location: "/y", from: current, headers: headers, allowHTTPSToHTTP: false,
+            isSecret: DownloadRequest.looksSecret)
         #expect(same.count == 3)
         let (_, otherPort) = try RedirectPolicy.follow(
-            location: "https://a.example:8443/y", from: current, headers: headers, allowHTTPSToHTTP: false
-        )
+            location: "https://a.example:8443/y", from: current, headers: headers, allowHTTPSToHTTP: false,
+            isSecret: DownloadRequest.looksSecret)
         #expect(otherPort.map(\.0) == ["Accept"])
     }
 }

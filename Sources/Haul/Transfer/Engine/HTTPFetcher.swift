@@ -41,7 +41,8 @@ struct HTTPFetcher: Sendable {
         _ consume: (HTTPClientResponse, DownloadURL) async -> Result
     ) async throws -> Result {
         var current = sources.indices.contains(source) ? sources[source] : url
-        var headers = RedirectPolicy.headers(request.headers.map { ($0.name, $0.value) }, from: url, to: current)
+        var headers = RedirectPolicy.headers(
+            request.headers.map { ($0.name, $0.value) }, from: url, to: current, isSecret: request.isSecret)
         if !headers.contains(where: { $0.0.lowercased() == "user-agent" }) {
             headers.append(("User-Agent", configuration.userAgent))
         }
@@ -75,8 +76,8 @@ struct HTTPFetcher: Sendable {
             case .redirect(let location):
                 let next: DownloadURL
                 (next, headers) = try RedirectPolicy.follow(
-                    location: location, from: current, headers: headers, allowHTTPSToHTTP: redirects.allowHTTPSToHTTP
-                )
+                    location: location, from: current, headers: headers, allowHTTPSToHTTP: redirects.allowHTTPSToHTTP,
+                    isSecret: request.isSecret)
                 guard visited.insert(next.string).inserted else {
                     throw HaulError(.redirectRefused, "redirect loop at \(next.string)")
                 }
