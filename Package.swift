@@ -54,7 +54,7 @@ let package = Package(
         .target(
             name: "HaulDaemon",
             dependencies: [
-                "Haul",
+                "Haul", "CHaulSystem",
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "HTTPTypes", package: "swift-http-types"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),

@@ -6,6 +6,7 @@
 #include <unistd.h>
 #endif
 #include "CHaulSystem.h"
+#include <spawn.h>
 
 int haul_fallocate(int descriptor, int keep_size, off_t offset, off_t length) {
 #ifdef __linux__
@@ -34,5 +35,23 @@ int haul_open_beneath(int directory, const char *path, int flags, mode_t mode) {
     (void)mode;
     errno = ENOSYS;
     return -1;
+#endif
+}
+
+int haul_spawn_standard_descriptors_only(posix_spawn_file_actions_t *actions, short *flags) {
+#if defined(__APPLE__)
+    *flags |= POSIX_SPAWN_CLOEXEC_DEFAULT;
+    for (int descriptor = 0; descriptor < 3; descriptor++) {
+        int result = posix_spawn_file_actions_addinherit_np(actions, descriptor);
+        if (result != 0) return result;
+    }
+    return 0;
+#elif defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 34))
+    (void)flags;
+    return posix_spawn_file_actions_addclosefrom_np(actions, 3);
+#else
+    (void)actions;
+    (void)flags;
+    return ENOSYS;
 #endif
 }

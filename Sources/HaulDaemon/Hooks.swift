@@ -1,3 +1,4 @@
+import CHaulSystem
 import Haul
 import Logging
 
@@ -112,8 +113,12 @@ struct HookRunner: Sendable {
                 sigemptyset(&unblocked)
                 posix_spawnattr_setsigmask(&attributes, &unblocked)
                 posix_spawnattr_setpgroup(&attributes, 0)
-                posix_spawnattr_setflags(
-                    &attributes, Int16(POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETPGROUP))
+                var flags = Int16(POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETPGROUP)
+                // The daemon's sockets (its listener, its clients' connections) and files stay
+                // with it: a connection it closes must close, whatever the program does meanwhile.
+                let closing = haul_spawn_standard_descriptors_only(&actions, &flags)
+                if closing != 0 { return closing }
+                posix_spawnattr_setflags(&attributes, flags)
                 return posix_spawn(&processID, program, &actions, &attributes, argv, envp)
             }
         }

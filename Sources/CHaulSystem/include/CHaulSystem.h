@@ -3,6 +3,7 @@
 #define CHAUL_SYSTEM_H
 
 #include <errno.h>
+#include <spawn.h>
 #include <sys/types.h>
 
 /// Reserves disk space for bytes [offset, offset + length) of the open file `descriptor`. With
@@ -15,5 +16,12 @@ int haul_fallocate(int descriptor, int keep_size, off_t offset, off_t length);
 /// and RESOLVE_NO_SYMLINKS). Returns the descriptor, or -1 with errno set: ELOOP or EXDEV where a
 /// link or `..` would lead elsewhere, ENOSYS where the kernel or the platform has no such call.
 int haul_open_beneath(int directory, const char *path, int flags, mode_t mode);
+
+/// Makes a program spawned with `actions` inherit only standard input, output and error: Haul's
+/// sockets and files (many opened without close-on-exec by the libraries it uses) stay with Haul.
+/// Linux closes every other descriptor in the child (glibc 2.34's addclosefrom); Apple platforms
+/// add POSIX_SPAWN_CLOEXEC_DEFAULT to `flags` and inherit 0, 1 and 2. Returns 0, or an errno value
+/// (ENOSYS where neither exists).
+int haul_spawn_standard_descriptors_only(posix_spawn_file_actions_t *actions, short *flags);
 
 #endif

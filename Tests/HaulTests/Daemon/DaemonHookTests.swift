@@ -104,6 +104,29 @@ struct DaemonHookTests {
         }
     }
 
+    #if os(Linux)
+        @Test func aHookInheritsNoneOfTheDaemonsSocketsOrFiles() async throws {
+            try await HaulTestServer.withRunning { server in
+                server.add("/f", TestResource(name: "f", size: 10_000))
+                try await withTemporaryDirectory { directory in
+                    let record = directory + "/descriptors"
+                    // What the shell running the hook holds (it keeps its script open, on 10 or so).
+                    try script(
+                        directory + "/hook.sh",
+                        #"ls -l /proc/$$/fd > "\#(record).tmp"; mv "\#(record).tmp" "\#(record)""#)
+                    try await withDaemon({ $0.hooks.onComplete = directory + "/hook.sh" }) { daemon in
+                        let id = try await daemon.add(#"{"url": "\#(server.url("/f"))"}"#)[0]
+                        _ = try await daemon.waitFor(id, "completed")
+                        try await waitUntil("the hook ran") { text(record) != nil }
+                        let listing = try #require(text(record))
+                        #expect(!listing.contains("socket:"), "\(listing)")
+                        #expect(!listing.contains(".sqlite") && !listing.contains("daemon."), "\(listing)")
+                    }
+                }
+            }
+        }
+    #endif
+
     @Test func theErrorHookRunsForAFailedDownloadAndItsStatusIsShown() async throws {
         try await HaulTestServer.withRunning { server in
             try await withTemporaryDirectory { directory in
