@@ -123,6 +123,7 @@ struct DaemonCommand: AsyncParsableCommand {
         options.hooks.timeLimit = .milliseconds(Int64(hookTimeLimit * 1000))
         var logger = Logger(label: "haul.daemon") { StreamLogHandler.standardError(label: $0) }
         logger.logLevel = Logger.Level(rawValue: logLevel) ?? .info
+        Self.raiseFileLimit()
         let daemon = try Daemon(options: options, logger: logger)
         if !Daemon.isLoopback(host) {
             Output.standardError(
@@ -135,6 +136,21 @@ struct DaemonCommand: AsyncParsableCommand {
         }
         defer { announcer.cancel() }
         try await daemon.run()
+    }
+
+    /// Raises the soft limit on open files to the hard one: the daemon's downloads and its API's
+    /// connections (1,024 at most, see ``ConnectionLimits``) each hold files, and the usual soft limit
+    /// of 1024 is a setting of the shell, not of what the system can give.
+    static func raiseFileLimit() {
+        #if canImport(Glibc)
+            let files = __rlimit_resource_t(RLIMIT_NOFILE.rawValue)
+        #else
+            let files = RLIMIT_NOFILE
+        #endif
+        var limit = rlimit()
+        guard getrlimit(files, &limit) == 0, limit.rlim_cur < limit.rlim_max else { return }
+        limit.rlim_cur = limit.rlim_max
+        _ = setrlimit(files, &limit)
     }
 
     /// `host:port` or `[v6]:port`.

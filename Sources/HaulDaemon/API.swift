@@ -21,6 +21,8 @@ struct API: Sendable {
     let hub: EventHub
     /// How often an idle event stream sends a comment, so proxies and clients see it is alive.
     let keepAlive: Duration
+    /// The listener's connections: event streams are counted there.
+    let connections: ConnectionLedger
 
     /// The OpenAPI document of the API, as served at `/api/v1/openapi.json`.
     static let document = ByteBuffer(bytes: PackageResources.openapi_json)
@@ -59,7 +61,16 @@ struct API: Sendable {
                 status: .ok, headers: [.contentType: "application/json; charset=utf-8"],
                 body: .init(byteBuffer: Self.document))
         }
-        route(.get, "events") { request, _ in events(request) }
+        route(.get, "events") { request, _ in
+            let limit = connections.limits.maximumEventStreams
+            guard connections.openEventStreams < limit else {
+                throw APIError(
+                    .serviceUnavailable, "tooManyEventStreams",
+                    "\(limit) event streams are open already: close one, or try again shortly",
+                    headers: [.retryAfter: "5"])
+            }
+            return events(request)
+        }
         route(.post, "downloads") { request, _ in try await add(request) }
         route(.get, "downloads") { request, _ in try await list(request) }
         route(.get, "downloads/{id}") { _, context in try await current(try Self.id(context)) }

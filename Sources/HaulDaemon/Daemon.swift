@@ -1,5 +1,6 @@
 import Haul
 import Hummingbird
+import HummingbirdCore
 import Logging
 import NIOCore
 import ServiceLifecycle
@@ -52,6 +53,8 @@ public final class Daemon: Sendable {
         /// Requests a second the daemon answers (all clients together; twice as many at once);
         /// past it, 429.
         public var requestsPerSecond = 200
+        /// How many connections the listener holds and for how long.
+        public var connections = ConnectionLimits()
 
         /// Options for a daemon over `stateDirectory` writing into `downloadRoots`.
         public init(stateDirectory: String, downloadRoots: [String]) {
@@ -130,9 +133,10 @@ public final class Daemon: Sendable {
         let directory = manager.stateDirectory
         let router = Router()
         let hub = EventHub()
+        let connections = ConnectionLedger(limits: options.connections, clock: transferClock)
         let api = API(
             manager: manager, roots: roots, maxBodyBytes: options.maxBodyBytes, hub: hub,
-            keepAlive: options.keepAlive)
+            keepAlive: options.keepAlive, connections: connections)
         // Subscribed before the queue starts, so no event of this run is missed.
         let events = manager.events()
         // The hooks run beside the service group, on an event stream that ends only when the queue
@@ -157,7 +161,9 @@ public final class Daemon: Sendable {
         let metrics = DaemonMetrics()
         let manager = self.manager
         router.get("metrics") { _, _ in
-            let text = metrics.text(downloads: await manager.downloads(), progress: await manager.aggregateProgress())
+            let text = metrics.text(
+                downloads: await manager.downloads(), progress: await manager.aggregateProgress(),
+                connections: connections)
             return Response(
                 status: .ok, headers: [.contentType: "text/plain; version=0.0.4; charset=utf-8"],
                 body: .init(byteBuffer: ByteBuffer(string: text)))
@@ -168,6 +174,9 @@ public final class Daemon: Sendable {
         let host = options.host
         let application = Application(
             router: router,
+            server: HTTPServerBuilder { responder in
+                GuardedHTTP1Channel(inner: HTTP1Channel(responder: responder), ledger: connections)
+            },
             configuration: ApplicationConfiguration(address: .hostname(host, port: options.port), serverName: "haul"),
             onServerRunning: { [weak self] channel in
                 let port = channel.localAddress?.port ?? 0
@@ -183,6 +192,7 @@ public final class Daemon: Sendable {
             services: [
                 .init(service: application), .init(service: QueueService(manager: manager)),
                 .init(service: EventService(hub: hub, metrics: metrics, events: events)),
+                .init(service: SweepService(ledger: connections)),
             ],
             gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
         configuration.maximumGracefulShutdownDuration = .seconds(30)
@@ -285,6 +295,15 @@ struct EventService: Service {
             }
         }
         hub.close()
+    }
+}
+
+/// Closes the listener's connections that wait too long, until a graceful shutdown.
+struct SweepService: Service {
+    let ledger: ConnectionLedger
+
+    func run() async throws {
+        await cancelWhenGracefulShutdown { await ledger.sweepUntilCancelled() }
     }
 }
 

@@ -38,7 +38,7 @@ final class DaemonMetrics: Sendable {
     }
 
     /// The exposition text, with the queue's current figures.
-    func text(downloads: [DownloadInfo], progress: AggregateProgress) -> String {
+    func text(downloads: [DownloadInfo], progress: AggregateProgress, connections: ConnectionLedger) -> String {
         let (received, failures) = state.withLock { ($0.receivedBytes, $0.failures) }
         var counts = Dictionary(uniqueKeysWithValues: DownloadState.allCases.map { ($0, 0) })
         for download in downloads { counts[download.state, default: 0] += 1 }
@@ -66,6 +66,12 @@ final class DaemonMetrics: Sendable {
             "# HELP haul_active_connections Connections the running downloads have open (a request out or an answer arriving).",
             "# TYPE haul_active_connections gauge",
             "haul_active_connections \(downloads.reduce(0) { $0 + ($1.openConnections ?? 0) })",
+            "# HELP haul_api_connections Connections open to the daemon's API and page, event streams included.",
+            "# TYPE haul_api_connections gauge",
+            "haul_api_connections \(connections.openConnections)",
+            "# HELP haul_api_event_streams Event streams open.",
+            "# TYPE haul_api_event_streams gauge",
+            "haul_api_event_streams \(connections.openEventStreams)",
         ]
         return lines.joined(separator: "\n") + "\n"
     }

@@ -1,0 +1,198 @@
+import Haul
+import Testing
+
+@testable import HaulDaemon
+
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Darwin)
+    import Darwin
+#endif
+
+/// A plain TCP connection to the daemon, for what an HTTP client would not send.
+struct RawConnection {
+    let descriptor: Int32
+
+    init(port: Int) throws {
+        descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        guard descriptor >= 0 else { throw TestFailure("socket: \(String(cString: strerror(errno)))") }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = in_port_t(UInt16(port).bigEndian)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        let connected = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                connect(descriptor, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
+            }
+        }
+        guard connected == 0 else {
+            let reason = String(cString: strerror(errno))
+            systemClose(descriptor)
+            throw TestFailure("connect: \(reason)")
+        }
+    }
+
+    func send(_ text: String) {
+        _ = text.utf8CString.withUnsafeBufferPointer { write(descriptor, $0.baseAddress, $0.count - 1) }
+    }
+
+    /// What the daemon sends until it closes the connection, or until `timeout` (real time) passes;
+    /// `closed` tells which.
+    func readToEnd(timeout: Duration = .seconds(10)) -> (text: String, closed: Bool) {
+        var bytes: [UInt8] = []
+        let deadline = ContinuousClock.now + timeout
+        var buffer = [UInt8](repeating: 0, count: 4096)
+        while ContinuousClock.now < deadline {
+            var wait = pollfd(fd: descriptor, events: Int16(POLLIN), revents: 0)
+            guard poll(&wait, 1, 50) > 0 else { continue }
+            let count = read(descriptor, &buffer, buffer.count)
+            if count <= 0 { return (String(decoding: bytes, as: UTF8.self), true) }
+            bytes += buffer[0..<count]
+        }
+        return (String(decoding: bytes, as: UTF8.self), false)
+    }
+
+    /// Whether the daemon has closed the connection (checked without waiting).
+    var isClosedByDaemon: Bool {
+        var wait = pollfd(fd: descriptor, events: Int16(POLLIN), revents: 0)
+        guard poll(&wait, 1, 0) > 0 else { return false }
+        var byte: UInt8 = 0
+        return recv(descriptor, &byte, 1, Int32(MSG_PEEK)) <= 0
+    }
+
+    func close() { systemClose(descriptor) }
+}
+
+private func systemClose(_ descriptor: Int32) {
+    #if canImport(Glibc)
+        _ = Glibc.close(descriptor)
+    #else
+        _ = Darwin.close(descriptor)
+    #endif
+}
+
+/// The listener's limits: idle and slow connections are closed on the daemon's clock, floods make
+/// room instead of locking clients out, event streams are counted apart.
+@Suite(.timeLimit(.minutes(2)), .serialized)
+struct DaemonConnectionTests {
+    /// Raises this process's open-file limit as far as it goes; returns it.
+    static func raiseFileLimit() -> Int {
+        #if canImport(Glibc)
+            let files = __rlimit_resource_t(RLIMIT_NOFILE.rawValue)
+        #else
+            let files = RLIMIT_NOFILE
+        #endif
+        var limit = rlimit()
+        getrlimit(files, &limit)
+        limit.rlim_cur = limit.rlim_max
+        setrlimit(files, &limit)
+        getrlimit(files, &limit)
+        return Int(clamping: limit.rlim_cur)
+    }
+
+    /// A figure of `/metrics`.
+    static func metric(_ daemon: DaemonHarness, _ name: String) async throws -> Int {
+        let text = try await daemon.send(.GET, "/metrics").body
+        let line = try #require(text.split(separator: "\n").first { $0.hasPrefix(name + " ") })
+        return try #require(Int(line.split(separator: " ")[1]))
+    }
+
+    @Test func thousandsOfHeldConnectionsLeaveRoomForTheAPIAndAreLetGo() async throws {
+        let count = min(2000, Self.raiseFileLimit() - 500)
+        try #require(count >= 500, "too few files may be open here")
+        try await withDaemon({
+            $0.connections.maximumConnections = 200
+            $0.connections.maximumConnectionsPerClient = 150
+        }) { daemon in
+            var held: [RawConnection] = []
+            defer { for connection in held { connection.close() } }
+            for index in 0..<count {
+                let connection = try RawConnection(port: daemon.port)
+                // Half of them never finish their request's head.
+                if index % 2 == 0 { connection.send("GET /api/v1/stats HTTP/1.1\r\nHost: 127.0.0") }
+                held.append(connection)
+            }
+            // The API still answers, and the daemon holds no more than its caps.
+            #expect(try await daemon.send(.GET, "/api/v1/stats").status == 200)
+            #expect(try await Self.metric(daemon, "haul_api_connections") <= 150)
+            #expect(held.filter(\.isClosedByDaemon).count >= count - 150)
+            for connection in held { connection.close() }
+            held = []
+            try await waitUntilAsync("the daemon lets go of the closed connections") {
+                try await Self.metric(daemon, "haul_api_connections") <= 2
+            }
+        }
+    }
+
+    @Test func idleAndSlowConnectionsAreClosedOnTheDaemonsClock() async throws {
+        let clock = ManualClock()
+        try await withDaemon({ _ in }, clock: clock) { daemon in
+            let idle = try (0..<20).map { _ in try RawConnection(port: daemon.port) }
+            let slow = try (0..<20).map { _ in try RawConnection(port: daemon.port) }
+            defer { for connection in idle + slow { connection.close() } }
+            for connection in slow { connection.send("GET /api/v1/stats HTTP/1.1\r\nHost: 127.0.0") }
+            try await waitUntilAsync("the daemon holds them") {
+                try await Self.metric(daemon, "haul_api_connections") >= 40
+            }
+            // A request's head and body must arrive within 10 s of its first byte.
+            clock.advance(by: .seconds(10))
+            try await waitUntil("the slow ones are closed") { slow.allSatisfy(\.isClosedByDaemon) }
+            #expect(idle.allSatisfy { !$0.isClosedByDaemon })
+            // A connection with no request under way goes after 30 s.
+            clock.advance(by: .seconds(20))
+            try await waitUntil("the idle ones are closed") { idle.allSatisfy(\.isClosedByDaemon) }
+            #expect(try await daemon.send(.GET, "/api/v1/stats").status == 200)
+        }
+    }
+
+    @Test func eventStreamsAreCountedApart() async throws {
+        try await withDaemon({ $0.connections.maximumEventStreams = 2 }) { daemon in
+            let first = try await EventReader(daemon)
+            let second = try await EventReader(daemon)
+            #expect(first.status == 200 && second.status == 200)
+            let third = try await daemon.send(.GET, "/api/v1/events")
+            #expect(third.status == 503 && third.errorCode == "tooManyEventStreams", "\(third.body)")
+            #expect(third.headers["Retry-After"].first == "5")
+            #expect(try await Self.metric(daemon, "haul_api_event_streams") == 2)
+            // Other requests go on.
+            #expect(try await daemon.send(.GET, "/api/v1/stats").status == 200)
+        }
+    }
+
+    @Test func whenEveryConnectionIsAnsweringANewOneIsRefusedAtOnce() async throws {
+        try await withDaemon({ $0.connections.maximumConnections = 2 }) { daemon in
+            let streams = [try await EventReader(daemon), try await EventReader(daemon)]
+            #expect(streams.allSatisfy { $0.status == 200 })
+            let refused = try RawConnection(port: daemon.port)
+            defer { refused.close() }
+            refused.send("GET /api/v1/stats HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            let (answer, closed) = refused.readToEnd()
+            #expect(answer.hasPrefix("HTTP/1.1 503") && answer.contains("Retry-After: 1") && closed, "\(answer)")
+        }
+    }
+
+    @Test func aRequestNamesItsHostAsHTTP1Says() async throws {
+        try await withDaemon { daemon in
+            // HTTP/1.0 without Host: refused, and the connection closes as HTTP/1.0 expects.
+            let old = try RawConnection(port: daemon.port)
+            defer { old.close() }
+            old.send("GET /api/v1/stats HTTP/1.0\r\nAuthorization: Bearer \(daemon.token)\r\n\r\n")
+            let (refused, closed) = old.readToEnd()
+            #expect(refused.contains(" 421 ") && closed, "\(refused)")
+            // An absolute-form target names the server, whatever Host says (RFC 9112 §3.2.2).
+            let absolute = try RawConnection(port: daemon.port)
+            defer { absolute.close() }
+            absolute.send(
+                "GET http://attacker.example/api/v1/stats HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                    + "Authorization: Bearer \(daemon.token)\r\nConnection: close\r\n\r\n")
+            let (rebound, _) = absolute.readToEnd()
+            #expect(rebound.contains(" 421 ") && rebound.contains("forbiddenHost"), "\(rebound)")
+            let own = try RawConnection(port: daemon.port)
+            defer { own.close() }
+            own.send(
+                "GET http://127.0.0.1:\(daemon.port)/api/v1/stats HTTP/1.1\r\nHost: attacker.example\r\n"
+                    + "Authorization: Bearer \(daemon.token)\r\nConnection: close\r\n\r\n")
+            #expect(own.readToEnd().text.hasPrefix("HTTP/1.1 200"))
+        }
+    }
+}
