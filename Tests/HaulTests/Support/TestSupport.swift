@@ -139,7 +139,7 @@ func advancingRetries(_ clock: ManualClock, _ log: EventLog) -> @Sendable (Downl
 }
 
 /// A configuration with short delays, so retries in tests take milliseconds.
-func testConfiguration(retries: Int = 5, stall: Duration = .seconds(5)) -> DownloaderConfiguration {
+func testConfiguration(retries: Int = 5, stall: Duration = .seconds(30)) -> DownloaderConfiguration {
     var configuration = DownloaderConfiguration()
     configuration.retry.maximumRetries = retries
     configuration.retry.initialDelay = .milliseconds(10)
