@@ -120,7 +120,7 @@ let package = Package(
         .testTarget(
             name: "HaulCLITests",
             dependencies: [
-                "HaulCLI", "Haul", "HaulTestServer", .product(name: "Crypto", package: "swift-crypto"),
+                "HaulCLI", "Haul", "HaulTestServer", "CHaulSystem", .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"), .product(name: "NIOHTTP1", package: "swift-nio"),
             ]

@@ -55,3 +55,13 @@ int haul_spawn_standard_descriptors_only(posix_spawn_file_actions_t *actions, sh
     return ENOSYS;
 #endif
 }
+
+int haul_spawn_change_directory(posix_spawn_file_actions_t *actions, const char *path) {
+#if defined(__APPLE__) || (defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 29)))
+    return posix_spawn_file_actions_addchdir_np(actions, path);
+#else
+    (void)actions;
+    (void)path;
+    return ENOSYS;
+#endif
+}

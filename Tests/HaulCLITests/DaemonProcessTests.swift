@@ -159,7 +159,7 @@ struct DaemonProcessTests {
                 if signal == SIGTERM {
                     #expect(status == 0, "a graceful stop exits 0: \(errors)")
                 } else {
-                    #expect(first.process.process.terminationReason == .uncaughtSignal && status == SIGKILL)
+                    #expect(first.process.endedBySignal && status == SIGKILL)
                 }
                 let requestsBefore = server.requests.count
                 let bytesBefore = server.bodyBytesSent

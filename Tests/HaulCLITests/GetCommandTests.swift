@@ -37,7 +37,7 @@ struct GetCommandTests {
             haul.signal(SIGKILL)
             let (status, _, _) = try await haul.finish()
             // It died by the SIGKILL, not by finishing or failing on its own.
-            #expect(haul.process.terminationReason == .uncaughtSignal && status == SIGKILL)
+            #expect(haul.endedBySignal && status == SIGKILL)
             let partial = try #require(size(destination + ".haul.part"))
             sizesAtKill.append(partial)
             #expect(!FileManager.default.fileExists(atPath: destination))
@@ -71,7 +71,7 @@ struct GetCommandTests {
             let directory = try makeTemporaryDirectory()
             defer { try? FileManager.default.removeItem(atPath: directory) }
             let haul = try HaulProcess(["get", server.url("/f.bin"), "-d", directory, "--json", "-x", "1"])
-            while (size(directory + "/f.bin.haul.part") ?? 0) < 1024 * 1024 && haul.process.isRunning {
+            while (size(directory + "/f.bin.haul.part") ?? 0) < 1024 * 1024 && haul.isRunning {
                 try await Task.sleep(for: .milliseconds(20))
             }
             haul.signal(SIGINT)
@@ -385,7 +385,7 @@ struct LockCommandTests {
             defer { try? FileManager.default.removeItem(atPath: directory) }
             let arguments = ["get", server.url("/c.bin"), "-o", directory + "/c.bin", "-q", "-x", "1"]
             let first = try HaulProcess(arguments)
-            while (size(directory + "/c.bin.haul.part") ?? 0) == 0 && first.process.isRunning {
+            while (size(directory + "/c.bin.haul.part") ?? 0) == 0 && first.isRunning {
                 try await Task.sleep(for: .milliseconds(20))
             }
             let second = try await HaulProcess.run(arguments)

@@ -1,21 +1,23 @@
+import CHaulSystem
+import Dispatch
 import Foundation
+import Synchronization
 import Testing
 
 /// Runs the built `haul` executable as a child process.
 ///
-/// `Process` and `Pipe` are not `Sendable`; one test owns each instance and only reads it after the
-/// child exits, so sharing the reference across awaits is safe.
-final class HaulProcess: @unchecked Sendable {
+/// Started with `posix_spawn` rather than Foundation's `Process`, whose `run()` crashed the test
+/// run now and then (a memcpy past the end of a buffer) while other tests ran: the child gets
+/// standard input from /dev/null, two pipes for its output and no other descriptor of this
+/// process (whose servers' sockets it would otherwise keep open). Its output is read as it comes,
+/// on a queue of its own, so a chatty child never blocks on a full pipe.
+final class HaulProcess: Sendable {
     /// The `haul` binary next to the test bundle, or `HAUL_BINARY` when set.
     static var executable: String {
         if let path = ProcessInfo.processInfo.environment["HAUL_BINARY"] { return path }
         let bundle = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent()
         return bundle.appendingPathComponent("haul").path
     }
-
-    let process = Process()
-    private let output = Pipe()
-    private let errors = Pipe()
 
     /// The state home every test's `haul` shares unless it asks for its own: the database is
     /// built for several processes at once.
@@ -25,6 +27,12 @@ final class HaulProcess: @unchecked Sendable {
         return path
     }()
 
+    let pid: Int32
+    private let output: OutputCollector
+    private let errors: OutputCollector
+    /// The exit status, once the child has been reaped.
+    private let status = Mutex<Int32?>(nil)
+
     /// - Parameter stateDirectory: `XDG_STATE_HOME` for the child (the database goes in its `haul` folder).
     /// - Parameter environment: variables set for the child, over this process's; an empty value
     ///   removes one.
@@ -32,12 +40,6 @@ final class HaulProcess: @unchecked Sendable {
         _ arguments: [String], directory: String? = nil, stateDirectory: String? = nil,
         environment extra: [String: String] = [:]
     ) throws {
-        process.executableURL = URL(fileURLWithPath: Self.executable)
-        process.arguments = arguments
-        if let directory { process.currentDirectoryURL = URL(fileURLWithPath: directory) }
-        process.standardOutput = output
-        process.standardError = errors
-        process.standardInput = FileHandle.nullDevice
         var environment = ProcessInfo.processInfo.environment
         environment["XDG_STATE_HOME"] = stateDirectory ?? Self.sharedStateHome
         // The tests decide which proxies the child sees.
@@ -48,28 +50,73 @@ final class HaulProcess: @unchecked Sendable {
             environment[name] = nil
         }
         for (name, value) in extra { environment[name] = value.isEmpty ? nil : value }
-        process.environment = environment
-        try process.run()
+        var outputPipe: [Int32] = [0, 0]
+        var errorPipe: [Int32] = [0, 0]
+        guard pipe(&outputPipe) == 0, pipe(&errorPipe) == 0 else {
+            throw CLITestFailure("pipe: \(String(cString: strerror(errno)))")
+        }
+        // Children spawned here meanwhile keep none of them (they close all but 0, 1 and 2).
+        for descriptor in outputPipe + errorPipe { _ = fcntl(descriptor, F_SETFD, FD_CLOEXEC) }
+        let program = Self.executable
+        var child: pid_t = 0
+        let spawned = withCStrings([program] + arguments) { argv in
+            withCStrings(environment.map { "\($0.key)=\($0.value)" }) { envp in
+                var actions = posix_spawn_file_actions_t()
+                posix_spawn_file_actions_init(&actions)
+                defer { posix_spawn_file_actions_destroy(&actions) }
+                posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+                posix_spawn_file_actions_adddup2(&actions, outputPipe[1], 1)
+                posix_spawn_file_actions_adddup2(&actions, errorPipe[1], 2)
+                var flags: Int16 = 0
+                var result = haul_spawn_standard_descriptors_only(&actions, &flags)
+                if result == 0, let directory { result = haul_spawn_change_directory(&actions, directory) }
+                guard result == 0 else { return result }
+                return posix_spawn(&child, program, &actions, nil, argv, envp)
+            }
+        }
+        close(outputPipe[1])
+        close(errorPipe[1])
+        guard spawned == 0 else {
+            close(outputPipe[0])
+            close(errorPipe[0])
+            throw CLITestFailure("cannot start \(program): \(String(cString: strerror(spawned)))")
+        }
+        pid = child
+        output = OutputCollector(outputPipe[0])
+        errors = OutputCollector(errorPipe[0])
     }
 
-    var pid: Int32 { process.processIdentifier }
+    func signal(_ number: Int32) { kill(pid, number) }
 
-    func signal(_ number: Int32) { kill(process.processIdentifier, number) }
+    /// Whether the child still runs (it is reaped once it has ended).
+    var isRunning: Bool {
+        status.withLock { status in
+            guard status == nil else { return false }
+            var code: Int32 = 0
+            guard waitpid(pid, &code, WNOHANG) == pid else { return true }
+            status = code
+            return false
+        }
+    }
 
     /// Waits for the process to exit and returns its status and output.
     func finish(timeout: Duration = .seconds(60)) async throws -> (status: Int32, output: String, errors: String) {
         let deadline = ContinuousClock.now + timeout
-        while process.isRunning {
+        while isRunning {
             if ContinuousClock.now > deadline {
                 signal(SIGKILL)
                 throw CLITestFailure("haul did not exit within \(timeout)")
             }
             try await Task.sleep(for: .milliseconds(20))
         }
-        let out = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-        let err = String(decoding: errors.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-        return (process.terminationStatus, out, err)
+        let code = status.withLock { $0 } ?? -1
+        // The exit code, or the signal that ended it (as Foundation's Process reports them).
+        let exit = code & 0x7f == 0 ? (code >> 8) & 0xff : code & 0x7f
+        return (exit, await output.text(), await errors.text())
     }
+
+    /// Whether a signal ended the child (once ``finish(timeout:)`` has returned).
+    var endedBySignal: Bool { status.withLock { $0.map { $0 & 0x7f != 0 } ?? false } }
 
     /// Runs `haul` to completion.
     static func run(
@@ -79,6 +126,55 @@ final class HaulProcess: @unchecked Sendable {
         try await HaulProcess(arguments, directory: directory, stateDirectory: stateDirectory, environment: environment)
             .finish()
     }
+}
+
+/// Reads a pipe to its end on a queue of its own.
+final class OutputCollector: Sendable {
+    private struct State {
+        var bytes: [UInt8] = []
+        var ended = false
+        var waiters: [CheckedContinuation<Void, Never>] = []
+    }
+
+    private let state = Mutex(State())
+
+    init(_ descriptor: Int32) {
+        DispatchQueue(label: "haul-tests.output").async { [self] in
+            var buffer = [UInt8](repeating: 0, count: 1 << 16)
+            while true {
+                let count = read(descriptor, &buffer, buffer.count)
+                if count < 0 && errno == EINTR { continue }
+                guard count > 0 else { break }
+                state.withLock { $0.bytes += buffer[0..<count] }
+            }
+            close(descriptor)
+            let waiters = state.withLock { state in
+                state.ended = true
+                defer { state.waiters = [] }
+                return state.waiters
+            }
+            for waiter in waiters { waiter.resume() }
+        }
+    }
+
+    /// Everything the pipe carried, once it has ended.
+    func text() async -> String {
+        await withCheckedContinuation { continuation in
+            let ended = state.withLock { state in
+                if !state.ended { state.waiters.append(continuation) }
+                return state.ended
+            }
+            if ended { continuation.resume() }
+        }
+        return state.withLock { String(decoding: $0.bytes, as: UTF8.self) }
+    }
+}
+
+/// `strings` as a NULL-terminated array of C strings, for `body`.
+private func withCStrings<Result>(_ strings: [String], _ body: ([UnsafeMutablePointer<CChar>?]) -> Result) -> Result {
+    let pointers = strings.map { strdup($0) }
+    defer { for pointer in pointers { free(pointer) } }
+    return body(pointers + [nil])
 }
 
 struct CLITestFailure: Error, CustomStringConvertible {
