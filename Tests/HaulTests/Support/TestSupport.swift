@@ -1,3 +1,4 @@
+import Dispatch
 import HaulTestServer
 import Logging
 import Synchronization
@@ -16,9 +17,18 @@ func withTemporaryDirectory<Result>(_ body: (String) async throws -> Result) asy
     var template = Array("/tmp/haul-test-XXXXXX".utf8CString)
     guard let created = mkdtemp(&template) else { throw TestFailure("mkdtemp failed") }
     let directory = String(cString: created)
-    defer { removeTree(directory) }
+    defer { removeInBackground(directory) }
     return try await body(directory)
 }
+
+/// Removes `path` on a queue of its own. Removing large files can take seconds (the disk may be
+/// told to discard their blocks); on a thread of the task pool that would hold up every other test
+/// running meanwhile, which the pool's two threads carry.
+func removeInBackground(_ path: String) {
+    cleanupQueue.async { removeTree(path) }
+}
+
+private let cleanupQueue = DispatchQueue(label: "haul-tests.cleanup")
 
 func removeTree(_ path: String) {
     var info = stat()
