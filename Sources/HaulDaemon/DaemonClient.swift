@@ -41,6 +41,9 @@ public final class DaemonClient: Sendable {
         var configuration = HTTPClient.Configuration(timeout: .init(connect: .seconds(5), read: .seconds(60)))
         // A daemon that is gone refuses at once: that is the answer, not a reason to try for seconds.
         configuration.connectionPool.retryConnectionEstablishment = false
+        // The daemon closes a connection idle for 30 s: let go of it first, so no request goes out
+        // on one the daemon is closing.
+        configuration.connectionPool.idleTimeout = .seconds(20)
         self.client = HTTPClient(eventLoopGroupProvider: .singleton, configuration: configuration)
     }
 

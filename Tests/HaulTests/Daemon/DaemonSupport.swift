@@ -85,7 +85,16 @@ struct DaemonHarness: Sendable {
             request.body = .bytes(ByteBuffer(string: body))
         }
         for (name, value) in extra { request.headers.replaceOrAdd(name: name, value: value) }
-        let response = try await client.execute(request, timeout: .seconds(10))
+        let response: HTTPClientResponse
+        do {
+            response = try await client.execute(request, timeout: .seconds(10))
+        } catch let error as ChannelError where method == .GET && error == .ioOnClosedChannel {
+            // A kept-alive connection the daemon closed (idle on its clock, which a test may move on
+            // by minutes at once) as the request went out: sent again, as browsers do for a GET.
+            response = try await client.execute(request, timeout: .seconds(10))
+        } catch let error as HTTPClientError where method == .GET && error == .remoteConnectionClosed {
+            response = try await client.execute(request, timeout: .seconds(10))
+        }
         let bytes = try await response.body.collect(upTo: 16 << 20)
         return Answer(status: Int(response.status.code), headers: response.headers, body: String(buffer: bytes))
     }
