@@ -109,7 +109,7 @@ struct TransferOptions: ParsableArguments {
         if let connections, !(1...DownloadRequest.maximumConnections).contains(connections) {
             throw ValidationError("--connections must be from 1 to \(DownloadRequest.maximumConnections)")
         }
-        guard let split = try Self.rate(minSplitSize, option: "--min-split-size"), split >= 64 * 1024 else {
+        guard try Self.size(minSplitSize, option: "--min-split-size") >= 64 * 1024 else {
             throw ValidationError("--min-split-size must be at least 64k")
         }
         guard retries >= 0 else { throw ValidationError("--retries must be 0 or more") }
@@ -118,7 +118,7 @@ struct TransferOptions: ParsableArguments {
         guard durableCheckpointInterval > 0 else { throw ValidationError("intervals must be greater than 0") }
         _ = try Self.rate(limitRate, option: "--limit-rate")
         _ = try Self.rate(totalLimitRate, option: "--total-limit-rate")
-        _ = try Self.rate(keepFree, option: "--keep-free")
+        _ = try Self.size(keepFree, option: "--keep-free")
         for path in caCertificates {
             do {
                 try DownloaderConfiguration.TLS.checkCertificateFile(path)
@@ -163,6 +163,15 @@ struct TransferOptions: ParsableArguments {
         }
     }
 
+    /// A size such as `--keep-free`'s (0 allowed).
+    static func size(_ text: String, option: String) throws -> Int64 {
+        do {
+            return try ByteCount.parse(text)
+        } catch let error as HaulError {
+            throw ValidationError("\(option): \(error.message)")
+        }
+    }
+
     /// The manager's settings.
     func managerConfiguration(restoring: DownloadManager.Configuration.RestoredDownloads)
         -> DownloadManager.Configuration
@@ -171,7 +180,7 @@ struct TransferOptions: ParsableArguments {
         configuration.maxConcurrentDownloads = jobs
         configuration.restoredDownloads = restoring
         configuration.bytesPerSecondLimit = try? Self.rate(totalLimitRate, option: "")
-        configuration.freeSpaceMargin = (try? Self.rate(keepFree, option: "")) ?? 0
+        configuration.freeSpaceMargin = (try? Self.size(keepFree, option: "")) ?? 0
         configuration.progressInterval = .milliseconds(100)
         return configuration
     }
@@ -190,7 +199,7 @@ struct TransferOptions: ParsableArguments {
         configuration.segmentation.connections = connections ?? Self.adaptiveConnections
         configuration.segmentation.adaptive = connections == nil
         configuration.storage.fileAllocation = DownloaderConfiguration.FileAllocation(rawValue: fileAllocation) ?? .none
-        configuration.segmentation.minimumSplit = (try? Self.rate(minSplitSize, option: "")) ?? (1 << 20)
+        configuration.segmentation.minimumSplit = (try? Self.size(minSplitSize, option: "")) ?? (1 << 20)
         configuration.tls.trustedCertificateFiles = caCertificates
         configuration.tls.allowHTTP2 = !noHTTP2
         configuration.proxy = try ProxyEnvironment.settings(

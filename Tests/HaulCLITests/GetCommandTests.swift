@@ -172,6 +172,14 @@ struct GetCommandTests {
             #expect(badAllocation.status == 64)
             #expect(badAllocation.errors.contains("--file-allocation must be one of none, trunc, falloc"))
             #expect(badRate.errors.contains("is not a rate"))
+            // A size is no rate: --keep-free takes 0 (nothing kept free) and says "size" when wrong.
+            let badSize = try await HaulProcess.run(["get", server.url("/exists"), "--keep-free", "lots"])
+            #expect(badSize.status == 64 && badSize.errors.contains("is not a size"), "\(badSize.errors)")
+            let noMargin = try await HaulProcess.run([
+                "get", server.url("/exists"), "-o", directory + "/no-margin", "-q", "--keep-free", "0",
+            ])
+            #expect(noMargin.status == 0, "\(noMargin.errors)")
+            #expect(contents(directory + "/no-margin") == server.resource("/exists")?.content)
         }
     }
 

@@ -13,9 +13,16 @@ struct ByteRateTests {
         #expect(try ByteRate.parse(text) == expected)
     }
 
-    @Test(arguments: ["", "fast", "-1M", "0", "2T", "1e3", "M"])
+    @Test(arguments: ["", "fast", "-1M", "0", "2T", "1e3", "M", "2M/s/s"])
     func rejects(text: String) {
         #expect(throws: HaulError.self) { try ByteRate.parse(text) }
+    }
+
+    @Test func sizesTakeZeroAndNoRate() throws {
+        #expect(try ByteCount.parse("0") == 0)
+        #expect(try ByteCount.parse("64M") == 64 << 20)
+        #expect(throws: HaulError.self) { try ByteCount.parse("2M/s") }
+        #expect(throws: HaulError.self) { try ByteCount.parse("-1") }
     }
 }
 
