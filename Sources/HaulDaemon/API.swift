@@ -338,7 +338,9 @@ struct API: Sendable {
     {
         guard let text else { return value }
         guard let number = Int(text), range.contains(number) else {
-            throw APIError.badRequest("\(name) must be a whole number from \(range.lowerBound), got \"\(text)\"")
+            let bounds = range.upperBound == Int.max ? "" : " to \(range.upperBound)"
+            throw APIError.badRequest(
+                "\(name) must be a whole number from \(range.lowerBound)\(bounds), got \"\(text)\"")
         }
         return min(number, range.upperBound)
     }

@@ -150,6 +150,9 @@ struct DaemonAPITests {
                 #expect(bad.status == 400 && bad.errorCode == "invalidArgument" && bad.body.contains("sleeping"))
                 let badLimit = try await daemon.send(.GET, "/api/v1/downloads?limit=0")
                 #expect(badLimit.status == 400)
+                // The message gives both bounds, so a client asking for too many knows how many it may.
+                let tooMany = try await daemon.send(.GET, "/api/v1/downloads?limit=2000")
+                #expect(tooMany.status == 400 && tooMany.body.contains("from 1 to 1000"), "\(tooMany.body)")
                 try await waitUntilAsync("every download has failed") {
                     try await daemon.send(.GET, "/api/v1/downloads?state=failed").json(DownloadListAnswer.self).total
                         == 5
