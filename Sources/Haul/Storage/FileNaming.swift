@@ -1,6 +1,7 @@
 /// Turns names suggested by servers and URLs into safe file names.
 ///
-/// A safe name has no path separator, no `..`, no control character, does not start with a dot
+/// A safe name has no path separator, no `..`, no control or invisible formatting character (a
+/// bidirectional override could disguise its extension), does not start with a dot
 /// (no hidden files, no `.`/`..`), and fits in 200 UTF-8 bytes so that Haul's suffixes still fit
 /// in the file system's 255-byte limit. Nothing named this way can leave the target directory.
 package enum FileNaming {
@@ -11,17 +12,21 @@ package enum FileNaming {
     package static func sanitize(_ suggestion: String) -> String? {
         // Keep only the last path component, whichever separator the server used.
         let lastComponent = suggestion.split(whereSeparator: { $0 == "/" || $0 == "\\" }).last.map(String.init) ?? ""
-        var name = String(
-            String.UnicodeScalarView(
-                lastComponent.unicodeScalars.filter { scalar in
-                    !(scalar.value < 0x20 || scalar.value == 0x7F || (0x80...0x9F).contains(scalar.value))
-                }
-            )
-        )
+        var name = String(String.UnicodeScalarView(lastComponent.unicodeScalars.filter(isKept)))
         name = String(name.drop(while: { $0 == "." || $0 == " " }))
         while let last = name.last, last == " " || last == "." { name.removeLast() }
         guard !name.isEmpty else { return nil }
         return truncate(name)
+    }
+
+    /// Whether a character may stay in a name: no control character, and no invisible formatting
+    /// (bidirectional overrides and isolates, zero-width characters, line and paragraph separators),
+    /// which would make `evil\u{202E}gpj.exe` show as `evilexe.jpg`.
+    private static func isKept(_ scalar: Unicode.Scalar) -> Bool {
+        switch scalar.properties.generalCategory {
+        case .control, .format, .lineSeparator, .paragraphSeparator: false
+        default: true
+        }
     }
 
     /// The name for a download of `url` when the server suggests none: the last path segment,

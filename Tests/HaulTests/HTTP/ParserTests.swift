@@ -104,6 +104,10 @@ struct FileNamingTests {
             ("../../x", "x"), ("/etc/passwd", "passwd"), ("..\\..\\win.ini", "win.ini"), ("...", nil), ("..", nil),
             (".hidden", "hidden"), ("a\u{0}b", "ab"), ("tab\there", "tabhere"), ("name. ", "name"), ("", nil),
             ("dir/", "dir"), ("ok.tar.gz", "ok.tar.gz"),
+            // Invisible formatting: a right-to-left override would show this one as "evilexe.jpg".
+            ("evil\u{202E}gpj.exe", "evilgpj.exe"), ("a\u{200B}b\u{2066}c\u{2069}d\u{200F}", "abcd"),
+            ("\u{FEFF}bom.txt", "bom.txt"), ("line\u{2028}break", "linebreak"), ("\u{202E}", nil),
+            ("naïve café.txt", "naïve café.txt"),
         ] as [(String, String?)])
     func sanitizes(input: String, expected: String?) {
         #expect(FileNaming.sanitize(input) == expected)
