@@ -29,7 +29,8 @@ struct Verify: AsyncParsableCommand {
 
     func run() async throws {
         do {
-            if access(file + DownloadPaths.manifestSuffix, F_OK) == 0 {
+            let paths = try? DownloadPaths.open(file)
+            if let paths, paths.folder.exists(paths.manifestName) {
                 guard checksum == nil else {
                     throw HaulError(
                         .invalidArgument,

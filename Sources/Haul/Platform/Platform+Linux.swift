@@ -101,10 +101,4 @@
             return .nobody
         }
     }
-
-    extension String {
-        fileprivate func leftPadded(to width: Int) -> String {
-            count >= width ? self : String(repeating: "0", count: width - count) + self
-        }
-    }
 #endif

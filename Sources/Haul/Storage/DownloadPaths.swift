@@ -31,9 +31,38 @@ package struct DownloadPaths: Sendable, Equatable {
         return (directory.isEmpty ? "/" : directory, String(destination[destination.index(after: slash)...]))
     }
 
-    package var partialName: String { fileName + Self.partialSuffix }
-    package var manifestName: String { fileName + Self.manifestSuffix }
+    package var partialName: String { Self.sideStem(of: fileName) + Self.partialSuffix }
+    package var manifestName: String { Self.sideStem(of: fileName) + Self.manifestSuffix }
     package var manifestTemporaryName: String { manifestName + ".tmp" }
+
+    /// The most bytes a name may have on the file systems Haul writes to.
+    static let nameLimit = 255
+    /// The longest suffix Haul adds to a name: `.haul.json.tmp`.
+    static let longestSuffix = manifestSuffix.utf8.count + ".tmp".utf8.count
+
+    /// What the files beside `fileName` are named after: the name itself, or, when a suffix would
+    /// take it past 255 bytes, its start and a hash of the whole (`NAME~0123456789abcdef`), so a
+    /// file of any name the file system takes can be downloaded. The hash never changes between
+    /// versions: a later session finds the files an earlier one left.
+    static func sideStem(of fileName: String) -> String {
+        guard fileName.utf8.count + longestSuffix > nameLimit else { return fileName }
+        let hash = Array(fileName.utf8).withUnsafeBytes { XXH64.hash($0) }
+        let tag = "~" + String(hash, radix: 16).leftPadded(to: 16)
+        var stem = ""
+        for character in fileName {
+            if stem.utf8.count + character.utf8.count + tag.utf8.count + longestSuffix > nameLimit { break }
+            stem.append(character)
+        }
+        return stem + tag
+    }
+
+    /// Whether `stem` is a shortened one (see ``sideStem(of:)``): its files belong to a name longer
+    /// than any Haul chooses itself, so they never name a download into a directory.
+    static func isShortened(_ stem: String) -> Bool {
+        guard let tilde = stem.lastIndex(of: "~") else { return false }
+        let tag = stem[stem.index(after: tilde)...]
+        return tag.count == 16 && tag.allSatisfy(\.isHexDigit)
+    }
 
     /// The final file; it only appears once the download is complete.
     package var destination: String { folder.pathOf(fileName) }
@@ -44,5 +73,12 @@ package struct DownloadPaths: Sendable, Equatable {
 
     package static func == (left: DownloadPaths, right: DownloadPaths) -> Bool {
         left.destination == right.destination
+    }
+}
+
+extension String {
+    /// The string with zeros before it up to `width` characters.
+    func leftPadded(to width: Int) -> String {
+        count >= width ? self : String(repeating: "0", count: width - count) + self
     }
 }

@@ -43,7 +43,10 @@ final class PartialIndex: Sendable {
     private static func list(_ folder: DirectoryHandle) -> [String: String] {
         var found: [String: (name: String, updated: Int64)] = [:]
         for name in folder.list() where name.hasSuffix(DownloadPaths.manifestSuffix) {
-            let paths = DownloadPaths(in: folder, fileName: String(name.dropLast(DownloadPaths.manifestSuffix.count)))
+            let stem = String(name.dropLast(DownloadPaths.manifestSuffix.count))
+            // A shortened stem belongs to a name no download into a directory is given.
+            if DownloadPaths.isShortened(stem) { continue }
+            let paths = DownloadPaths(in: folder, fileName: stem)
             guard let manifest = try? ManifestStore.load(paths) else { continue }
             if let best = found[manifest.originalURL], best.updated >= manifest.updatedAt { continue }
             found[manifest.originalURL] = (paths.fileName, manifest.updatedAt)

@@ -44,6 +44,34 @@ struct DestinationTests {
         }
     }
 
+    /// Any name the file system takes can be downloaded and resumed: the files beside a long one
+    /// get a shortened name with a hash of the whole, since `.haul.json.tmp` would not fit.
+    @Test(arguments: [241, 242, 250, 255])
+    func namesUpToTheFileSystemsLimitDownloadAndResume(bytes: Int) async throws {
+        try await HaulTestServer.withRunning { server in
+            let resource = TestResource(name: "long", size: 600_000)
+            server.add("/long", resource)
+            server.script("/long", [[.closeAfter(bytes: 300_000)]])
+            try await withTemporaryDirectory { directory in
+                let name =
+                    String(repeating: "é", count: (bytes - 4) / 2) + String(repeating: "x", count: (bytes - 4) % 2)
+                    + ".bin"
+                #expect(name.utf8.count == bytes)
+                let request = DownloadRequest(url: server.url("/long"), destination: .file(directory + "/" + name))
+                await expectHaulError(.network) {
+                    try await withDownloader(testConfiguration(retries: 0)) { try await $0.download(request) }
+                }
+                let left = listDirectory(directory)
+                #expect(left.count == 2 && left.allSatisfy { $0.utf8.count <= 255 }, "\(left)")
+                let result = try await withDownloader { try await $0.download(request) }
+                #expect(result.resumedFrom > 0)
+                #expect(server.requests(for: "/long").last?.header("range") == "bytes=\(result.resumedFrom)-")
+                #expect(try readFile(directory + "/" + name) == resource.content)
+                #expect(listDirectory(directory) == [name])
+            }
+        }
+    }
+
     @Test(arguments: [("/", "index.html"), ("/dir/", "dir"), ("/a%20b.txt", "a b.txt"), ("/x?y=1", "x")])
     func namesComeFromTheURLWhenTheServerSuggestsNone(path: String, expected: String) async throws {
         try await HaulTestServer.withRunning { server in
