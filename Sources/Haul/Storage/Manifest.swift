@@ -123,6 +123,23 @@ package struct Manifest: Codable, Equatable, Sendable {
         return min(sameBoot ? segment.written : segment.durable, max(0, partialSize - segment.start))
     }
 
+    /// Where the bytes `segment` says were written stop being covered by piece hashes: its end, or
+    /// the start of the first whole piece inside it without a hash. Every checkpoint records the hash
+    /// of each whole piece inside what it says was written, so written bytes past such a gap were
+    /// never vouched for by Haul (an edited or damaged manifest): they are fetched again rather than
+    /// believed. The piece a segment starts in and the one it ends in may be partly written, unhashed.
+    func hashedEnd(of segment: Segment) -> Int64 {
+        let end = segment.start + segment.written
+        var piece = (segment.start + pieceSize - 1) / pieceSize
+        while (piece + 1) * pieceSize <= end {
+            guard piece < Int64(pieces.count), pieces[Int(piece)] != nil else {
+                return max(segment.start, piece * pieceSize)
+            }
+            piece += 1
+        }
+        return end
+    }
+
     /// Forgets everything at or past `offset`: progress and piece hashes. The partial file must be cut
     /// to the same length.
     mutating func truncate(to offset: Int64) {

@@ -147,4 +147,47 @@ struct HostileInputTests {
             }
         }
     }
+
+    /// A manifest that says more was written than its piece hashes cover (edited, or damaged) is not
+    /// believed past the first whole piece without a hash: those bytes are fetched again, in one
+    /// range or in several.
+    @Test(arguments: [1, 2])
+    func writtenBytesNoPieceHashCoversAreFetchedAgain(segments: Int) async throws {
+        try await HaulTestServer.withRunning { server in
+            let piece: Int64 = 1 << 20
+            let resource = TestResource(name: "claims", size: 3 * piece + 100)
+            server.add("/f", resource)
+            try await withTemporaryDirectory { directory in
+                let paths = try DownloadPaths.open(directory + "/f")
+                // The first piece as the server has it, then bytes of nothing the server ever sent.
+                let good = resource.bytes(0..<piece)
+                try writeFile(paths.partial, good + [UInt8](repeating: 0x5A, count: Int(resource.size - piece)))
+                var manifest = Manifest(
+                    originalURL: server.url("/f"), finalURL: server.url("/f"),
+                    validator: ResourceValidator(etag: resource.entityTagValue, lastModified: nil, date: nil),
+                    totalLength: resource.size, acceptsRanges: true, contentEncoding: nil,
+                    bootID: BootIdentity.current, now: 0, pieceSize: piece)
+                manifest.pieces = [good.withUnsafeBytes { PieceHasher.hash($0) }]
+                if segments == 1 {
+                    manifest.segments = [.init(start: 0, end: resource.size, written: resource.size)]
+                } else {
+                    manifest.segments = [
+                        .init(start: 0, end: 2 * piece, written: 2 * piece),
+                        .init(start: 2 * piece, end: resource.size, written: piece + 100),
+                    ]
+                }
+                try ManifestStore.store(manifest, at: paths, durable: true)
+                let result = try await HaulTests.download(
+                    server, to: paths.destination, configuration: segmentedConfiguration(connections: segments))
+                #expect(try readFile(paths.destination) == resource.content)
+                #expect(result.resumedFrom == piece)
+                let ranges = Set(server.requests.compactMap { $0.header("range") })
+                let expected: Set<String> =
+                    segments == 1
+                    ? ["bytes=\(piece)-"]
+                    : ["bytes=\(piece)-\(2 * piece - 1)", "bytes=\(2 * piece)-\(resource.size - 1)"]
+                #expect(ranges == expected)
+            }
+        }
+    }
 }

@@ -289,23 +289,32 @@ struct TransferMachine: Sendable {
     /// Asks the shell to check what of a stored download can be kept.
     private mutating func check(_ stored: Manifest, partialSize: Int64) -> [TransferAction] {
         var trusted = stored
-        if stored.segments.count == 1 {
-            let prefix = stored.trustedPrefix(currentBootID: bootID, partialSize: partialSize)
-            trusted.segments[0].written = prefix
-            trusted.segments[0].durable = min(stored.segments[0].durable, prefix)
-        } else {
-            for index in trusted.segments.indices {
-                let kept = stored.trustedLength(
-                    of: stored.segments[index], currentBootID: bootID, partialSize: partialSize)
-                trusted.segments[index].written = kept
-                trusted.segments[index].durable = min(stored.segments[index].durable, kept)
+        var unvouched: Int64 = 0
+        for index in trusted.segments.indices {
+            let segment = stored.segments[index]
+            var kept =
+                stored.segments.count == 1
+                ? stored.trustedPrefix(currentBootID: bootID, partialSize: partialSize)
+                : stored.trustedLength(of: segment, currentBootID: bootID, partialSize: partialSize)
+            // A claim its piece hashes do not cover drops the rest of the segment, the bytes the page
+            // cache kept past the last checkpoint included: none of them can be told apart.
+            let hashed = stored.hashedEnd(of: segment) - segment.start
+            if hashed < segment.written {
+                unvouched += min(kept, segment.written) - min(kept, hashed)
+                kept = min(kept, hashed)
             }
+            trusted.segments[index].written = kept
+            trusted.segments[index].durable = min(segment.durable, kept)
         }
         manifest = trusted
         finalURL = stored.finalURL
         resumeFrom(stored)
         phase = .resuming
-        return [.checkStoredData(trusted)]
+        let note: [TransferAction] =
+            unvouched > 0
+            ? [.log("the manifest claims \(unvouched) bytes its piece hashes do not cover; they are fetched again")]
+            : []
+        return note + [.checkStoredData(trusted)]
     }
 
     /// Continues a stored download from the bytes that survived the check.
