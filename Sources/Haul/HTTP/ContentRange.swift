@@ -57,7 +57,7 @@ package struct ContentRange: Equatable, Sendable {
 extension Int64 {
     /// Parses ASCII decimal digits only: no sign, no spaces, no overflow.
     init?<S: StringProtocol>(decimalDigits text: S) {
-        guard !text.isEmpty, text.utf8.count <= 18, text.utf8.allSatisfy({ $0 >= 48 && $0 <= 57 }) else {
+        guard !text.isEmpty, text.utf8.count <= 19, text.utf8.allSatisfy({ $0 >= 48 && $0 <= 57 }) else {
             return nil
         }
         self.init(text, radix: 10)

@@ -89,6 +89,10 @@ package struct Manifest: Codable, Equatable, Sendable {
         self.updatedAt = now
     }
 
+    /// The longest file Haul takes a length for: 8 PiB, past what any one file system a download
+    /// fills holds. A longer one in an answer is a lie, and in a manifest damage.
+    package static let largestLength: Int64 = 1 << 53
+
     /// 4 MiB: re-checking one piece on resume costs a few milliseconds, and a 4 GiB file needs 1,024 hashes.
     package static let defaultPieceSize: Int64 = 4 << 20
 
@@ -192,6 +196,9 @@ package struct Manifest: Codable, Equatable, Sendable {
 
     /// Checks that the values make sense together; a manifest that does not is not trusted.
     func validate() throws {
+        if let totalLength, totalLength > Self.largestLength {
+            throw HaulError(.manifestCorrupt, "manifest has an impossible length of \(totalLength) bytes")
+        }
         let end = totalLength ?? segments.map { $0.start + $0.written }.max() ?? 0
         guard pieceSize > 0, Int64(pieces.count) <= end / pieceSize else {
             throw HaulError(.manifestCorrupt, "manifest has impossible piece hashes")
@@ -201,7 +208,8 @@ package struct Manifest: Codable, Equatable, Sendable {
         }
         for segment in segments {
             let limit = segment.end.map { $0 - segment.start } ?? Int64.max
-            guard segment.start >= 0, segment.written >= 0, segment.durable >= 0, segment.durable <= segment.written,
+            guard segment.start >= 0, segment.start <= Self.largestLength, segment.written >= 0,
+                segment.written <= Self.largestLength, segment.durable >= 0, segment.durable <= segment.written,
                 segment.written <= limit, (totalLength ?? Int64.max) >= segment.start + segment.written
             else { throw HaulError(.manifestCorrupt, "manifest has an impossible segment \(segment)") }
         }

@@ -49,12 +49,28 @@ struct ResponseFacts: Equatable, Sendable {
 /// confirms exactly what is stored.
 enum ResponseClassifier {
     static func classify(status: Int, headers: HTTPHeaders, ask: RangeAsk, now: Int64) -> ResponseVerdict {
+        if let length = headers.first(name: "content-length"),
+            Int64(decimalDigits: length.trimmingHTTPWhitespace()) == nil
+        {
+            return .fail(
+                .protocolViolation, "the server sent \"Content-Length: \(length)\", which is no length", status: status)
+        }
         let validator = ResourceValidator(headers: headers)
         let verdict = verdict(status, headers: headers, ask: ask, validator: validator, now: now)
         guard case .accept(var facts) = verdict else { return verdict }
         facts.contentDigests = DigestFields.contentDigests(headers)
         facts.isPartialResponse = status == 206
         return .accept(facts)
+    }
+
+    /// The refusal of a length no disk holds (see ``Manifest/largestLength``): a lie, said so at once
+    /// rather than taken for a broken range or a stall later.
+    private static func impossibleLength(_ length: Int64, status: Int) -> ResponseVerdict? {
+        guard length > Manifest.largestLength else { return nil }
+        return .fail(
+            .protocolViolation,
+            "the server announced a file of \(length) bytes (\(ByteCount.format(length))), more than any disk holds",
+            status: status)
     }
 
     /// The statuses worth another attempt later.
@@ -88,6 +104,11 @@ enum ResponseClassifier {
             expected.validator.contradiction(with: validator).map(RestartReason.remoteChanged) ?? .rangeIgnored
         }
         if ask.kind == .range, let reason { return .restart(reason) }
+        if let length = headers.first(name: "content-length").flatMap({ Int64(decimalDigits: $0) }),
+            let impossible = impossibleLength(length, status: 200)
+        {
+            return impossible
+        }
         return .accept(
             ResponseFacts(
                 bodyStart: 0, writeStart: 0,
@@ -111,6 +132,7 @@ enum ResponseClassifier {
         }
         guard first == ask.from else { return .restart(.invalidContentRange("\(asked), got Content-Range \(header)")) }
         let total = range.completeLength
+        if let total, let impossible = impossibleLength(total, status: 206) { return impossible }
         if let storedTotal = ask.expected?.totalLength, total != storedTotal {
             return .restart(.remoteChanged("length \(storedTotal) became \(total.map(String.init) ?? "unknown")"))
         }

@@ -90,6 +90,52 @@ struct HostileInputTests {
         }
     }
 
+    /// A length no disk holds is a lie: said so at once, not taken for a range problem later.
+    @Test(arguments: ["200", "206"])
+    func anImpossibleLengthIsRefusedAtOnce(status: String) async throws {
+        try await HaulTestServer.withRunning { server in
+            server.add("/f", TestResource(name: "huge-length", size: 100_000))
+            let huge = "1000000000000000000"
+            server.setStandingFaults(
+                "/f",
+                status == "200"
+                    ? [.setHeader("Content-Length", huge)] : [.setHeader("Content-Range", "bytes 0-99999/\(huge)")])
+            try await withTemporaryDirectory { directory in
+                let configuration = status == "200" ? testConfiguration() : segmentedConfiguration()
+                let error = await expectHaulError(.protocolViolation) {
+                    try await HaulTests.download(server, "/f", to: directory + "/f", configuration: configuration)
+                }
+                #expect(error?.message.contains("announced a file of \(huge) bytes") == true, "\(error?.message ?? "")")
+                #expect(server.requests(for: "/f").count == 1)
+                #expect(listDirectory(directory).isEmpty)
+            }
+        }
+    }
+
+    @Test func aManifestWithAnImpossibleLengthIsNotTrusted() async throws {
+        try await HaulTestServer.withRunning { server in
+            let resource = TestResource(name: "normal", size: 300_000)
+            server.add("/f", resource)
+            try await withTemporaryDirectory { directory in
+                let paths = try DownloadPaths.open(directory + "/f")
+                try plantPartialDownload(
+                    at: paths, resource: resource, bytes: resource.bytes(0..<100_000), written: 100_000,
+                    url: server.url("/f"))
+                let text = String(decoding: try readFile(paths.manifest), as: UTF8.self)
+                try writeFile(
+                    paths.manifest,
+                    Array(
+                        text.replacingOccurrences(
+                            of: "\"totalLength\":300000", with: "\"totalLength\":1000000000000000000"
+                        ).utf8))
+                let log = EventLog()
+                try await HaulTests.download(server, to: paths.destination, log: log)
+                #expect(try readFile(paths.destination) == resource.content)
+                #expect(log.restartKinds == ["untrustedPartial"])
+            }
+        }
+    }
+
     @Test func aHeaderFloodIsAClearErrorNotACrash() async throws {
         try await HaulTestServer.withRunning { server in
             server.add("/f", TestResource(name: "flood", size: 1000))
