@@ -182,6 +182,7 @@ extension DownloadManager {
             }
             entry.record.totalBytes = start.totalBytes
             entry.record.bytes = start.resumedFrom
+            entry.resumable = start.resumable
         case .progress(let progress):
             entry.record.bytes = progress.bytes
             entry.record.totalBytes = progress.totalBytes ?? entry.record.totalBytes
@@ -242,6 +243,15 @@ extension DownloadManager {
                 entry.record.owner = nil
                 interrupted.insert(id)
             }
+        case .failure(let error) where error.code == .diskFull && entry.resumable == false:
+            // Nothing written can be kept (no ranges, or nothing to check a resume against): waiting
+            // for room would only fetch it all again, so it fails now and its bytes go.
+            try? deleteFiles(of: entry.record, finished: false)
+            let reason =
+                "\(error.message); the server's file cannot be resumed, so what was written is dropped: "
+                + "retry once there is room"
+            entry.move(to: .failed, error: HaulError(.diskFull, reason, underlying: error.underlying))
+            entry.record.owner = nil
         case .failure(let error) where error.code == .diskFull:
             // Kept by this manager, which resumes it once there is room again.
             entry.move(to: .paused, error: error)

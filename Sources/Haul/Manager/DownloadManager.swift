@@ -239,6 +239,9 @@ extension DownloadManager {
         var secondsRemaining: Double?
         /// Connections open at the last progress report.
         var openConnections: Int?
+        /// Whether the running transfer's bytes can be kept for a later attempt (see
+        /// ``DownloadStart/resumable``); `nil` before it started.
+        var resumable: Bool?
 
         var id: DownloadID { record.downloadID }
         var state: DownloadState { record.state }

@@ -50,6 +50,34 @@
             }
         }
 
+        @Test("a full disk fails a download that cannot be resumed at once, and drops its bytes")
+        func diskFullFailsADownloadThatCannotBeResumed() async throws {
+            try await HaulTestServer.withRunning { server in
+                try await withTemporaryDirectory { directory in
+                    let small = directory + "/small"
+                    try await withSmallFileSystem(at: small, size: 8 << 20) {
+                        // No ranges and no validator: a later attempt could keep nothing.
+                        let resource = TestResource(
+                            name: "plain", size: 3 << 20, entityTag: .none, lastModified: false, acceptRanges: false)
+                        server.add("/plain", resource)
+                        server.setStandingFaults("/plain", [.throttle(bytesPerSecond: 1 << 20)])
+                        try await withManager(directory + "/state") { manager in
+                            let id = try await manager.enqueue(
+                                DownloadRequest(url: server.url("/plain"), destination: .file(small + "/plain")))
+                            try await whileRunning(manager) {
+                                try await waitFor(manager, id) { $0.bytes >= 256 * 1024 }
+                                _ = try fillFileSystem(small)
+                                let failed = try await waitFor(manager, id) { $0.state == .failed }
+                                #expect(failed.error?.code == .diskFull)
+                                #expect(failed.error?.message.contains("cannot be resumed") == true)
+                            }
+                            #expect(!fileExists(small + "/plain.haul.part") && !fileExists(small + "/plain"))
+                        }
+                    }
+                }
+            }
+        }
+
         @Test("a download that does not fit fails before writing; the others go on")
         func insufficientSpacePreflight() async throws {
             try await HaulTestServer.withRunning { server in
