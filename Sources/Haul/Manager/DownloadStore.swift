@@ -64,8 +64,7 @@ final class DownloadStore: Sendable {
         } catch let error as HaulError {
             throw error
         } catch {
-            throw HaulError(
-                .database, "cannot open the state database \(path): \(Self.describe(error))", underlying: error)
+            throw Self.failure(error, path: path, doing: "cannot open the state database")
         }
     }
 
@@ -134,7 +133,7 @@ final class DownloadStore: Sendable {
         } catch let error as HaulError {
             throw error
         } catch {
-            throw HaulError(.database, "the state database \(path) could not be updated: \(Self.describe(error))")
+            throw Self.failure(error, path: path, doing: "could not update the state database")
         }
     }
 
@@ -144,7 +143,7 @@ final class DownloadStore: Sendable {
         } catch let error as HaulError {
             throw error
         } catch {
-            throw HaulError(.database, "the state database \(path) could not be read: \(Self.describe(error))")
+            throw Self.failure(error, path: path, doing: "could not read the state database")
         }
     }
 
@@ -156,6 +155,22 @@ final class DownloadStore: Sendable {
         try read { db in
             try StoredHeader.filter(Column("downloadId") == id.rawValue).order(Column("position")).fetchAll(db)
         }
+    }
+
+    /// SQLite's error as a ``HaulError/Code/database`` one; a damaged file says what to do, whichever
+    /// operation met the damage first.
+    static func failure(_ error: any Error, path: String, doing: String) -> HaulError {
+        if let error = error as? DatabaseError,
+            [.SQLITE_CORRUPT, .SQLITE_NOTADB].contains(error.resultCode.primaryResultCode)
+        {
+            return HaulError(
+                .database,
+                "the state database \(path) is damaged (\(describe(error))): move it aside "
+                    + "(mv \(path) \(path).damaged) and add the downloads again; their partial files resume "
+                    + "from the manifests beside them",
+                underlying: error)
+        }
+        return HaulError(.database, "\(doing) \(path): \(describe(error))", underlying: error)
     }
 
     static func describe(_ error: any Error) -> String {

@@ -107,4 +107,37 @@ import Testing
         record.bytesPerSecond = 9
         return record
     }
+
+    /// A database damaged where a listing does not look (its indexes) lists, and the first operation
+    /// that meets the damage says what to do, in one line.
+    @Test func aDamagedDatabaseSaysWhatToDo() async throws {
+        try await withTemporaryDirectory { directory in
+            let state = directory + "/state"
+            let ids = try await withManager(state) { manager in
+                try await manager.enqueue(
+                    (0..<300).map {
+                        DownloadRequest(url: "http://127.0.0.1:9/f\($0)", destination: .file(directory + "/f\($0)"))
+                    })
+            }
+            let path = state + "/" + DownloadManager.databaseName
+            let roots = try await DatabaseQueue(path: path).read { db in
+                try Int.fetchAll(db, sql: "SELECT rootpage FROM sqlite_master WHERE type = 'index'")
+            }
+            #expect(!roots.isEmpty)
+            var bytes = try readFile(path)
+            for root in roots {
+                bytes.replaceSubrange((root - 1) * 4096..<root * 4096, with: repeatElement(0x5A, count: 4096))
+            }
+            try writeFile(path, bytes)
+            let error = await expectHaulError(.database) {
+                try await withManager(state) { manager in
+                    #expect(await manager.downloads().count == 300)
+                    try await manager.remove(ids[150])
+                }
+            }
+            let message = error?.message ?? ""
+            #expect(message.contains("is damaged") && message.contains("mv \(path) \(path).damaged"), "\(message)")
+            #expect(!message.contains("\n"))
+        }
+    }
 }
