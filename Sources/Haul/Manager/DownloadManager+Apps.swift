@@ -36,7 +36,7 @@ extension DownloadManager {
         if stopping == task { stopping = nil }
     }
 
-    /// Queues again what a stop interrupted, as ``resume(_:url:headers:credentials:cookies:)`` would
+    /// Queues again what a stop interrupted, as ``resume(_:url:headers:secretHeaders:credentials:cookies:)`` would
     /// (which reads the record anew: another process may have taken it meanwhile).
     private func takeBackInterrupted() {
         for id in interrupted.sorted() where entries[id]?.state == .queued { try? resume(id) }
@@ -87,7 +87,7 @@ extension DownloadManager {
     }
 
     /// The download of `url` (the latest one, when the same URL goes to several places); `nil` when
-    /// there is none. A download given a new URL by ``resume(_:url:headers:credentials:cookies:)`` is found by that one.
+    /// there is none. A download given a new URL by ``resume(_:url:headers:secretHeaders:credentials:cookies:)`` is found by that one.
     public func info(for url: URL) -> DownloadInfo? {
         self.id(of: url).flatMap { entries[$0]?.info }
     }
@@ -110,7 +110,7 @@ extension DownloadManager {
         try await pause(try existing(url))
     }
 
-    /// Queues `url`'s paused download again (see ``resume(_:url:headers:credentials:cookies:)``).
+    /// Queues `url`'s paused download again (see ``resume(_:url:headers:secretHeaders:credentials:cookies:)``).
     /// - Throws: ``HaulError/Code/unknownDownload`` when there is no download of `url`.
     public func resume(_ url: URL) throws {
         try resume(try existing(url))

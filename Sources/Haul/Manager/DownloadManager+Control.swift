@@ -171,7 +171,7 @@ extension DownloadManager {
         return entry
     }
 
-    /// Stops a download, keeping its partial data; ``resume(_:url:headers:credentials:cookies:)`` continues it. Returns
+    /// Stops a download, keeping its partial data; ``resume(_:url:headers:secretHeaders:credentials:cookies:)`` continues it. Returns
     /// once a running download has written its checkpoint.
     public func pause(_ id: DownloadID) async throws {
         if try await askOwner(id, .pause) { return }

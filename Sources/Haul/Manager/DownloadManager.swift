@@ -33,9 +33,9 @@ public actor DownloadManager {
         public enum RestoredDownloads: Sendable {
             /// Claim them and run them.
             case resume
-            /// Mark them paused; ``DownloadManager/resume(_:url:headers:credentials:cookies:)`` continues them.
+            /// Mark them paused; ``DownloadManager/resume(_:url:headers:secretHeaders:credentials:cookies:)`` continues them.
             case pause
-            /// Leave them queued for another manager (or a later ``DownloadManager/resume(_:url:headers:credentials:cookies:)``).
+            /// Leave them queued for another manager (or a later ``DownloadManager/resume(_:url:headers:secretHeaders:credentials:cookies:)``).
             case leave
         }
 
