@@ -276,14 +276,21 @@ struct TransferMachineScenarioTests {
         #expect(describe(actions).contains { $0.hasPrefix("send 3 bytes=\(ranges[2].start + 65_536)-") })
     }
 
-    @Test func aStalledConnectionWhoseRangeIsTakenOverStillCountsItsFailedAttempt() throws {
-        // Two ranges of 2 MiB, never split below 1 MiB: a range can only be taken over, not halved.
+    /// Two ranges of 2 MiB, never split below 1 MiB (a range can only be taken over, not halved),
+    /// both answered; connection 1 has written 64 KiB of its range.
+    static func twoRangesThatCannotBeHalved() -> (Harness, [RangeTable.Segment]) {
         var harness = MachineHarness(connections: 2) { $0.minimumSplit = 1 << 20 }
         harness.handle(.start(.nothing))
         harness.answer(0, Harness.partial(0, Harness.total - 1))
         let ranges = harness.machine.table!.segments
         harness.answer(1, Harness.partial(ranges[1].start, ranges[1].end - 1))
         harness.wrote(1, segment: 1, upTo: ranges[1].start + 65_536)
+        return (harness, ranges)
+    }
+
+    @Test func aStalledConnectionWhoseRangeIsTakenOverStillCountsItsFailedAttempt() throws {
+        let (start, ranges) = Self.twoRangesThatCannotBeHalved()
+        var harness = start
         harness.advance(.seconds(29))
         harness.wrote(0, segment: 0, upTo: ranges[0].end - 65_536)
         harness.advance(.seconds(1))
@@ -299,13 +306,8 @@ struct TransferMachineScenarioTests {
     }
 
     @Test func aConnectionHeldBackByARateLimitIsNeitherStalledNorTakenOver() throws {
-        // Two ranges of 2 MiB, never split below 1 MiB: a range can only be taken over, not halved.
-        var harness = MachineHarness(connections: 2) { $0.minimumSplit = 1 << 20 }
-        harness.handle(.start(.nothing))
-        harness.answer(0, Harness.partial(0, Harness.total - 1))
-        let ranges = harness.machine.table!.segments
-        harness.answer(1, Harness.partial(ranges[1].start, ranges[1].end - 1))
-        harness.wrote(1, segment: 1, upTo: ranges[1].start + 65_536)
+        let (start, ranges) = Self.twoRangesThatCannotBeHalved()
+        var harness = start
         // Connection 1 waits a minute for a limit shared with many downloads.
         harness.handle(.throttled(harness.request(1), until: harness.now + .seconds(60)))
         harness.advance(.seconds(29))
