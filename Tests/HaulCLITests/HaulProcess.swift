@@ -61,7 +61,12 @@ final class HaulProcess: Sendable {
         var child: pid_t = 0
         let spawned = withCStrings([program] + arguments) { argv in
             withCStrings(environment.map { "\($0.key)=\($0.value)" }) { envp in
-                var actions = posix_spawn_file_actions_t()
+                // A structure on Linux, an opaque pointer on Apple platforms.
+                #if canImport(Glibc) || canImport(Musl)
+                    var actions = posix_spawn_file_actions_t()
+                #else
+                    var actions: posix_spawn_file_actions_t = nil
+                #endif
                 posix_spawn_file_actions_init(&actions)
                 defer { posix_spawn_file_actions_destroy(&actions) }
                 posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
