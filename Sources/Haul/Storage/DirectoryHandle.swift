@@ -111,6 +111,7 @@ package final class DirectoryHandle: Sendable {
 
     /// Opens the file `name` (a symbolic link there is refused, never followed).
     package func openFile(_ name: String, flags: Int32, mode: mode_t = 0o644) throws -> Int32 {
+        try checkName(name)
         while true {
             let result = name.withCString { openat(descriptor, $0, flags | O_NOFOLLOW | O_CLOEXEC, mode) }
             if result >= 0 { return result }
@@ -122,6 +123,7 @@ package final class DirectoryHandle: Sendable {
     /// Opens the file `name` with `flags`, creating it (mode 0644) when nothing is there; tells
     /// whether this call created it. A symbolic link is refused.
     package func openOrCreate(_ name: String, flags: Int32) throws -> (descriptor: Int32, created: Bool) {
+        try checkName(name)
         while true {
             let existing = name.withCString { openat(descriptor, $0, flags | O_NOFOLLOW | O_CLOEXEC) }
             if existing >= 0 { return (existing, false) }
@@ -133,6 +135,14 @@ package final class DirectoryHandle: Sendable {
             if fresh >= 0 { return (fresh, true) }
             // Somebody created it in between: open theirs.
             guard errno == EEXIST || errno == EINTR else { throw POSIX.error("create", path: pathOf(name)) }
+        }
+    }
+
+    /// Refuses a name that is not one entry of this directory: every file is opened by name in it,
+    /// never through a path.
+    private func checkName(_ name: String) throws {
+        guard !name.isEmpty, name != ".", name != "..", !name.utf8.contains(UInt8(ascii: "/")) else {
+            throw HaulError(.fileSystem, "\"\(name)\" is not a file name in \(path)")
         }
     }
 
@@ -151,6 +161,8 @@ package final class DirectoryHandle: Sendable {
     /// Renames `name` to `newName` in this directory (replacing what was there, a link itself
     /// rather than what it points to).
     package func rename(_ name: String, to newName: String) throws {
+        try checkName(name)
+        try checkName(newName)
         let result = name.withCString { from in newName.withCString { to in renameat(descriptor, from, descriptor, to) }
         }
         if result != 0 { throw POSIX.error("rename \(pathOf(name)) to", path: pathOf(newName)) }
@@ -158,6 +170,7 @@ package final class DirectoryHandle: Sendable {
 
     /// Removes the file `name`; a file that is already gone is not an error.
     package func unlink(_ name: String) throws {
+        try checkName(name)
         if name.withCString({ unlinkat(descriptor, $0, 0) }) != 0 && errno != ENOENT {
             throw POSIX.error("remove", path: pathOf(name))
         }

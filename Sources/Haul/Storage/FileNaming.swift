@@ -10,13 +10,22 @@ package enum FileNaming {
 
     /// Returns a safe version of `suggestion`, or `nil` when nothing usable is left.
     package static func sanitize(_ suggestion: String) -> String? {
-        // Keep only the last path component, whichever separator the server used.
-        let lastComponent = suggestion.split(whereSeparator: { $0 == "/" || $0 == "\\" }).last.map(String.init) ?? ""
-        var name = String(String.UnicodeScalarView(lastComponent.unicodeScalars.filter(isKept)))
-        name = String(name.drop(while: { $0 == "." || $0 == " " }))
-        while let last = name.last, last == " " || last == "." { name.removeLast() }
-        guard !name.isEmpty else { return nil }
-        return truncate(name)
+        // Keep only the last path component, whichever separator the server used. Separators and the
+        // characters taken out are found scalar by scalar: a prepended mark (U+0600) joins the "/"
+        // after it into one character, and taking the mark out would leave the "/" behind.
+        var components = [String.UnicodeScalarView()]
+        for scalar in suggestion.unicodeScalars {
+            if scalar == "/" || scalar == "\\" {
+                components.append(String.UnicodeScalarView())
+            } else if isKept(scalar) {
+                components[components.count - 1].append(scalar)
+            }
+        }
+        var scalars = Substring.UnicodeScalarView(components.last { !$0.isEmpty } ?? String.UnicodeScalarView())
+        while let first = scalars.first, first == "." || first == " " { scalars.removeFirst() }
+        while let last = scalars.last, last == "." || last == " " { scalars.removeLast() }
+        guard !scalars.isEmpty else { return nil }
+        return truncate(String(scalars))
     }
 
     /// Whether a character may stay in a name: no control character, and no invisible formatting

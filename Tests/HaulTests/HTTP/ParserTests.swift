@@ -108,6 +108,8 @@ struct FileNamingTests {
             ("evil\u{202E}gpj.exe", "evilgpj.exe"), ("a\u{200B}b\u{2066}c\u{2069}d\u{200F}", "abcd"),
             ("\u{FEFF}bom.txt", "bom.txt"), ("line\u{2028}break", "linebreak"), ("\u{202E}", nil),
             ("naïve café.txt", "naïve café.txt"),
+            // A prepended mark makes one character of itself and the "/" after it; the "/" still splits.
+            ("a\u{0600}/b", "b"), ("x\u{0600}\\y", "y"), ("\u{0600}/", nil), (".\u{0301}x", "\u{0301}x"),
         ] as [(String, String?)])
     func sanitizes(input: String, expected: String?) {
         #expect(FileNaming.sanitize(input) == expected)
