@@ -16,6 +16,9 @@ public struct ConnectionLimits: Sendable {
     public var requestTimeout: Duration = .seconds(10)
     /// Time a connection may stay open with no request under way, before its first and between two.
     public var idleTimeout: Duration = .seconds(30)
+    /// Time a response (other than an event stream, which cuts off a client that stops reading by
+    /// itself) may take to be read by its client.
+    public var responseTimeout: Duration = .seconds(60)
 
     /// The defaults.
     public init() {}
@@ -133,8 +136,9 @@ final class ConnectionLedger: Sendable {
         }
     }
 
-    /// Closes the connections idle for ``ConnectionLimits/idleTimeout`` and those whose request has
-    /// taken ``ConnectionLimits/requestTimeout``.
+    /// Closes the connections idle for ``ConnectionLimits/idleTimeout``, those whose request has
+    /// taken ``ConnectionLimits/requestTimeout`` and those whose response (not an event stream) has
+    /// taken ``ConnectionLimits/responseTimeout``.
     func sweep() {
         let now = clock.now
         let expired = state.withLock { state in
@@ -142,7 +146,7 @@ final class ConnectionLedger: Sendable {
                 switch connection.activity {
                 case .idle: now - connection.since >= limits.idleTimeout
                 case .receiving: now - connection.since >= limits.requestTimeout
-                case .responding: false
+                case .responding: !connection.isEventStream && now - connection.since >= limits.responseTimeout
                 }
             }.map(\.channel)
         }

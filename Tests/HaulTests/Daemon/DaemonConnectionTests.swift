@@ -1,4 +1,6 @@
 import Haul
+import NIOCore
+import NIOEmbedded
 import Testing
 
 @testable import HaulDaemon
@@ -187,5 +189,30 @@ struct DaemonConnectionTests {
                     + "Authorization: Bearer \(daemon.token)\r\nConnection: close\r\n\r\n")
             #expect(own.readToEnd().text.hasPrefix("HTTP/1.1 200"))
         }
+    }
+
+    /// A client that asks and never reads its answer keeps its connection answering: after a minute
+    /// on the daemon's clock it is closed, while an event stream (which cuts off a client that stops
+    /// reading by itself) stays.
+    @Test func aResponseItsClientDoesNotReadIsCutOff() throws {
+        let clock = ManualClock()
+        let ledger = ConnectionLedger(limits: ConnectionLimits(), clock: TransferClock(clock))
+        let slow = EmbeddedChannel()
+        let stream = EmbeddedChannel()
+        let client = try SocketAddress(ipAddress: "127.0.0.1", port: 1)
+        slow.connect(to: client, promise: nil)
+        stream.connect(to: client, promise: nil)
+        #expect(ledger.admit(slow) && ledger.admit(stream))
+        ledger.note(slow, .responding)
+        ledger.note(stream, .responding)
+        ledger.noteEventStream(stream)
+        clock.advance(by: .seconds(59))
+        ledger.sweep()
+        #expect(slow.isActive && stream.isActive)
+        clock.advance(by: .seconds(1))
+        ledger.sweep()
+        #expect(!slow.isActive)
+        #expect(stream.isActive)
+        _ = try? stream.finish()
     }
 }
