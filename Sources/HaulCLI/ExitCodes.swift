@@ -1,7 +1,7 @@
 import Haul
 import HaulDaemon
 
-/// The exit codes `haul` documents in its README; scripts may rely on them.
+/// The exit codes `haul` documents (docs/cli.md); scripts may rely on them.
 enum ExitCodes {
     static let success: Int32 = 0
     static let unexpected: Int32 = 1

@@ -65,7 +65,7 @@ public struct DownloaderConfiguration: Sendable {
         /// page cache; what is left over at its ends goes through the page cache. `nil` turns direct
         /// I/O off. File systems without direct I/O fall back to ordinary writes by themselves.
         /// Measured with a 4 GiB file on loopback, the page-cache copy was the largest single cost of
-        /// a one-connection download (see the README's benchmarks); small files skip it, since a
+        /// a one-connection download (see bench/README.md); small files skip it, since a
         /// direct write waits for the disk.
         public var directWriteMinimum: Int64? = 8 << 20
         /// How disk space is reserved for a download whose length is known, before it is written.
