@@ -17,7 +17,6 @@ struct API: Sendable {
     /// Directories downloads may be written into (absolute, symbolic links resolved); the first one
     /// takes relative destinations.
     let roots: DownloadRoots
-    let maxBodyBytes: Int
     let hub: EventHub
     /// How often an idle event stream sends a comment, so proxies and clients see it is alive.
     let keepAlive: Duration
@@ -27,13 +26,11 @@ struct API: Sendable {
     /// The OpenAPI document of the API, as served at `/api/v1/openapi.json`.
     static let document = ByteBuffer(bytes: PackageResources.openapi_json)
 
-    func register<Context: RequestContext>(
-        on router: some RouterMethods<Context>, recording recorder: RouteRecorder? = nil
-    ) {
+    func register(on router: some RouterMethods<DaemonRequestContext>, recording recorder: RouteRecorder? = nil) {
         var methods: [(path: String, methods: [HTTPRequest.Method])] = []
         func route(
             _ method: HTTPRequest.Method, _ path: String,
-            _ handler: @escaping @Sendable (Request, Context) async throws -> Response
+            _ handler: @escaping @Sendable (Request, DaemonRequestContext) async throws -> Response
         ) {
             recorder?.routes.append((method, path))
             if let index = methods.firstIndex(where: { $0.path == path }) {
@@ -71,7 +68,7 @@ struct API: Sendable {
             }
             return events(request)
         }
-        route(.post, "downloads") { request, _ in try await add(request) }
+        route(.post, "downloads") { request, context in try await add(request, context: context) }
         route(.get, "downloads") { request, _ in try await list(request) }
         route(.get, "downloads/{id}") { _, context in try await current(try Self.id(context)) }
         route(.delete, "downloads/{id}") { request, context in
@@ -87,7 +84,7 @@ struct API: Sendable {
         }
         route(.post, "downloads/{id}/resume") { request, context in
             let id = try Self.id(context)
-            let body = try await optionalBody(ResumeBody.self, request)
+            let body = try await request.decodeIfPresent(as: ResumeBody.self, context: context)
             if let url = body?.url { try Self.checkURL(url) }
             let headers = try body?.headers.map(Self.headers)
             if let headers { try await perform { try DownloadRequest.check(headers: headers) } }
@@ -112,9 +109,9 @@ struct API: Sendable {
             await manager.resumeAll()
             return Response(status: .noContent)
         }
-        route(.get, "options") { _, _ in try JSONBody.response(await options()) }
-        route(.patch, "options") { request, _ in
-            let change = try await JSONBody.decode(OptionsChange.self, from: request, limit: maxBodyBytes)
+        route(.get, "options") { request, context in try await options().response(from: request, context: context) }
+        route(.patch, "options") { request, context in
+            let change = try await request.decode(as: OptionsChange.self, context: context)
             // Both checked before either changes.
             if let limit = change.maxConcurrentDownloads, !(1...1000).contains(limit) {
                 throw APIError.badRequest("maxConcurrentDownloads must be between 1 and 1000, got \(limit)")
@@ -124,9 +121,9 @@ struct API: Sendable {
             }
             if let limit = change.maxConcurrentDownloads { await manager.setMaxConcurrentDownloads(limit) }
             if let rate = change.totalLimitRate { await manager.setBytesPerSecondLimit(rate) }
-            return try JSONBody.response(await options())
+            return try await options().response(from: request, context: context)
         }
-        route(.get, "stats") { _, _ in try JSONBody.response(await stats()) }
+        route(.get, "stats") { request, context in try await stats().response(from: request, context: context) }
     }
 
     /// The methods a route answers 405 to when it does not have them. (HEAD stays with the server,
@@ -137,8 +134,8 @@ struct API: Sendable {
 
     // MARK: Operations
 
-    private func add(_ request: Request) async throws -> Response {
-        let body = try await JSONBody.decode(AddDownloads.self, from: request, limit: maxBodyBytes)
+    private func add(_ request: Request, context: DaemonRequestContext) async throws -> Response {
+        let body = try await request.decode(as: AddDownloads.self, context: context)
         guard !body.downloads.isEmpty else { throw APIError.badRequest("\"downloads\" is empty") }
         // Every item is checked before any is added: a bad one adds nothing.
         var requests: [(DownloadRequest, DownloadPriority)] = []
@@ -171,7 +168,8 @@ struct API: Sendable {
         for id in ids {
             if let info = await manager.download(id) { added.append(DownloadBody(info)) }
         }
-        return try JSONBody.response(AddedDownloads(downloads: added), status: .created)
+        return try EditedResponse(status: .created, response: AddedDownloads(downloads: added))
+            .response(from: request, context: context)
     }
 
     private func makeRequest(_ item: NewDownload) async throws -> (DownloadRequest, DownloadPriority) {
@@ -306,12 +304,6 @@ struct API: Sendable {
         } catch let error as HaulError {
             throw APIError(error)
         }
-    }
-
-    private func optionalBody<Value: Decodable>(_ type: Value.Type, _ request: Request) async throws -> Value? {
-        let buffer = try await JSONBody.collect(request, limit: maxBodyBytes)
-        guard buffer.readableBytes > 0 else { return nil }
-        return try JSONBody.decode(type, from: buffer)
     }
 
     private static func id(_ context: some RequestContext) throws -> DownloadID {

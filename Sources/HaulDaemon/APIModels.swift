@@ -1,4 +1,5 @@
 import Haul
+import Hummingbird
 
 #if canImport(FoundationEssentials)
     import FoundationEssentials
@@ -173,3 +174,10 @@ struct StatsBody: Codable, Sendable, Equatable {
     /// Downloads by state, every state present (0 when none).
     var counts: [String: Int]
 }
+
+// Answers the routes return as they are, written by the request context's encoder.
+extension DownloadBody: ResponseEncodable {}
+extension AddedDownloads: ResponseEncodable {}
+extension DownloadList: ResponseEncodable {}
+extension OptionsBody: ResponseEncodable {}
+extension StatsBody: ResponseEncodable {}

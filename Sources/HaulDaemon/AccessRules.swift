@@ -14,7 +14,9 @@ import Synchronization
 /// 3. Every route but the page's own files needs `Authorization: Bearer TOKEN`: 401 otherwise.
 /// 4. A body announced larger than the cap gets 413 before it is read (bodies read later are cut
 ///    off at the same cap).
-struct AccessRules<Context: RequestContext>: RouterMiddleware {
+struct AccessRules: RouterMiddleware {
+    typealias Context = DaemonRequestContext
+
     let token: String
     /// Host names (lower case, without port) the daemon answers to.
     let allowedHosts: Set<String>
@@ -52,6 +54,8 @@ struct AccessRules<Context: RequestContext>: RouterMiddleware {
         if let length = request.headers[.contentLength].flatMap({ Int($0) }), length > maxBodyBytes {
             throw APIError.bodyTooLarge(maxBodyBytes)
         }
+        var context = context
+        context.maxBodyBytes = maxBodyBytes
         return try await next(request, context)
     }
 

@@ -127,26 +127,26 @@ public final class Daemon: Sendable {
             logger: logger, clock: clock)
     }
 
-    /// Serves the API and runs the queue until SIGTERM or SIGINT, or ``shutdown()``; then every
-    /// running download checkpoints and is queued again.
-    public func run() async throws {
-        let directory = manager.stateDirectory
-        let router = Router()
+    /// What one run of the daemon shares between its routes and its services.
+    struct Runtime: Sendable {
         let hub = EventHub()
-        let connections = ConnectionLedger(limits: options.connections, clock: transferClock)
-        let api = API(
-            manager: manager, roots: roots, maxBodyBytes: options.maxBodyBytes, hub: hub,
-            keepAlive: options.keepAlive, connections: connections)
-        // Subscribed before the queue starts, so no event of this run is missed.
-        let events = manager.events()
-        // The hooks run beside the service group, on an event stream that ends only when the queue
-        // is closed: a download that ends while the daemon stops still gets its hook.
-        var hooks: Task<Void, Never>?
-        if options.hooks.onComplete != nil || options.hooks.onError != nil {
-            let runner = HookRunner(hooks: options.hooks, manager: manager, logger: logger, clock: clock)
-            let hookEvents = manager.events()
-            hooks = Task { await runner.run(hookEvents) }
-        }
+        let metrics = DaemonMetrics()
+        let connections: ConnectionLedger
+        /// The queue's events for the hub and the metrics, subscribed before the queue starts so
+        /// no event of the run is missed.
+        let events: AsyncStream<DownloadManagerEvent>
+    }
+
+    /// The shared parts of a new run.
+    func makeRuntime() -> Runtime {
+        Runtime(
+            connections: ConnectionLedger(limits: options.connections, clock: transferClock), events: manager.events())
+    }
+
+    /// The daemon's routes: the page, `/metrics` and the API under `/api/v1`, behind the security
+    /// headers, the access rules and the request rate cap.
+    func buildRouter(_ runtime: Runtime) -> Router<DaemonRequestContext> {
+        let router = Router(context: DaemonRequestContext.self)
         router.middlewares.add(SecurityHeaders())
         let publicPaths = Set(Page.files.keys).union(["/api/v1/openapi.json"])
         router.middlewares.add(
@@ -158,24 +158,33 @@ public final class Daemon: Sendable {
                 bucket: RequestBucket(perSecond: options.requestsPerSecond, clock: transferClock),
                 exempt: publicPaths))
         Page.register(on: router)
-        let metrics = DaemonMetrics()
         let manager = self.manager
         router.get("metrics") { _, _ in
-            let text = metrics.text(
+            let text = runtime.metrics.text(
                 downloads: await manager.downloads(), progress: await manager.aggregateProgress(),
-                connections: connections)
+                connections: runtime.connections)
             return Response(
                 status: .ok, headers: [.contentType: "text/plain; version=0.0.4; charset=utf-8"],
                 body: .init(byteBuffer: ByteBuffer(string: text)))
         }
+        let api = API(
+            manager: manager, roots: roots, hub: runtime.hub, keepAlive: options.keepAlive,
+            connections: runtime.connections)
         let recorder = RouteRecorder()
         api.register(on: router.group("api/v1"), recording: recorder)
         state.withLock { $0.routes = recorder.routes }
+        return router
+    }
+
+    /// The daemon's HTTP application: ``buildRouter(_:)``'s routes on a listener that keeps the
+    /// connection limits, which writes the daemon's address once it listens.
+    func buildApplication(_ runtime: Runtime) -> Application<RouterResponder<DaemonRequestContext>> {
+        let directory = manager.stateDirectory
         let host = options.host
-        let application = Application(
-            router: router,
+        return Application(
+            router: buildRouter(runtime),
             server: HTTPServerBuilder { responder in
-                GuardedHTTP1Channel(inner: HTTP1Channel(responder: responder), ledger: connections)
+                GuardedHTTP1Channel(inner: HTTP1Channel(responder: responder), ledger: runtime.connections)
             },
             configuration: ApplicationConfiguration(address: .hostname(host, port: options.port), serverName: "haul"),
             onServerRunning: { [weak self] channel in
@@ -185,15 +194,39 @@ public final class Daemon: Sendable {
                 self?.announce(url)
             },
             logger: logger)
+    }
+
+    /// What runs beside the listener: the queue, the events into the hub and the metrics, and the
+    /// sweep of connections that wait too long.
+    func backgroundServices(_ runtime: Runtime) -> [any Service] {
+        [
+            QueueService(manager: manager),
+            EventService(hub: runtime.hub, metrics: runtime.metrics, events: runtime.events),
+            SweepService(ledger: runtime.connections),
+        ]
+    }
+
+    /// Starts the hooks beside the service group, on an event stream that ends only when the queue
+    /// is closed: a download that ends while the daemon stops still gets its hook.
+    func startHooks() -> Task<Void, Never>? {
+        guard options.hooks.onComplete != nil || options.hooks.onError != nil else { return nil }
+        let runner = HookRunner(hooks: options.hooks, manager: manager, logger: logger, clock: clock)
+        let hookEvents = manager.events()
+        return Task { await runner.run(hookEvents) }
+    }
+
+    /// Serves the API and runs the queue until SIGTERM or SIGINT, or ``shutdown()``; then every
+    /// running download checkpoints and is queued again.
+    public func run() async throws {
+        let directory = manager.stateDirectory
+        let runtime = makeRuntime()
+        let hooks = startHooks()
+        let application = buildApplication(runtime)
         var configuration = ServiceGroupConfiguration(
             // Shut down in reverse: event streams end first, then the queue checkpoints its
             // downloads, then the server stops (a client that stopped reading cannot hold up the
             // checkpoints; the time limit ends the rest).
-            services: [
-                .init(service: application), .init(service: QueueService(manager: manager)),
-                .init(service: EventService(hub: hub, metrics: metrics, events: events)),
-                .init(service: SweepService(ledger: connections)),
-            ],
+            services: ([application] + backgroundServices(runtime)).map { .init(service: $0) },
             gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
         configuration.maximumGracefulShutdownDuration = .seconds(30)
         let group = ServiceGroup(configuration: configuration)
@@ -269,7 +302,7 @@ public final class Daemon: Sendable {
     /// Whether `host` is a loopback address (or `localhost`): 127.0.0.0/8 or ::1, as addresses, not
     /// names that merely look like them.
     public static func isLoopback(_ host: String) -> Bool {
-        let name = AccessRules<BasicRequestContext>.hostName(host)
+        let name = AccessRules.hostName(host)
         if name == "localhost" { return true }
         var v4 = in_addr()
         if inet_pton(AF_INET, name, &v4) == 1 { return UInt32(bigEndian: v4.s_addr) >> 24 == 127 }
