@@ -111,6 +111,8 @@ let package = Package(
             name: "HaulTests",
             dependencies: [
                 "Haul", "HaulTestServer", "HaulDaemon",
+                .product(name: "HummingbirdTesting", package: "hummingbird"),
+                .product(name: "HTTPTypes", package: "swift-http-types"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),

@@ -255,7 +255,8 @@ public final class Daemon: Sendable {
         await hooks?.value
     }
 
-    private func closeManager() async {
+    /// Closes the queue (its downloads checkpoint); what `run()` does last.
+    func closeManager() async {
         state.withLock { $0.closed = true }
         await manager.close()
     }

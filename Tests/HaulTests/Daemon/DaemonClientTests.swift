@@ -13,7 +13,7 @@ struct DaemonClientTests {
             server.add("/c", resource)
             try await withTemporaryDirectory { state in
                 #expect(try DaemonClient.running(on: state) == nil)
-                try await withDaemon(stateDirectory: state) { daemon in
+                try await withDaemon(stateDirectory: state, live: true) { daemon in
                     let client = try #require(try DaemonClient.running(on: state))
                     defer { Task { try? await client.shutdown() } }
                     #expect(client.url == daemon.url)
@@ -55,7 +55,8 @@ struct DaemonClientTests {
             server.add("/p", resource)
             server.setStandingFaults("/p", [.throttle(bytesPerSecond: 500_000)])
             try await withTemporaryDirectory { state in
-                try await withDaemon({ $0.downloader.segmentation.connections = 1 }, stateDirectory: state) { daemon in
+                try await withDaemon({ $0.downloader.segmentation.connections = 1 }, stateDirectory: state, live: true)
+                { daemon in
                     let client = try #require(try DaemonClient.running(on: state))
                     defer { Task { try? await client.shutdown() } }
                     let id = try await client.add([
@@ -85,7 +86,8 @@ struct DaemonClientTests {
             server.add("/e", resource)
             server.setStandingFaults("/e", [.throttle(bytesPerSecond: 2_000_000)])
             try await withTemporaryDirectory { state in
-                try await withDaemon({ $0.downloader.segmentation.connections = 1 }, stateDirectory: state) { daemon in
+                try await withDaemon({ $0.downloader.segmentation.connections = 1 }, stateDirectory: state, live: true)
+                { daemon in
                     let client = try #require(try DaemonClient.running(on: state))
                     defer { Task { try? await client.shutdown() } }
                     let stream = try await client.events()

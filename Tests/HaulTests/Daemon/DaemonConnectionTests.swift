@@ -87,10 +87,12 @@ struct DaemonConnectionTests {
     /// The cap's rule on a small scale (`scripts/connection-flood.py` holds thousands against a
     /// `haul daemon` and measures its memory).
     @Test func heldConnectionsPastTheCapMakeRoomForTheAPIAndAreLetGo() async throws {
-        try await withDaemon({
-            $0.connections.maximumConnections = 40
-            $0.connections.maximumConnectionsPerClient = 30
-        }) { daemon in
+        try await withDaemon(
+            {
+                $0.connections.maximumConnections = 40
+                $0.connections.maximumConnectionsPerClient = 30
+            }, live: true
+        ) { daemon in
             var held: [RawConnection] = []
             defer { for connection in held { connection.close() } }
             for index in 0..<120 {
@@ -115,7 +117,7 @@ struct DaemonConnectionTests {
 
     @Test func idleAndSlowConnectionsAreClosedOnTheDaemonsClock() async throws {
         let clock = ManualClock()
-        try await withDaemon({ _ in }, clock: clock) { daemon in
+        try await withDaemon({ _ in }, clock: clock, live: true) { daemon in
             let idle = try (0..<20).map { _ in try RawConnection(port: daemon.port) }
             let slow = try (0..<20).map { _ in try RawConnection(port: daemon.port) }
             defer { for connection in idle + slow { connection.close() } }
@@ -141,7 +143,7 @@ struct DaemonConnectionTests {
     }
 
     @Test func eventStreamsAreCountedApart() async throws {
-        try await withDaemon({ $0.connections.maximumEventStreams = 2 }) { daemon in
+        try await withDaemon({ $0.connections.maximumEventStreams = 2 }, live: true) { daemon in
             let first = try await EventReader(daemon)
             let second = try await EventReader(daemon)
             #expect(first.status == 200 && second.status == 200)
@@ -155,7 +157,7 @@ struct DaemonConnectionTests {
     }
 
     @Test func whenEveryConnectionIsAnsweringANewOneIsRefusedAtOnce() async throws {
-        try await withDaemon({ $0.connections.maximumConnections = 2 }) { daemon in
+        try await withDaemon({ $0.connections.maximumConnections = 2 }, live: true) { daemon in
             let streams = [try await EventReader(daemon), try await EventReader(daemon)]
             #expect(streams.allSatisfy { $0.status == 200 })
             let refused = try RawConnection(port: daemon.port)
@@ -167,7 +169,7 @@ struct DaemonConnectionTests {
     }
 
     @Test func aRequestNamesItsHostAsHTTP1Says() async throws {
-        try await withDaemon { daemon in
+        try await withDaemon(live: true) { daemon in
             // HTTP/1.0 without Host: refused, and the connection closes as HTTP/1.0 expects.
             let old = try RawConnection(port: daemon.port)
             defer { old.close() }

@@ -81,7 +81,7 @@ struct DaemonEventTests {
             let second = TestResource(name: "second", size: 300_000)
             server.add("/first", first)
             server.add("/second", second)
-            try await withDaemon { daemon in
+            try await withDaemon(live: true) { daemon in
                 let reader = try await EventReader(daemon)
                 #expect(reader.status == 200)
                 let id = try await daemon.add(#"{"url": "\#(server.url("/first"))"}"#)[0]
@@ -109,7 +109,7 @@ struct DaemonEventTests {
     }
 
     @Test func anUnknownLastEventIDGetsAReset() async throws {
-        try await withDaemon { daemon in
+        try await withDaemon(live: true) { daemon in
             for lastEventID in ["other-5", "garbage", "\(UInt64.max)"] {
                 let reader = try await EventReader(daemon, lastEventID: lastEventID)
                 let first = try await reader.next()
@@ -119,7 +119,7 @@ struct DaemonEventTests {
     }
 
     @Test func anIdleStreamSendsKeepAliveComments() async throws {
-        try await withDaemon({ $0.keepAlive = .milliseconds(20) }) { daemon in
+        try await withDaemon({ $0.keepAlive = .milliseconds(20) }, live: true) { daemon in
             let response = try await daemon.openEvents()
             #expect(response.headers["Content-Type"].first?.hasPrefix("text/event-stream") == true)
             var text = ""
@@ -132,7 +132,7 @@ struct DaemonEventTests {
     }
 
     @Test func theEventsRouteNeedsTheToken() async throws {
-        try await withDaemon { daemon in
+        try await withDaemon(live: true) { daemon in
             let answer = try await daemon.send(.GET, "/api/v1/events", token: .some(nil))
             #expect(answer.status == 401)
         }

@@ -76,7 +76,7 @@ struct DaemonHookTests {
                 let record = directory + "/hook.out"
                 try script(
                     directory + "/hook.sh", #"printf '%s\n' "$@" > "\#(record).tmp"; mv "\#(record).tmp" "\#(record)""#)
-                try await withDaemon({ $0.hooks.onComplete = directory + "/hook.sh" }) { daemon in
+                try await withDaemon({ $0.hooks.onComplete = directory + "/hook.sh" }, live: true) { daemon in
                     // Events from here on are replayed to a stream opened later.
                     let mark = try await daemon.send(.GET, "/api/v1/downloads").json(DownloadListLastEvent.self)
                     let url = server.url("/guarded").replacingOccurrences(of: "http://", with: "http://u:pw-5772@")

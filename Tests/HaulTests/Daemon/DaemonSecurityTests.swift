@@ -55,7 +55,7 @@ struct DaemonSecurityTests {
     }
 
     @Test func aRequestForAnotherHostNameIsRefusedAsDNSRebinding() async throws {
-        try await withDaemon({ $0.allowedHosts = ["nas.home.arpa"] }) { daemon in
+        try await withDaemon({ $0.allowedHosts = ["nas.home.arpa"] }, live: true) { daemon in
             let add = #"{"downloads": [{"url": "http://127.0.0.1:9/a"}]}"#
             for host in ["attacker.example:\(daemon.port)", "attacker.example", "127.0.0.1.attacker.example"] {
                 let answer = try await daemon.send(.POST, "/api/v1/downloads", json: add, headers: [("Host", host)])
@@ -73,7 +73,7 @@ struct DaemonSecurityTests {
     }
 
     @Test func aPageOfAnotherSiteCannotChangeAnything() async throws {
-        try await withDaemon { daemon in
+        try await withDaemon(live: true) { daemon in
             let add = #"{"downloads": [{"url": "http://127.0.0.1:9/a"}]}"#
             for origin in ["http://attacker.example", "null", "http://localhost:\(daemon.port + 1)"] {
                 let answer = try await daemon.send(.POST, "/api/v1/downloads", json: add, headers: [("Origin", origin)])
@@ -92,7 +92,7 @@ struct DaemonSecurityTests {
     }
 
     @Test func thePageIsServedWithoutATokenAndMayNotBeFramed() async throws {
-        try await withDaemon { daemon in
+        try await withDaemon(live: true) { daemon in
             for (path, type) in [("/", "text/html"), ("/app.js", "text/javascript"), ("/app.css", "text/css")] {
                 let answer = try await daemon.send(.GET, path, token: .some(nil))
                 #expect(answer.status == 200, "\(path)")
@@ -252,7 +252,7 @@ struct DaemonSecurityTests {
 
     @Test func aSecondDaemonOnTheSameStateDirectoryNamesTheFirst() async throws {
         try await withTemporaryDirectory { directory in
-            try await withDaemon(stateDirectory: directory) { daemon in
+            try await withDaemon(stateDirectory: directory, live: true) { daemon in
                 #expect(DaemonFiles.runningDaemon(in: directory)?.url == daemon.url)
                 #expect {
                     try Daemon(options: Daemon.Options(stateDirectory: directory, downloadRoots: [daemon.root]))
@@ -264,7 +264,7 @@ struct DaemonSecurityTests {
             }
             // Stopped: no daemon is found, and another starts.
             #expect(DaemonFiles.runningDaemon(in: directory) == nil)
-            try await withDaemon(stateDirectory: directory) { daemon in
+            try await withDaemon(stateDirectory: directory, live: true) { daemon in
                 #expect(DaemonFiles.runningDaemon(in: directory)?.url == daemon.url)
             }
         }

@@ -1,11 +1,14 @@
 import AsyncHTTPClient
+import HTTPTypes
 import Haul
-import HaulDaemon
+import HummingbirdTesting
 import Logging
 import NIOCore
 import NIOHTTP1
 import Synchronization
 import Testing
+
+@testable import HaulDaemon
 
 #if canImport(Glibc)
     import Glibc
@@ -19,11 +22,12 @@ import Testing
     import Foundation
 #endif
 
-/// A daemon running in this process on a free loopback port, over a temporary state directory,
-/// with a real HTTP client to talk to it.
+/// A daemon running in this process over a temporary state directory, reached through its router
+/// (no port: most API tests), or listening on a free loopback port with a real HTTP client to talk
+/// to it (tests of the listener, event streams and clients of the daemon's address).
 struct DaemonHarness: Sendable {
     let daemon: Daemon
-    /// `http://127.0.0.1:PORT`.
+    /// `http://127.0.0.1:PORT` when live.
     let url: String
     let port: Int
     let stateDirectory: String
@@ -31,6 +35,8 @@ struct DaemonHarness: Sendable {
     let root: String
     let client: HTTPClient
     let logs: LogRecorder
+    /// The router's test client, when the daemon is reached without a port.
+    let router: (any TestClientProtocol)?
 
     var token: String { daemon.token }
 
@@ -85,6 +91,10 @@ struct DaemonHarness: Sendable {
             request.body = .bytes(ByteBuffer(string: body))
         }
         for (name, value) in extra { request.headers.replaceOrAdd(name: name, value: value) }
+        if let router {
+            return try await Self.send(
+                method, path, headers: request.headers, body: body.map { ByteBuffer(string: $0) }, through: router)
+        }
         let response: HTTPClientResponse
         do {
             response = try await client.execute(request, timeout: .seconds(10))
@@ -97,6 +107,20 @@ struct DaemonHarness: Sendable {
         }
         let bytes = try await response.body.collect(upTo: 16 << 20)
         return Answer(status: Int(response.status.code), headers: response.headers, body: String(buffer: bytes))
+    }
+
+    /// Sends a request through the router: no connection, the answer as the routes give it.
+    private static func send(
+        _ method: HTTPMethod, _ path: String, headers: HTTPHeaders, body: ByteBuffer?,
+        through router: any TestClientProtocol
+    ) async throws -> Answer {
+        var fields = HTTPFields()
+        for (name, value) in headers { fields.append(HTTPField(name: HTTPField.Name(name)!, value: value)) }
+        let answer = try await router.executeRequest(
+            uri: path, method: HTTPRequest.Method(method.rawValue)!, headers: fields, body: body)
+        var answerHeaders = HTTPHeaders()
+        for field in answer.headers { answerHeaders.add(name: field.name.rawName, value: field.value) }
+        return Answer(status: answer.status.code, headers: answerHeaders, body: String(buffer: answer.body))
     }
 
     /// One download as the API shows it.
@@ -160,11 +184,13 @@ extension JSONDecoder {
     }
 }
 
-/// Runs a daemon on a free port over a new temporary directory while `body` runs, then stops it.
+/// Runs a daemon over a new temporary directory while `body` runs, then stops it: reached through
+/// its router unless `live`, then on a free loopback port.
 func withDaemon<Result: Sendable>(
     _ configure: (inout Daemon.Options) -> Void = { _ in },
     stateDirectory: String? = nil,
     clock: any Clock<Duration> = ContinuousClock(),
+    live: Bool = false,
     _ body: @Sendable (DaemonHarness) async throws -> Result
 ) async throws -> Result {
     try await withTemporaryDirectory { directory in
@@ -179,6 +205,29 @@ func withDaemon<Result: Sendable>(
         let logs = LogRecorder(level: .trace)
         let daemon = try Daemon(options: options, logger: logs.logger, clock: clock)
         let client = HTTPClient(eventLoopGroupProvider: .singleton)
+        if !live {
+            let runtime = daemon.makeRuntime()
+            let hooks = daemon.startHooks()
+            var application = daemon.buildApplication(runtime)
+            application.addServices(daemon.backgroundServices(runtime))
+            do {
+                let result = try await application.test(.router) { router in
+                    try await body(
+                        DaemonHarness(
+                            daemon: daemon, url: "http://router", port: 0, stateDirectory: state, root: root,
+                            client: client, logs: logs, router: router))
+                }
+                await daemon.closeManager()
+                await hooks?.value
+                try await client.shutdown()
+                return result
+            } catch {
+                await daemon.closeManager()
+                await hooks?.value
+                try? await client.shutdown()
+                throw error
+            }
+        }
         return try await withThrowingTaskGroup(of: Result?.self) { group in
             group.addTask {
                 try await daemon.run()
@@ -188,7 +237,8 @@ func withDaemon<Result: Sendable>(
                 guard let url = await daemon.listeningURL(), let port = Int(url.split(separator: ":").last ?? "")
                 else { throw TestFailure("the daemon did not start") }
                 let harness = DaemonHarness(
-                    daemon: daemon, url: url, port: port, stateDirectory: state, root: root, client: client, logs: logs)
+                    daemon: daemon, url: url, port: port, stateDirectory: state, root: root, client: client, logs: logs,
+                    router: nil)
                 let result = try await body(harness)
                 try await client.shutdown()
                 await daemon.shutdown()
