@@ -310,7 +310,10 @@ struct TransferMachineScenarioTests {
         var harness = start
         // Connection 1 waits a minute for a limit shared with many downloads.
         harness.handle(.throttled(harness.request(1), until: harness.now + .seconds(60)))
-        harness.advance(.seconds(29))
+        // The block taken just before reaches the disk after the wait began: the wait still holds.
+        harness.advance(.seconds(1))
+        harness.wrote(1, segment: 1, upTo: ranges[1].start + 131_072)
+        harness.advance(.seconds(28))
         harness.wrote(0, segment: 0, upTo: ranges[0].end)
         // Connection 0 is done; it does not take connection 1's range, whose stall clock waits.
         let done = describe(harness.ended(0, .finished(at: ranges[0].end)))

@@ -122,7 +122,7 @@ extension TransferMachine {
         record(pieces)
         unsavedProgress = true
         if isCurrent(request), case .receiving(var receiving) = connections[request.connection].state {
-            receiving.lastByte = now
+            receiving.lastByte = max(receiving.lastByte, now)
             receiving.progressed = true
             connections[request.connection].state = .receiving(receiving)
         }
@@ -191,7 +191,7 @@ extension TransferMachine {
         let displaced = table.handOver(next, to: connection, now: now)
         self.table = table
         receiving.segment = next
-        receiving.lastByte = now
+        receiving.lastByte = max(receiving.lastByte, now)
         connections[connection].state = .receiving(receiving)
         let range = table.segments[next]
         var actions: [TransferAction] = [

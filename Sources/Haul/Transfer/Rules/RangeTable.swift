@@ -136,7 +136,7 @@ struct RangeTable: Equatable, Sendable {
     mutating func handOver(_ index: Int, to connection: Int, now: Moment) -> Int? {
         let previous = segments[index].owner
         segments[index].owner = connection
-        segments[index].lastProgress = now
+        segments[index].lastProgress = max(segments[index].lastProgress, now)
         return previous == connection ? nil : previous
     }
 
@@ -153,7 +153,7 @@ struct RangeTable: Equatable, Sendable {
         let reached = min(position, segments[index].end) - segments[index].start
         if reached > segments[index].written {
             segments[index].written = reached
-            segments[index].lastProgress = now
+            segments[index].lastProgress = max(segments[index].lastProgress, now)
         }
         return segments[index].isComplete
     }
