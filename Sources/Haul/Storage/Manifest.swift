@@ -69,6 +69,16 @@ package struct Manifest: Codable, Equatable, Sendable {
     /// Seconds since the epoch.
     package var createdAt: Int64
     package var updatedAt: Int64
+    /// Whether every whole piece inside the written ranges had its hash recorded when the manifest
+    /// was written, as Haul has done since format 2; not stored. A format 1 manifest's hashes are
+    /// forgotten on reading, so its written bytes are trusted without them (checked by the final
+    /// checksum only).
+    package var piecesCoverWrites = true
+
+    enum CodingKeys: String, CodingKey {
+        case format, originalURL, finalURL, source, validator, totalLength, acceptsRanges, contentEncoding, segments
+        case bootID, pieceSize, pieces, createdAt, updatedAt
+    }
 
     package init(
         originalURL: String, finalURL: String, validator: ResourceValidator, totalLength: Int64?, acceptsRanges: Bool,
@@ -134,6 +144,7 @@ package struct Manifest: Codable, Equatable, Sendable {
     /// believed. The piece a segment starts in and the one it ends in may be partly written, unhashed.
     func hashedEnd(of segment: Segment) -> Int64 {
         let end = segment.start + segment.written
+        guard piecesCoverWrites else { return end }
         var piece = (segment.start + pieceSize - 1) / pieceSize
         while (piece + 1) * pieceSize <= end {
             guard piece < Int64(pieces.count), pieces[Int(piece)] != nil else {
@@ -225,6 +236,7 @@ extension Manifest {
                 // Format 1 recorded SHA-256 pieces; the data stays, checked by the final checksum only.
                 manifest.format = 2
                 manifest.pieces = []
+                manifest.piecesCoverWrites = false
             }
             try manifest.validate()
             return manifest

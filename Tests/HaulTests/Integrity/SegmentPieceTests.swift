@@ -153,5 +153,11 @@ struct SegmentPieceTests {
         #expect(decoded.format == Manifest.currentFormat)
         #expect(decoded.pieces.isEmpty)
         #expect(decoded.segments[0].written == 8 << 20)
+        // Its written bytes are kept without the hashes it no longer has; a manifest of format 2
+        // claiming the same without them is not believed.
+        #expect(decoded.hashedEnd(of: decoded.segments[0]) == 8 << 20)
+        var current = decoded
+        current.piecesCoverWrites = true
+        #expect(current.hashedEnd(of: current.segments[0]) == 0)
     }
 }
