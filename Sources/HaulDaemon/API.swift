@@ -146,6 +146,11 @@ struct API: Sendable {
                 throw error.prefixed("downloads.\(index)")
             }
         }
+        // The queue's own refusals too, before anything changes: an overwrite removes the download
+        // it replaces, which a later refusal could not give back.
+        if let refusal = await manager.refusal(of: requests.map(\.0)) {
+            throw APIError(refusal.error).prefixed("downloads.\(refusal.index)")
+        }
         var files = Set<String>()
         for (index, (downloadRequest, _)) in requests.enumerated() {
             guard case .file(let path) = downloadRequest.destination else { continue }

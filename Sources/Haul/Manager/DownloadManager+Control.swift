@@ -34,9 +34,8 @@ extension DownloadManager {
     public func enqueue(_ requests: [DownloadRequest], priority: DownloadPriority = .normal) async throws
         -> [DownloadID]
     {
-        guard !closed else { throw HaulError(.invalidState, "the download manager is closed") }
-        for request in requests { try request.check() }
-        // Every conflict is found before any download is replaced.
+        if let refusal = refusal(of: requests) { throw refusal.error }
+        // Every refusal is found before any download is replaced.
         let replaced = try requests.compactMap { request in try downloadOfAnotherURL(for: request) }
         for id in replaced { try await remove(id, deletingFiles: false) }
         var batch = Batch()
@@ -70,22 +69,48 @@ extension DownloadManager {
         var index = DestinationIndex()
     }
 
-    private func add(_ request: DownloadRequest, priority: DownloadPriority, batch: inout Batch, db: Database) throws
-        -> DownloadID
-    {
-        let identity = Identity(request)
-        try confinement.checkContains(identity.destination ?? identity.directory ?? "")
-        if let id = batch.index.find(identity) { return id }
-        if let id = index.find(identity) {
-            if let entry = try requeued(id, with: request, priority: priority, db: db) { batch.changed.append(entry) }
-            return id
+    /// The first of `requests` ``enqueue(_:priority:)-([DownloadRequest],_)`` would refuse, and why;
+    /// `nil` when it would take them all. Nothing changes: a caller that must add all or nothing
+    /// (the daemon's API) asks first.
+    package func refusal(of requests: [DownloadRequest]) -> (index: Int, error: HaulError)? {
+        guard !closed else { return (0, HaulError(.invalidState, "the download manager is closed")) }
+        for (position, request) in requests.enumerated() {
+            do {
+                try request.check()
+                let identity = Identity(request)
+                try confinement.checkContains(identity.destination ?? identity.directory ?? "")
+                _ = try downloadOfAnotherURL(for: request)
+                if index.find(identity) == nil { try checkNothingInTheWay(identity, overwriting: request.overwrite) }
+            } catch let error as HaulError {
+                return (position, error)
+            } catch {
+                return (position, HaulError(.fileSystem, "\(error)", underlying: error))
+            }
         }
-        if let destination = identity.destination, !request.overwrite,
+        return nil
+    }
+
+    /// Throws when a file Haul did not download is at the destination and the request does not
+    /// overwrite it.
+    private func checkNothingInTheWay(_ identity: Identity, overwriting: Bool) throws {
+        if let destination = identity.destination, !overwriting,
             let paths = try? DownloadPaths.open(destination, confinement: confinement),
             paths.folder.exists(paths.fileName), Self.storedProgress(paths) == nil
         {
             throw HaulError(.destinationExists, "\(destination) already exists")
         }
+    }
+
+    private func add(_ request: DownloadRequest, priority: DownloadPriority, batch: inout Batch, db: Database) throws
+        -> DownloadID
+    {
+        let identity = Identity(request)
+        if let id = batch.index.find(identity) { return id }
+        if let id = index.find(identity) {
+            if let entry = try requeued(id, with: request, priority: priority, db: db) { batch.changed.append(entry) }
+            return id
+        }
+        try checkNothingInTheWay(identity, overwriting: request.overwrite)
         let now = Self.now
         var record = StoredDownload(
             key: identity.key, url: request.url, directory: identity.directory, destination: identity.destination,
@@ -115,18 +140,26 @@ extension DownloadManager {
         guard identity.destination != nil, let id = index.find(identity) else { return nil }
         try learn(id)
         guard let entry = entries[id], entry.record.url != request.url else { return nil }
+        let runsElsewhere = entry.record.owner.map { $0 != claim.name && claim.isAlive($0) } ?? false
         switch entry.state {
         case .paused, .failed, .cancelled:
             // A refreshed link continues the download (see requeued(_:with:priority:db:)).
+            return nil
+        case .queued where entry.record.owner == nil || !(runsElsewhere || entry.record.owner == claim.name):
+            // Left queued by a process that is gone (killed, or the machine restarted): as paused.
             return nil
         case .completed where entry.record.destination.map(finishedFileExists) != true:
             return nil
         case .queued, .running, .completed:
             if request.overwrite { return id }
+            let keep =
+                entry.state == .completed
+                ? ""
+                : "; to keep its partial data, pause it and resume it with the new URL (haul resume \(id) --url URL)"
             throw HaulError(
                 .destinationExists,
                 "\(entry.info.destination ?? entry.info.name) is the file of download \(id) (\(entry.record.url), "
-                    + "\(entry.state)); overwrite replaces that download, or resume it with the new URL",
+                    + "\(entry.state)): overwrite (haul get --force) replaces that download" + keep,
                 downloadID: id)
         }
     }

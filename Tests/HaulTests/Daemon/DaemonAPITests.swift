@@ -129,6 +129,16 @@ struct DaemonAPITests {
                     #"{"url": "\#(server.url("/a"))", "destination": "same.bin", "overwrite": true}"#)[0]
                 _ = try await daemon.waitFor(last, "completed")
                 #expect(try readFile(daemon.root + "/same.bin") == first.content)
+                // A batch that replaces a download and is then refused for another item changes nothing.
+                try writeFile(daemon.root + "/foreign.bin", Array("not haul's".utf8))
+                let batch = try await daemon.send(
+                    .POST, "/api/v1/downloads",
+                    json: #"""
+                        {"downloads": [{"url": "\#(server.url("/b"))", "destination": "same.bin", "overwrite": true},
+                                       {"url": "\#(server.url("/a"))", "destination": "foreign.bin"}]}
+                        """#)
+                #expect(batch.status == 409 && batch.body.contains("downloads.1"), "\(batch.body)")
+                #expect(try await daemon.download(last).url == server.url("/a"))
                 // The same URL and file still name the download there is.
                 #expect(try await daemon.add(#"{"url": "\#(server.url("/a"))", "destination": "same.bin"}"#) == [last])
             }

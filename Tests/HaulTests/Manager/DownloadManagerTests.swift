@@ -208,6 +208,7 @@ import Testing
                             DownloadRequest(url: server.url("/one?again"), destination: .file(directory + "/one")))
                     }
                     #expect(taken?.downloadID == first)
+                    #expect(taken?.message.contains("--force") == true)
                     let third = try await manager.enqueue(
                         DownloadRequest(url: server.url("/one"), destination: .directory(directory + "/sub")))
                     let fourth = try await manager.enqueue(
@@ -237,6 +238,28 @@ import Testing
                     }
                     #expect(try readFile(directory + "/other") == [1, 2, 3])
                 }
+            }
+        }
+    }
+
+    @Test("a download left queued by a process that is gone takes a refreshed URL, as a paused one does")
+    func aDownloadLeftQueuedTakesARefreshedURL() async throws {
+        try await withTemporaryDirectory { directory in
+            let destination = directory + "/file.iso"
+            let first = try await withManager(directory + "/state") { manager in
+                try await manager.enqueue(
+                    DownloadRequest(url: "http://127.0.0.1:9/signed?sig=old", destination: .file(destination)))
+            }
+            // The queue never ran: the download is left queued, and nobody's. A manager that leaves
+            // such downloads alone (as haul get's does) takes the new link for it.
+            var leaving = managerConfiguration()
+            leaving.restoredDownloads = .leave
+            try await withManager(directory + "/state", leaving) { manager in
+                #expect(await manager.download(first)?.state == .queued)
+                let again = try await manager.enqueue(
+                    DownloadRequest(url: "http://127.0.0.1:9/signed?sig=new", destination: .file(destination)))
+                #expect(again == first)
+                #expect(await manager.download(first)?.url == "http://127.0.0.1:9/signed?sig=new")
             }
         }
     }
