@@ -21,8 +21,11 @@ final class PartialFile: Sendable {
     private let place: (folder: DirectoryHandle, name: String)?
     private let descriptor: Int32
     private let io: BlockingIO
-    /// A second descriptor opened for direct I/O, once ``enableDirectWrites()`` succeeded.
-    private let directDescriptor = Mutex<Int32?>(nil)
+    /// A second descriptor opened for direct I/O, once ``enableDirectWrites()`` succeeded, and
+    /// whether writes still use it. A refused write turns direct I/O off but leaves the descriptor
+    /// open until the file closes: another thread may be writing through it at that moment, and a
+    /// descriptor number closed under it could already name a different file.
+    private let direct = Mutex<(descriptor: Int32?, inUse: Bool)>((nil, false))
 
     /// Opens (creating if needed) the partial file; a symbolic link at `path` is refused, never followed.
     /// `readOnly` opens an existing file for checking only.
@@ -43,15 +46,15 @@ final class PartialFile: Sendable {
 
     deinit {
         POSIX.close(descriptor)
-        if let direct = directDescriptor.withLock({ $0 }) { POSIX.close(direct) }
+        if let opened = direct.withLock({ $0.descriptor }) { POSIX.close(opened) }
     }
 
     /// Opens the file a second time for direct I/O (full, page-aligned pages straight to the disk);
     /// returns false when the file system or the platform does not offer it.
     @discardableResult
     func enableDirectWrites() -> Bool {
-        directDescriptor.withLock { direct in
-            if direct != nil { return true }
+        direct.withLock { direct in
+            if direct.descriptor != nil { return direct.inUse }
             let opened =
                 if let place {
                     Platform.openUncached(in: place.folder.descriptor, place.name, flags: O_WRONLY)
@@ -65,12 +68,12 @@ final class PartialFile: Sendable {
                 POSIX.close(opened)
                 return false
             }
-            direct = opened
+            direct = (opened, true)
             return true
         }
     }
 
-    var usesDirectWrites: Bool { directDescriptor.withLock { $0 != nil } }
+    var usesDirectWrites: Bool { direct.withLock { $0.inUse } }
 
     /// Writes a block on the thread pool (see ``WriteBlock/write(to:)``).
     func write(_ block: WriteBlock) async throws {
@@ -86,7 +89,9 @@ final class PartialFile: Sendable {
     /// file system refuse (or write less than asked, leaving the rest unaligned), the rest goes through
     /// the page cache, and a refusal turns direct I/O off for this file.
     func writeDirect(_ bytes: UnsafeRawBufferPointer, at offset: Int64) throws {
-        guard let direct = directDescriptor.withLock({ $0 }) else { return try writeNow(bytes, at: offset) }
+        guard let direct = direct.withLock({ $0.inUse ? $0.descriptor : nil }) else {
+            return try writeNow(bytes, at: offset)
+        }
         var done = 0
         while done < bytes.count {
             let result = pwrite(direct, bytes.baseAddress! + done, bytes.count - done, off_t(offset) + off_t(done))
@@ -97,10 +102,7 @@ final class PartialFile: Sendable {
             }
             if result < 0 && errno == EINTR { continue }
             if result < 0 && errno != EINVAL { throw POSIX.error("write to", path: path) }
-            directDescriptor.withLock { descriptor in
-                if let open = descriptor { POSIX.close(open) }
-                descriptor = nil
-            }
+            self.direct.withLock { $0.inUse = false }
             break
         }
         if done < bytes.count {
