@@ -46,9 +46,8 @@ package final class DirectoryHandle: Sendable {
             throw HaulError(.outsideDownloadRoot, "\(path): a path with \"..\" is not opened beneath \(rootPath)")
         }
         if components.isEmpty {
-            let copy = dup(root.descriptor)
+            let copy = fcntl(root.descriptor, F_DUPFD_CLOEXEC, 0)
             guard copy >= 0 else { throw POSIX.error("open", path: path) }
-            _ = fcntl(copy, F_SETFD, FD_CLOEXEC)
             return DirectoryHandle(path: path, descriptor: copy)
         }
         if !creating {
@@ -141,13 +140,19 @@ package final class DirectoryHandle: Sendable {
     /// Refuses a name that is not one entry of this directory: every file is opened by name in it,
     /// never through a path.
     private func checkName(_ name: String) throws {
-        guard !name.isEmpty, name != ".", name != "..", !name.utf8.contains(UInt8(ascii: "/")) else {
+        guard Self.isEntryName(name) else {
             throw HaulError(.fileSystem, "\"\(name)\" is not a file name in \(path)")
         }
     }
 
-    /// What `lstat` says about `name`: `nil` when nothing is there.
+    private static func isEntryName(_ name: String) -> Bool {
+        !name.isEmpty && name != "." && name != ".." && !name.utf8.contains(UInt8(ascii: "/"))
+    }
+
+    /// What `lstat` says about `name`: `nil` when nothing is there, or when `name` is not one entry
+    /// of this directory (a path would follow links in its leading components).
     package func status(_ name: String) -> stat? {
+        guard Self.isEntryName(name) else { return nil }
         var info = stat()
         return name.withCString { fstatat(descriptor, $0, &info, AT_SYMLINK_NOFOLLOW) } == 0 ? info : nil
     }
@@ -197,15 +202,15 @@ package final class DirectoryHandle: Sendable {
 
     /// The names in the directory, `.` and `..` left out.
     package func list() -> [String] {
-        let copy = dup(descriptor)
-        guard copy >= 0 else { return [] }
-        guard let directory = fdopendir(copy) else {
-            POSIX.close(copy)
+        // A descriptor of its own, not a duplicate: a duplicate shares its read position with this
+        // handle, so two listings at once would each see part of the directory.
+        let own = openat(descriptor, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard own >= 0 else { return [] }
+        guard let directory = fdopendir(own) else {
+            POSIX.close(own)
             return []
         }
         defer { closedir(directory) }
-        // The copy shares the read position with the handle's descriptor: start from the top.
-        rewinddir(directory)
         return POSIX.names(in: directory)
     }
 }
