@@ -11,7 +11,7 @@ struct DirectoryHandleTests {
     func concurrentListingsSeeEveryEntry() async throws {
         try await withTemporaryDirectory { root in
             let names = Set((0..<4000).map { "file-\($0)" })
-            for name in names { FileManager.default.createFile(atPath: root + "/" + name, contents: nil) }
+            for name in names { _ = FileManager.default.createFile(atPath: root + "/" + name, contents: nil) }
             let directory = try DirectoryHandle.open(root)
             let listings = Mutex<[Set<String>]>([])
             DispatchQueue.concurrentPerform(iterations: 16) { _ in
@@ -28,7 +28,7 @@ struct DirectoryHandleTests {
     func statusRefusesAPath() async throws {
         try await withTemporaryDirectory { root in
             try FileManager.default.createDirectory(atPath: root + "/outside", withIntermediateDirectories: true)
-            FileManager.default.createFile(atPath: root + "/outside/secret", contents: Data("x".utf8))
+            _ = FileManager.default.createFile(atPath: root + "/outside/secret", contents: Data("x".utf8))
             try FileManager.default.createDirectory(atPath: root + "/inside", withIntermediateDirectories: true)
             try FileManager.default.createSymbolicLink(atPath: root + "/inside/link", withDestinationPath: "../outside")
             let inside = try DirectoryHandle.open(root + "/inside")
