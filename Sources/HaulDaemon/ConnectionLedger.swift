@@ -68,6 +68,8 @@ final class ConnectionLedger: Sendable {
     var openConnections: Int { state.withLock { $0.connections.count } }
     /// Event streams open now.
     var openEventStreams: Int { state.withLock { $0.eventStreams } }
+    /// Clients with a connection open now.
+    var clientsWithConnections: Int { state.withLock { $0.perClient.count } }
 
     /// Takes a new connection in, making room by closing the connection of the same client (at its
     /// cap) or of any client (at the total cap) that has waited longest without a response under
@@ -87,6 +89,7 @@ final class ConnectionLedger: Sendable {
             var closed: (any Channel)?
             if let victim, let gone = state.connections.removeValue(forKey: victim) {
                 state.perClient[gone.client, default: 1] -= 1
+                if state.perClient[gone.client] == 0 { state.perClient[gone.client] = nil }
                 if gone.isEventStream { state.eventStreams -= 1 }
                 closed = gone.channel
             }

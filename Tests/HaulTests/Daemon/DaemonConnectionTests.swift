@@ -217,4 +217,24 @@ struct DaemonConnectionTests {
         #expect(stream.isActive)
         _ = try? stream.finish()
     }
+
+    /// A client whose last connection was closed to make room is forgotten: a daemon that meets many
+    /// clients keeps a count only for those still connected.
+    @Test func aClientClosedToMakeRoomIsForgotten() throws {
+        var limits = ConnectionLimits()
+        limits.maximumConnections = 1
+        let ledger = ConnectionLedger(limits: limits, clock: TransferClock(ManualClock()))
+        let first = EmbeddedChannel()
+        let second = EmbeddedChannel()
+        first.connect(to: try SocketAddress(ipAddress: "127.0.0.1", port: 1), promise: nil)
+        second.connect(to: try SocketAddress(ipAddress: "127.0.0.2", port: 1), promise: nil)
+        #expect(ledger.admit(first))
+        #expect(ledger.admit(second))
+        #expect(!first.isActive)
+        #expect(ledger.openConnections == 1)
+        #expect(ledger.clientsWithConnections == 1)
+        ledger.remove(second)
+        #expect(ledger.clientsWithConnections == 0)
+        _ = try? second.finish()
+    }
 }
