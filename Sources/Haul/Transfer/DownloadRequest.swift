@@ -128,8 +128,10 @@ public struct DownloadRequest: Sendable {
         let reserved = ["range", "if-range", "accept-encoding", "host", "content-length", "transfer-encoding"]
         for header in headers {
             let name = header.name.lowercased()
-            guard !name.isEmpty, name.utf8.allSatisfy({ $0 > 0x20 && $0 < 0x7F && $0 != UInt8(ascii: ":") }) else {
-                throw HaulError(.invalidArgument, "invalid header name \"\(header.name)\"")
+            guard isToken(name) else {
+                throw HaulError(
+                    .invalidArgument,
+                    "invalid header name \"\(header.name)\": letters, digits and !#$%&'*+-.^_`|~ only")
             }
             guard !header.value.utf8.contains(where: { $0 == 0x0A || $0 == 0x0D || $0 == 0 }) else {
                 throw HaulError(.invalidArgument, "header \(header.name) contains a line break")
@@ -138,6 +140,16 @@ public struct DownloadRequest: Sendable {
                 throw HaulError(.invalidArgument, "header \(header.name) is managed by Haul and cannot be set")
             }
         }
+    }
+
+    /// Whether `name` is a token (RFC 9110 §5.6.2), as a header name must be: letters, digits and
+    /// ``!#$%&'*+-.^_`|~``.
+    static func isToken(_ name: String) -> Bool {
+        !name.isEmpty
+            && name.utf8.allSatisfy { byte in
+                (byte >= 0x30 && byte <= 0x39) || (byte >= 0x41 && byte <= 0x5A) || (byte >= 0x61 && byte <= 0x7A)
+                    || Array("!#$%&'*+-.^_`|~".utf8).contains(byte)
+            }
     }
 
     /// Whether the header `name` is secret in this request: one Haul knows by name (see
@@ -209,5 +221,109 @@ public struct DownloadRequest: Sendable {
             }
             return url
         }
+    }
+}
+
+/// A request as JSON: what the download manager stores, what the daemon's API takes and shows, and
+/// what ``DaemonClient`` sends. Its secrets are left out here and nowhere else: secret headers
+/// (see ``isSecret(_:)``), and so the credentials, are written only for an encoder whose `userInfo`
+/// holds ``includesSecrets`` (a client sending to a daemon on the same machine); cookies never are.
+///
+/// ```json
+/// {"url": "https://example.com/a.iso", "directory": "/data",
+///  "headers": [{"name": "X-Trace", "value": "7"}], "checksum": "sha256=9f86…"}
+/// ```
+///
+/// Fields at their defaults (no mirrors, no headers, no overwriting, no limit) are left out; a
+/// missing or `null` field means its default. `destination` names the file and `directory` the
+/// folder the server names it in; neither means the current directory (the daemon's first
+/// download root). Values are decoded as given: ``check()`` says whether a download can use them.
+extension DownloadRequest: Codable {
+    /// The `userInfo` key that makes an encoder write secret headers too, marked `"secret": true`.
+    public static let includesSecrets = CodingUserInfoKey(rawValue: "haul.includesSecrets")!
+
+    private enum CodingKeys: String, CodingKey {
+        case url, mirrors, destination, directory, headers, overwrite, checksum, limitRate, connections
+    }
+
+    /// A request header as JSON: `{"name": …, "value": …}`, with `"secret": true` for one to hold
+    /// as secret (see ``isSecret(_:)``).
+    package struct Header: Codable, Sendable {
+        /// The header's name.
+        package var name: String
+        /// Its value.
+        package var value: String
+        /// Whether to hold it as secret; `nil`: as its name says (see ``looksSecret(_:)``).
+        package var secret: Bool?
+
+        /// A header as JSON names it.
+        package init(name: String, value: String, secret: Bool? = nil) {
+            self.name = name
+            self.value = value
+            self.secret = secret
+        }
+    }
+
+    /// The request a JSON object describes; throws `DecodingError` for one that is not shaped as
+    /// above (a checksum that does not parse, a destination and a directory both).
+    public init(from decoder: any Decoder) throws {
+        let container = try decoder.container(keyedBy: CodingKeys.self)
+        let file = try container.decodeIfPresent(String.self, forKey: .destination)
+        let folder = try container.decodeIfPresent(String.self, forKey: .directory)
+        if file != nil && folder != nil {
+            throw DecodingError.dataCorruptedError(
+                forKey: .directory, in: container, debugDescription: "give destination or directory, not both")
+        }
+        var checksum: Checksum?
+        if let text = try container.decodeIfPresent(String.self, forKey: .checksum) {
+            do { checksum = try Checksum(parsing: text) } catch let error as HaulError {
+                throw DecodingError.dataCorruptedError(
+                    forKey: .checksum, in: container, debugDescription: error.message)
+            }
+        }
+        let headers = try container.decodeIfPresent([Header].self, forKey: .headers) ?? []
+        self.init(
+            url: try container.decode(String.self, forKey: .url),
+            destination: file.map(Destination.file) ?? .directory(folder ?? "."),
+            headers: headers.map { (name: $0.name, value: $0.value) },
+            overwrite: try container.decodeIfPresent(Bool.self, forKey: .overwrite) ?? false, checksum: checksum,
+            bytesPerSecondLimit: try container.decodeIfPresent(Int64.self, forKey: .limitRate),
+            connections: try container.decodeIfPresent(Int.self, forKey: .connections),
+            mirrors: try container.decodeIfPresent([String].self, forKey: .mirrors) ?? [])
+        secretHeaders = Set(headers.filter { $0.secret == true }.map(\.name))
+    }
+
+    /// Writes the request as JSON, its secret headers only for an encoder that asks for them.
+    public func encode(to encoder: any Encoder) throws {
+        var container = encoder.container(keyedBy: CodingKeys.self)
+        try container.encode(url, forKey: .url)
+        switch destination {
+        case .file(let path): try container.encode(path, forKey: .destination)
+        case .directory(let path): try container.encode(path, forKey: .directory)
+        }
+        let secrets = encoder.userInfo[Self.includesSecrets] as? Bool == true
+        let headers = self.headers.compactMap { header -> Header? in
+            let secret = isSecret(header.name)
+            if secret && !secrets { return nil }
+            return Header(name: header.name, value: header.value, secret: secret ? true : nil)
+        }
+        if !headers.isEmpty { try container.encode(headers, forKey: .headers) }
+        if !mirrors.isEmpty { try container.encode(mirrors, forKey: .mirrors) }
+        if overwrite { try container.encode(true, forKey: .overwrite) }
+        try container.encodeIfPresent(checksum?.description, forKey: .checksum)
+        try container.encodeIfPresent(bytesPerSecondLimit, forKey: .limitRate)
+        try container.encodeIfPresent(connections, forKey: .connections)
+    }
+}
+
+extension DownloadRequest: Equatable {
+    /// Whether two requests ask for the same download in the same way: every field alike, headers
+    /// in the same order, and the same cookie jar (or none).
+    public static func == (left: DownloadRequest, right: DownloadRequest) -> Bool {
+        left.url == right.url && left.mirrors == right.mirrors && left.destination == right.destination
+            && left.headers.elementsEqual(right.headers, by: { $0.name == $1.name && $0.value == $1.value })
+            && left.secretHeaders == right.secretHeaders && left.overwrite == right.overwrite
+            && left.checksum == right.checksum && left.bytesPerSecondLimit == right.bytesPerSecondLimit
+            && left.connections == right.connections && left.cookies === right.cookies
     }
 }
