@@ -86,13 +86,13 @@ struct API: Sendable {
             let id = try Self.id(context)
             let body = try await request.decodeIfPresent(as: ResumeBody.self, context: context)
             if let url = body?.url { try Self.checkURL(url) }
-            let headers = try body?.headers.map(Self.headers)
+            let headers = body?.headers?.map { (name: $0.name, value: $0.value) }
             if let headers { try await perform { try DownloadRequest.check(headers: headers) } }
             let credentials = body?.credentials.map { BasicCredentials(user: $0.user, password: $0.password) }
+            let secretHeaders = Set(body?.headers?.filter { $0.secret == true }.map(\.name) ?? [])
             try await perform {
                 try await manager.resume(
-                    id, url: body?.url, headers: headers, secretHeaders: Self.secretNames(body?.headers ?? []),
-                    credentials: credentials)
+                    id, url: body?.url, headers: headers, secretHeaders: secretHeaders, credentials: credentials)
             }
             return try await current(id)
         }
@@ -178,26 +178,13 @@ struct API: Sendable {
     }
 
     private func makeRequest(_ item: NewDownload) async throws -> (DownloadRequest, DownloadPriority) {
-        try Self.checkURL(item.url)
-        if item.destination != nil && item.directory != nil {
-            throw APIError.badRequest("give \"destination\" or \"directory\", not both")
+        var request = item.request
+        try Self.checkURL(request.url)
+        switch request.destination {
+        case .file(let path): request.destination = .file(try roots.confine(path, isDirectory: false))
+        case .directory(let path): request.destination = .directory(try roots.confine(path, isDirectory: true))
         }
-        let destination: DownloadRequest.Destination
-        if let file = item.destination {
-            destination = .file(try roots.confine(file, isDirectory: false))
-        } else {
-            destination = .directory(try roots.confine(item.directory ?? ".", isDirectory: true))
-        }
-        var checksum: Checksum?
-        if let text = item.checksum {
-            do { checksum = try Checksum(parsing: text) } catch let error as HaulError { throw APIError(error) }
-        }
-        var request = DownloadRequest(
-            url: item.url, destination: destination, headers: try Self.headers(item.headers ?? []),
-            overwrite: item.overwrite ?? false, checksum: checksum, bytesPerSecondLimit: item.limitRate,
-            connections: item.connections, mirrors: item.mirrors ?? [])
-        request.secretHeaders = Self.secretNames(item.headers ?? [])
-        // The library's own rules (limits, connections, headers it manages), before anything is queued.
+        // The library's own rules (limits, connections, headers), before anything is queued.
         _ = try await perform { try request.check() }
         return (request, DownloadPriority(item.priority ?? 0))
     }
@@ -354,29 +341,6 @@ struct API: Sendable {
         else { throw APIError(HaulError(.invalidURL, "\"\(text)\" is not an http or https URL")) }
     }
 
-    /// The headers as the library takes them (which checks them too); throws for a name that is not
-    /// a token, the document's pattern.
-    private static func headers(_ headers: [NewDownload.Header]) throws -> [(name: String, value: String)] {
-        try headers.map { header in
-            guard Self.isHeaderName(header.name) else {
-                throw APIError.badRequest("the header \"\(header.name)\" is not a valid header")
-            }
-            return (name: header.name, value: header.value)
-        }
-    }
-
-    /// The names of the headers marked secret.
-    private static func secretNames(_ headers: [NewDownload.Header]) -> Set<String> {
-        Set(headers.filter { $0.secret == true }.map(\.name))
-    }
-
-    private static func isHeaderName(_ name: String) -> Bool {
-        !name.isEmpty
-            && name.utf8.allSatisfy { byte in
-                (byte >= 0x30 && byte <= 0x39) || (byte >= 0x41 && byte <= 0x5A) || (byte >= 0x61 && byte <= 0x7A)
-                    || Array("!#$%&'*+-.^_`|~".utf8).contains(byte)
-            }
-    }
 }
 
 /// Collects the routes ``API/register(on:recording:)`` adds.

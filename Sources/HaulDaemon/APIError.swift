@@ -85,10 +85,13 @@ struct ErrorResponse: Codable, Sendable {
 
 /// JSON in and out of the API.
 enum JSONBody {
-    static func encode(_ value: some Encodable) throws -> ByteBuffer {
+    /// `value` as the API writes JSON; requests' secret headers only when `includingSecrets`
+    /// (a client's body for a daemon on the same machine).
+    static func encode(_ value: some Encodable, includingSecrets: Bool = false) throws -> ByteBuffer {
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
         encoder.dateEncodingStrategy = .iso8601
+        if includingSecrets { encoder.userInfo[DownloadRequest.includesSecrets] = true }
         return ByteBuffer(bytes: try encoder.encode(value))
     }
 

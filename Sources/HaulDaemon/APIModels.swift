@@ -7,85 +7,85 @@ import Hummingbird
     import Foundation
 #endif
 
-/// One download as the API shows it.
-struct DownloadBody: Codable, Sendable, Equatable {
-    var id: Int64
-    var url: String
-    var name: String
-    var destination: String?
-    var directory: String?
-    var state: String
-    var priority: Int
-    var bytes: Int64
-    var totalBytes: Int64?
-    var fraction: Double?
-    var bytesPerSecond: Double?
-    var secondsRemaining: Double?
-    var error: ErrorResponse.Detail?
-    var createdAt: Date
-    var finishedAt: Date?
-    /// What the program run at the download's end did, e.g. `on-complete exited 0`.
-    var hook: String?
-    /// The connections the download asked for; absent: the daemon's default.
-    var connections: Int?
-    /// Connections open now, while running.
-    var openConnections: Int?
-    /// Other URLs of the same file; absent: none.
-    var mirrors: [String]?
+/// One download as the API shows it: the request as ``DownloadRequest`` writes it (without its
+/// secrets), and beside it what the daemon knows of the download.
+struct DownloadBody: Codable, Sendable {
+    var info: DownloadInfo
 
-    init(_ info: DownloadInfo) {
-        id = info.id.rawValue
-        url = info.url
-        name = info.name
-        destination = info.destination
-        directory = info.directory
-        state = info.state.rawValue
-        priority = info.priority.rawValue
-        bytes = info.bytes
-        totalBytes = info.totalBytes
-        fraction = info.fraction
-        bytesPerSecond = info.bytesPerSecond
-        secondsRemaining = info.secondsRemaining
-        error = info.error.map { .init(code: $0.code.name, message: $0.message) }
-        createdAt = info.createdAt
-        finishedAt = info.finishedAt
-        hook = info.hook
-        connections = info.connections
-        openConnections = info.openConnections
-        mirrors = info.mirrors.isEmpty ? nil : info.mirrors
+    init(_ info: DownloadInfo) { self.info = info }
+
+    private enum CodingKeys: String, CodingKey {
+        case id, name, destination, state, priority, bytes, totalBytes, fraction, bytesPerSecond, secondsRemaining
+        case error, createdAt, finishedAt, hook, openConnections
+    }
+
+    func encode(to encoder: any Encoder) throws {
+        try info.request.encode(to: encoder)
+        var container = encoder.container(keyedBy: CodingKeys.self)
+        try container.encode(info.id.rawValue, forKey: .id)
+        try container.encode(info.name, forKey: .name)
+        // A file named by the request is there already; a directory's file once the server named it.
+        if info.directory != nil { try container.encodeIfPresent(info.destination, forKey: .destination) }
+        try container.encode(info.state.rawValue, forKey: .state)
+        try container.encode(info.priority.rawValue, forKey: .priority)
+        try container.encode(info.bytes, forKey: .bytes)
+        try container.encodeIfPresent(info.totalBytes, forKey: .totalBytes)
+        try container.encodeIfPresent(info.fraction, forKey: .fraction)
+        try container.encodeIfPresent(info.bytesPerSecond, forKey: .bytesPerSecond)
+        try container.encodeIfPresent(info.secondsRemaining, forKey: .secondsRemaining)
+        try container.encodeIfPresent(
+            info.error.map { ErrorResponse.Detail(code: $0.code.name, message: $0.message) }, forKey: .error)
+        try container.encode(info.createdAt, forKey: .createdAt)
+        try container.encodeIfPresent(info.finishedAt, forKey: .finishedAt)
+        try container.encodeIfPresent(info.hook, forKey: .hook)
+        try container.encodeIfPresent(info.openConnections, forKey: .openConnections)
+    }
+
+    init(from decoder: any Decoder) throws {
+        let request = try DownloadRequest(from: decoder)
+        let container = try decoder.container(keyedBy: CodingKeys.self)
+        let error = try container.decodeIfPresent(ErrorResponse.Detail.self, forKey: .error)
+        let state = try container.decode(String.self, forKey: .state)
+        var destination = try container.decodeIfPresent(String.self, forKey: .destination)
+        if case .file(let path) = request.destination { destination = path }
+        info = DownloadInfo(
+            id: DownloadID(try container.decode(Int64.self, forKey: .id)), request: request, destination: destination,
+            state: DownloadState(rawValue: state) ?? .failed,
+            priority: DownloadPriority(try container.decode(Int.self, forKey: .priority)),
+            bytes: try container.decode(Int64.self, forKey: .bytes),
+            totalBytes: try container.decodeIfPresent(Int64.self, forKey: .totalBytes),
+            bytesPerSecond: try container.decodeIfPresent(Double.self, forKey: .bytesPerSecond),
+            secondsRemaining: try container.decodeIfPresent(Double.self, forKey: .secondsRemaining),
+            error: error.map { HaulError(HaulError.Code($0.code), $0.message) },
+            createdAt: try container.decode(Date.self, forKey: .createdAt),
+            finishedAt: try container.decodeIfPresent(Date.self, forKey: .finishedAt),
+            hook: try container.decodeIfPresent(String.self, forKey: .hook),
+            openConnections: try container.decodeIfPresent(Int.self, forKey: .openConnections))
     }
 }
 
-/// A download to add.
+/// A download to add: the request as ``DownloadRequest`` reads it, and its place in the queue.
 struct NewDownload: Codable, Sendable {
-    /// The http or https URL.
-    var url: String
-    /// The file to write; relative paths are taken from the first download root.
-    var destination: String?
-    /// The directory to write into, the file named from the server's answer; relative paths are taken
-    /// from the first download root. Neither given: the first download root.
-    var directory: String?
-    /// `ALGORITHM=HEX`, e.g. `sha256=9f86…`.
-    var checksum: String?
+    var request: DownloadRequest
     /// Higher starts first; `low`, `normal` and `high` are -10, 0 and 10.
     var priority: Int?
-    /// This download's own limit, in bytes per second.
-    var limitRate: Int64?
-    /// Request headers; secret ones (credentials, names that look like them, and those marked
-    /// `secret`) are held in memory only.
-    var headers: [Header]?
-    /// Replace an existing file at the destination once the download is complete.
-    var overwrite: Bool?
-    /// Connections to open at once when the server serves ranges; absent: the daemon's default.
-    var connections: Int?
-    /// Other http or https URLs of the same file.
-    var mirrors: [String]?
 
-    struct Header: Codable, Sendable {
-        var name: String
-        var value: String
-        /// Hold this header as secret: never stored, sent to the URL's origin only.
-        var secret: Bool?
+    init(_ request: DownloadRequest, priority: Int?) {
+        self.request = request
+        self.priority = priority
+    }
+
+    private enum CodingKeys: String, CodingKey { case priority }
+
+    init(from decoder: any Decoder) throws {
+        request = try DownloadRequest(from: decoder)
+        priority = try decoder.container(keyedBy: CodingKeys.self).decodeIfPresent(Int.self, forKey: .priority)
+    }
+
+    func encode(to encoder: any Encoder) throws {
+        try request.encode(to: encoder)
+        var container = encoder.container(keyedBy: CodingKeys.self)
+        try container.encodeIfPresent(priority, forKey: .priority)
     }
 }
 
@@ -117,7 +117,7 @@ struct ResumeBody: Codable, Sendable {
     var url: String?
     /// Request headers for this and later attempts, in place of the stored ones (credentials are
     /// never stored, so a resume that needs them gives them again).
-    var headers: [NewDownload.Header]?
+    var headers: [DownloadRequest.Header]?
     /// Basic credentials for this and later attempts, beside the headers (held in memory only).
     var credentials: Credentials?
 

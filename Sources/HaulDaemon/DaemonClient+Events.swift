@@ -175,6 +175,7 @@ struct EventParser {
         if name == "reset" { return [.reset] }
         guard Self.known.contains(name) else { return [] }
         let decoder = JSONDecoder()
+        decoder.userInfo[DownloadRequest.describesDownload] = true
         decoder.dateDecodingStrategy = .iso8601
         guard let body = try? decoder.decode(DownloadEventBody.self, from: Data(data.utf8)) else { return [.reset] }
         let info = body.download.info

@@ -56,21 +56,7 @@ public final class DaemonClient: Sendable {
     public func add(_ requests: [DownloadRequest], priority: DownloadPriority = .normal) async throws -> [DownloadInfo]
     {
         try refuseCredentials(requests.contains { request in request.headers.contains { request.isSecret($0.name) } })
-        let items = requests.map { request in
-            var item = NewDownload(url: request.url)
-            switch request.destination {
-            case .file(let path): item.destination = path
-            case .directory(let path): item.directory = path
-            }
-            item.checksum = request.checksum?.description
-            item.priority = priority.rawValue
-            item.limitRate = request.bytesPerSecondLimit
-            item.headers = request.headers.isEmpty ? nil : Self.headers(request.headers, marked: request.secretHeaders)
-            item.overwrite = request.overwrite ? true : nil
-            item.connections = request.connections
-            item.mirrors = request.mirrors.isEmpty ? nil : request.mirrors
-            return item
-        }
+        let items = requests.map { NewDownload($0, priority: priority.rawValue) }
         let added: AddedDownloads = try await call(.POST, "/downloads", body: AddDownloads(downloads: items))
         return added.downloads.map(\.info)
     }
@@ -155,11 +141,11 @@ public final class DaemonClient: Sendable {
 
     /// Headers as the API takes them, those named in `marked` flagged secret.
     private static func headers(_ headers: [(name: String, value: String)], marked: Set<String>)
-        -> [NewDownload.Header]
+        -> [DownloadRequest.Header]
     {
         headers.map { header in
-            let secret = marked.contains { $0.lowercased() == header.name.lowercased() }
-            return NewDownload.Header(name: header.name, value: header.value, secret: secret ? true : nil)
+            let secret = DownloadRequest.isSecret(header.name, marked: marked)
+            return DownloadRequest.Header(name: header.name, value: header.value, secret: secret ? true : nil)
         }
     }
 
@@ -179,7 +165,8 @@ public final class DaemonClient: Sendable {
     private func call<Answer: Decodable>(_ method: HTTPMethod, _ path: String, body: some Encodable) async throws
         -> Answer
     {
-        try await send(method, path, body: try JSONBody.encode(body))
+        // Secrets go only to a daemon on this machine: the verbs that send them check that first.
+        try await send(method, path, body: try JSONBody.encode(body, includingSecrets: true))
     }
 
     /// A request to the API with the token.
@@ -207,6 +194,7 @@ public final class DaemonClient: Sendable {
             throw HaulError(.network, "cannot reach the haul daemon at \(url): \(error)")
         }
         let decoder = JSONDecoder()
+        decoder.userInfo[DownloadRequest.describesDownload] = true
         decoder.dateDecodingStrategy = .iso8601
         guard (200..<300).contains(response.status.code) else { throw Self.failure(response.status, bytes) }
         if response.status == .noContent, let empty = Empty() as? Answer { return empty }
@@ -215,18 +203,5 @@ public final class DaemonClient: Sendable {
         } catch {
             throw HaulError(.protocolViolation, "the haul daemon at \(url) answered something unexpected: \(error)")
         }
-    }
-}
-
-extension DownloadBody {
-    /// The download as the library describes it.
-    var info: DownloadInfo {
-        DownloadInfo(
-            id: DownloadID(id), url: url, destination: destination, directory: directory,
-            state: DownloadState(rawValue: state) ?? .failed, priority: DownloadPriority(priority), bytes: bytes,
-            totalBytes: totalBytes, bytesPerSecond: bytesPerSecond, secondsRemaining: secondsRemaining,
-            error: error.map { HaulError(HaulError.Code($0.code), $0.message) }, createdAt: createdAt,
-            finishedAt: finishedAt, hook: hook, connections: connections, openConnections: openConnections,
-            mirrors: mirrors ?? [])
     }
 }

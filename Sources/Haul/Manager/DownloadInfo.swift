@@ -76,12 +76,12 @@ public enum DownloadState: String, Sendable, CaseIterable, Codable, CustomString
 public struct DownloadInfo: Sendable, Identifiable {
     /// The download's ID, stable while its record exists.
     public let id: DownloadID
-    /// The URL the next attempt uses (the latest one given, for links that expire).
-    public var url: String
+    /// What was asked for, as the next attempt asks for it: the latest URL given (for links that
+    /// expire), the headers, mirrors, checksum and limits. Its destination's path is absolute.
+    /// Secret headers and cookies are there only in the process that was given them.
+    public var request: DownloadRequest
     /// The path of the file, once known (a download into a directory learns its name from the server).
     public var destination: String?
-    /// The directory the file goes to, when the request named a directory rather than a file.
-    public var directory: String?
     /// Where the download stands.
     public var state: DownloadState
     /// Its place in the queue: higher priorities start first.
@@ -103,24 +103,19 @@ public struct DownloadInfo: Sendable, Identifiable {
     /// What the program run at the download's end reported (`on-complete exited 0`), if one ran;
     /// see ``DownloadManager/recordHookResult(_:_:)``.
     public var hook: String?
-    /// The connections the request asked for (`nil`: the manager's default).
-    public var connections: Int?
     /// Connections open at the last progress report, while running.
     public var openConnections: Int?
-    /// Other URLs of the same file (see ``DownloadRequest/mirrors``).
-    public var mirrors: [String]
 
     /// A download as a daemon's answer describes it.
     package init(
-        id: DownloadID, url: String, destination: String?, directory: String?, state: DownloadState,
+        id: DownloadID, request: DownloadRequest, destination: String?, state: DownloadState,
         priority: DownloadPriority, bytes: Int64, totalBytes: Int64?, bytesPerSecond: Double?,
         secondsRemaining: Double?, error: HaulError?, createdAt: Date, finishedAt: Date?, hook: String?,
-        connections: Int? = nil, openConnections: Int? = nil, mirrors: [String] = []
+        openConnections: Int? = nil
     ) {
         self.id = id
-        self.url = url
+        self.request = request
         self.destination = destination
-        self.directory = directory
         self.state = state
         self.priority = priority
         self.bytes = bytes
@@ -131,10 +126,20 @@ public struct DownloadInfo: Sendable, Identifiable {
         self.createdAt = createdAt
         self.finishedAt = finishedAt
         self.hook = hook
-        self.connections = connections
         self.openConnections = openConnections
-        self.mirrors = mirrors
     }
+
+    /// The URL the next attempt uses (``DownloadRequest/url``).
+    public var url: String { request.url }
+    /// The directory the file goes to, when the request named a directory rather than a file.
+    public var directory: String? {
+        guard case .directory(let path) = request.destination else { return nil }
+        return path
+    }
+    /// The connections the request asked for (`nil`: the manager's default).
+    public var connections: Int? { request.connections }
+    /// Other URLs of the same file (see ``DownloadRequest/mirrors``).
+    public var mirrors: [String] { request.mirrors }
 
     /// Whether the download paused by itself because its disk is full; it goes on once there is room.
     public var isWaitingForSpace: Bool { state == .paused && error?.code == .diskFull }

@@ -111,24 +111,12 @@ extension DownloadManager {
             return id
         }
         try checkNothingInTheWay(identity, overwriting: request.overwrite)
-        let now = Self.now
         var record = StoredDownload(
-            key: identity.key, url: request.url, directory: identity.directory, destination: identity.destination,
-            overwrite: request.overwrite, checksum: request.checksum?.description,
-            rateLimit: request.bytesPerSecondLimit, connections: request.connections, mirrors: request.mirrors,
-            priority: priority.rawValue,
-            owner: claim.name, now: now
-        )
+            key: identity.key, definition: identity.normalized(request), destination: identity.destination,
+            priority: priority.rawValue, owner: claim.name, now: Self.now)
         Self.refreshFromDisk(&record, confinement: confinement)
         try record.insert(db)
-        try storeHeaders(request.headers, of: record.downloadID, isSecret: request.isSecret, db: db)
-        batch.added.append(
-            (
-                identity,
-                Entry(
-                    record: record, headers: request.headers, secretHeaders: request.secretHeaders,
-                    cookies: request.cookies)
-            ))
+        batch.added.append((identity, Entry(record: record)))
         batch.index.add(identity, record.downloadID)
         return record.downloadID
     }
@@ -177,9 +165,10 @@ extension DownloadManager {
                     + "(pid \(ProcessClaim.processID(of: owner)))"
             )
         }
-        entry.headers = request.headers
-        entry.secretHeaders = request.secretHeaders
-        entry.cookies = request.cookies
+        let kept = entry.record.definition
+        entry.record.definition.headers = request.headers
+        entry.record.definition.secretHeaders = request.secretHeaders
+        entry.record.definition.cookies = request.cookies
         switch entry.state {
         case .running:
             return entry
@@ -191,14 +180,10 @@ extension DownloadManager {
             break
         }
         if entry.state == .completed || entry.state == .cancelled { entry.record.bytes = 0 }
-        entry.record.url = request.url
-        entry.record.overwrite = request.overwrite
-        entry.record.checksum = request.checksum?.description
-        entry.record.rateLimit = request.bytesPerSecondLimit
-        entry.record.connections = request.connections
-        entry.record.mirrorList = request.mirrors
+        // The same file, so the same destination as it was first asked for (the key stays true).
+        entry.record.definition = request
+        entry.record.definition.destination = kept.destination
         entry.record.priority = priority.rawValue
-        try storeHeaders(request.headers, of: id, isSecret: request.isSecret, db: db)
         markQueued(&entry)
         try entry.record.updateManagedColumns(db)
         return entry
@@ -256,21 +241,13 @@ extension DownloadManager {
             credentials = credentials ?? written
         }
         if let headers {
-            entry.headers = headers
-            entry.secretHeaders = secretHeaders
+            entry.record.definition.headers = headers
+            entry.record.definition.secretHeaders = secretHeaders
         }
-        if let credentials {
-            let known = try entry.headers ?? store.headers(of: id).map { (name: $0.name, value: $0.value) }
-            entry.headers = DownloadRequest.headers(known, with: credentials)
-        }
-        if let cookies { entry.cookies = cookies }
+        if let credentials { entry.record.definition.credentials = credentials }
+        if let cookies { entry.record.definition.cookies = cookies }
         markQueued(&entry)
-        try write([entry.record]) { db in
-            if let headers {
-                try self.storeHeaders(
-                    headers, of: id, isSecret: { DownloadRequest.isSecret($0, marked: secretHeaders) }, db: db)
-            }
-        }
+        try write([entry.record])
         enter(entry)
     }
 
@@ -395,18 +372,6 @@ extension DownloadManager {
         publish(.removed, entry)
     }
 
-    /// Stores the headers that are not secret (see ``DownloadRequest/isSecret(_:)``) in place of the
-    /// download's stored ones.
-    func storeHeaders(
-        _ headers: [(name: String, value: String)], of id: DownloadID, isSecret: (String) -> Bool, db: Database
-    ) throws {
-        try StoredHeader.filter(Column("downloadId") == id.rawValue).deleteAll(db)
-        for (position, header) in headers.enumerated() where !isSecret(header.name) {
-            try StoredHeader(downloadID: id.rawValue, position: position, name: header.name, value: header.value)
-                .insert(db)
-        }
-    }
-
     /// Whether the finished file `destination` is in place (as the download roots let it be seen).
     func finishedFileExists(_ destination: String) -> Bool {
         guard let paths = try? DownloadPaths.open(destination, confinement: confinement) else { return false }
@@ -452,6 +417,13 @@ struct Identity {
             let directory = POSIX.absolutePath(path)
             self.init(key: "url:" + directory + "\n" + request.url, directory: directory, destination: nil)
         }
+    }
+
+    /// `request` with its destination's path absolute, as the manager keeps it.
+    func normalized(_ request: DownloadRequest) -> DownloadRequest {
+        var request = request
+        request.destination = destination.map { .file($0) } ?? .directory(directory ?? ".")
+        return request
     }
 
     private init(key: String, directory: String?, destination: String?) {

@@ -91,6 +91,7 @@ extension DownloadManager {
             try write([record])
         }
         var entry = entries[id] ?? Entry(record: record)
+        record.keepSecrets(of: entry.record)
         entry.record = record
         entries[id] = entry
     }

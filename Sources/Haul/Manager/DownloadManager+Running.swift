@@ -153,20 +153,10 @@ extension DownloadManager {
     }
 
     /// The request for the next attempt: the latest URL, the file once its name is known, and the
-    /// headers given in this process (else the stored ones, which hold no credentials).
+    /// headers given in this process (else the stored ones, which hold no secrets).
     private func request(for entry: Entry) -> DownloadRequest {
-        let headers =
-            entry.headers
-            ?? ((try? store.headers(of: entry.id)) ?? []).map { (name: $0.name, value: $0.value) }
-        var request = DownloadRequest(
-            url: entry.record.url,
-            destination: entry.record.destination.map { .file($0) } ?? .directory(entry.record.directory ?? "."),
-            headers: headers, overwrite: entry.record.overwrite,
-            checksum: entry.record.checksum.flatMap { try? Checksum(parsing: $0) },
-            bytesPerSecondLimit: entry.record.rateLimit, connections: entry.record.connections, cookies: entry.cookies,
-            mirrors: entry.record.mirrorList
-        )
-        request.secretHeaders = entry.secretHeaders
+        var request = entry.record.definition
+        if let destination = entry.record.destination { request.destination = .file(destination) }
         return request
     }
 

@@ -229,12 +229,6 @@ extension DownloadManager {
     /// A download's record and what is known about it only while it runs.
     struct Entry: Sendable {
         var record: StoredDownload
-        /// The request headers given in this process, secrets included; `nil` when only the stored ones are known.
-        var headers: [(name: String, value: String)]?
-        /// The names of ``headers`` marked secret (never stored: marked headers are not stored either).
-        var secretHeaders: Set<String> = []
-        /// The cookies given in this process (never stored).
-        var cookies: CookieJar?
         var bytesPerSecond: Double?
         var secondsRemaining: Double?
         /// Connections open at the last progress report.
@@ -258,14 +252,13 @@ extension DownloadManager {
 
         var info: DownloadInfo {
             DownloadInfo(
-                id: id, url: record.url, destination: record.destination, directory: record.directory, state: state,
+                id: id, request: record.definition, destination: record.destination, state: state,
                 priority: DownloadPriority(record.priority), bytes: record.bytes, totalBytes: record.totalBytes,
                 bytesPerSecond: state == .running ? bytesPerSecond ?? record.bytesPerSecond : nil,
                 secondsRemaining: state == .running ? secondsRemaining : nil, error: record.storedError,
                 createdAt: Date(timeIntervalSince1970: record.createdAt),
                 finishedAt: record.finishedAt.map { Date(timeIntervalSince1970: $0) }, hook: record.hook,
-                connections: record.connections, openConnections: state == .running ? openConnections : nil,
-                mirrors: record.mirrorList
+                openConnections: state == .running ? openConnections : nil
             )
         }
     }

@@ -14,22 +14,6 @@ import GRDB
     import Foundation
 #endif
 
-/// A request header kept for a download (never a secret one).
-struct StoredHeader: Codable, Sendable, FetchableRecord, PersistableRecord {
-    static let databaseTableName = "header"
-
-    var downloadID: Int64
-    var position: Int
-    var name: String
-    var value: String
-
-    enum CodingKeys: String, CodingKey {
-        case downloadID = "downloadId"
-        case position, name, value
-    }
-
-}
-
 /// The state database: SQLite in WAL mode, shared safely by several `haul` processes.
 final class DownloadStore: Sendable {
     let path: String
@@ -123,7 +107,81 @@ final class DownloadStore: Sendable {
             // One URL per line; NULL: none.
             try db.alter(table: "download") { table in table.add(column: "mirrors", .text) }
         }
+        migrator.registerMigration("6: one JSON description of each download") { db in
+            try describeEachDownloadInJSON(db)
+        }
         return migrator
+    }
+
+    /// Migration 6: what was asked for moves from eight columns and the `header` table into one
+    /// JSON column, `definition`, written by ``DownloadRequest``'s encoder (so a field added to a
+    /// request needs no migration). SQLite cannot drop constrained columns: the table is made anew,
+    /// keeping every ID and the ID sequence.
+    private static func describeEachDownloadInJSON(_ db: Database) throws {
+        try db.create(table: "download6") { table in
+            table.autoIncrementedPrimaryKey("id")
+            table.column("key", .text).notNull().unique()
+            table.column("definition", .jsonText).notNull()
+            table.column("destination", .text).indexed()
+            table.column("priority", .integer).notNull().defaults(to: 0)
+            table.column("state", .text).notNull().indexed()
+                .check { ["queued", "running", "paused", "completed", "failed", "cancelled"].contains($0) }
+            table.column("errorCode", .text)
+            table.column("errorMessage", .text)
+            table.column("errorStatus", .integer)
+            table.column("bytes", .integer).notNull().defaults(to: 0).check { $0 >= 0 }
+            table.column("totalBytes", .integer).check { $0 >= 0 }
+            table.column("bytesPerSecond", .double)
+            table.column("owner", .text)
+            table.column("request", .text).check { ["pause", "cancel", "remove", "remove-files"].contains($0) }
+            table.column("hook", .text)
+            table.column("createdAt", .double).notNull()
+            table.column("startedAt", .double)
+            table.column("finishedAt", .double)
+            table.column("updatedAt", .double).notNull()
+        }
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = .sortedKeys
+        let rows = try Row.fetchCursor(db, sql: "SELECT * FROM download ORDER BY id")
+        while let row = try rows.next() {
+            let id: Int64 = row["id"]
+            let headers = try Row.fetchAll(
+                db, sql: "SELECT name, value FROM header WHERE downloadId = ? ORDER BY position", arguments: [id]
+            ).map { (name: $0["name"] as String, value: $0["value"] as String) }
+            let directory: String? = row["directory"]
+            let destination: String? = row["destination"]
+            let mirrors: String? = row["mirrors"]
+            let request = DownloadRequest(
+                url: row["url"], destination: directory.map { .directory($0) } ?? .file(destination ?? ""),
+                headers: headers, overwrite: row["overwrite"],
+                checksum: (row["checksum"] as String?).flatMap { try? Checksum(parsing: $0) },
+                bytesPerSecondLimit: row["rateLimit"], connections: row["connections"],
+                mirrors: mirrors.map { $0.split(separator: "\n").map(String.init) } ?? [])
+            let definition = String(decoding: try encoder.encode(request), as: UTF8.self)
+            try db.execute(
+                sql: """
+                    INSERT INTO download6 (id, key, definition, destination, priority, state, errorCode,
+                        errorMessage, errorStatus, bytes, totalBytes, bytesPerSecond, owner, request, hook,
+                        createdAt, startedAt, finishedAt, updatedAt)
+                    SELECT id, key, ?, destination, priority, state, errorCode, errorMessage, errorStatus,
+                        bytes, totalBytes, bytesPerSecond, owner, request, hook, createdAt, startedAt,
+                        finishedAt, updatedAt
+                    FROM download WHERE id = ?
+                    """, arguments: [definition, id])
+        }
+        // IDs of removed downloads are not given out again.
+        try db.execute(
+            sql: """
+                UPDATE sqlite_sequence
+                SET seq = (SELECT max(seq) FROM sqlite_sequence WHERE name IN ('download', 'download6'))
+                WHERE name = 'download6';
+                INSERT INTO sqlite_sequence (name, seq)
+                SELECT 'download6', seq FROM sqlite_sequence
+                WHERE name = 'download' AND NOT EXISTS (SELECT 1 FROM sqlite_sequence WHERE name = 'download6');
+                """)
+        try db.drop(table: "header")
+        try db.drop(table: "download")
+        try db.rename(table: "download6", to: "download")
     }
 
     /// Runs `body` in one write transaction, turning SQLite's errors into ``HaulError/Code/database``.
@@ -148,13 +206,7 @@ final class DownloadStore: Sendable {
     }
 
     func allDownloads() throws -> [StoredDownload] {
-        try read { db in try StoredDownload.order(Column("id")).fetchAll(db) }
-    }
-
-    func headers(of id: DownloadID) throws -> [StoredHeader] {
-        try read { db in
-            try StoredHeader.filter(Column("downloadId") == id.rawValue).order(Column("position")).fetchAll(db)
-        }
+        try read { db in try StoredDownload.order(StoredDownload.Columns.id).fetchAll(db) }
     }
 
     /// SQLite's error as a ``HaulError/Code/database`` one; a damaged file says what to do, whichever

@@ -1,24 +1,22 @@
 import GRDB
 
 /// One row of the `download` table: what a download manager must remember across processes.
-/// Secrets never reach it: request headers are stored without `Authorization`, `Proxy-Authorization`
-/// and `Cookie`.
+///
+/// What the user asked for is one column, ``definition``: the request as JSON, written by
+/// ``DownloadRequest``'s own encoder, which leaves its secrets out. A field added to the request
+/// is stored without a migration. The other columns are what the manager learns and changes as the
+/// download runs, and the two it looks downloads up by (`key`, `destination`).
 struct StoredDownload: Codable, Sendable, Equatable, FetchableRecord, MutablePersistableRecord {
     static let databaseTableName = "download"
 
     var id: Int64?
     /// What identifies the download: its destination file, or its URL and directory until the server names the file.
     var key: String
-    var url: String
-    var directory: String?
+    /// The request, its destination's path absolute. In memory it holds what was given in this
+    /// process too (secret headers, cookies); the database never does.
+    var definition: DownloadRequest
+    /// The file's path, once known (a download into a directory learns it from the server).
     var destination: String?
-    var overwrite: Bool
-    var checksum: String?
-    var rateLimit: Int64?
-    /// The connections the request asked for; NULL: the manager's default.
-    var connections: Int?
-    /// The request's mirrors, one URL per line; NULL: none.
-    var mirrors: String?
     var priority: Int
     /// Changed only by ``move(to:at:error:)``, which allows only the transitions of
     /// ``DownloadState/successors``.
@@ -41,20 +39,21 @@ struct StoredDownload: Codable, Sendable, Equatable, FetchableRecord, MutablePer
     var finishedAt: Double?
     var updatedAt: Double
 
+    /// The table's columns, by name.
+    enum Columns: String, ColumnExpression, CaseIterable {
+        case id, key, definition, destination, priority, state, errorCode, errorMessage, errorStatus, bytes
+        case totalBytes, bytesPerSecond, owner, request, hook, createdAt, startedAt, finishedAt, updatedAt
+
+        /// Every column but `id` and `request`: the manager writes whole records without ever
+        /// clearing a request another process has just made.
+        static let managed = allCases.filter { $0 != .id && $0 != .request }
+    }
+
     /// A new download's record: queued, owned by `owner`.
-    init(
-        key: String, url: String, directory: String?, destination: String?, overwrite: Bool, checksum: String?,
-        rateLimit: Int64?, connections: Int? = nil, mirrors: [String] = [], priority: Int, owner: String?, now: Double
-    ) {
+    init(key: String, definition: DownloadRequest, destination: String?, priority: Int, owner: String?, now: Double) {
         self.key = key
-        self.url = url
-        self.directory = directory
+        self.definition = definition
         self.destination = destination
-        self.overwrite = overwrite
-        self.checksum = checksum
-        self.rateLimit = rateLimit
-        self.connections = connections
-        self.mirrors = mirrors.isEmpty ? nil : mirrors.joined(separator: "\n")
         self.priority = priority
         self.state = .queued
         self.bytes = 0
@@ -65,44 +64,33 @@ struct StoredDownload: Codable, Sendable, Equatable, FetchableRecord, MutablePer
 
     mutating func didInsert(_ inserted: InsertionSuccess) { id = inserted.rowID }
 
-    /// Every column but `id` and `request`, each with its value: the manager writes whole records
-    /// without ever clearing a request another process has just made. One list, so a column and its
-    /// value cannot drift apart.
-    private static let managedColumns: [(name: String, value: @Sendable (StoredDownload) -> DatabaseValue)] = [
-        ("key", { $0.key.databaseValue }), ("url", { $0.url.databaseValue }),
-        ("directory", { $0.directory.databaseValue }), ("destination", { $0.destination.databaseValue }),
-        ("overwrite", { $0.overwrite.databaseValue }), ("checksum", { $0.checksum.databaseValue }),
-        ("rateLimit", { $0.rateLimit.databaseValue }), ("connections", { $0.connections.databaseValue }),
-        ("mirrors", { $0.mirrors.databaseValue }), ("priority", { $0.priority.databaseValue }),
-        ("state", { $0.state.rawValue.databaseValue }), ("errorCode", { $0.errorCode.databaseValue }),
-        ("errorMessage", { $0.errorMessage.databaseValue }), ("errorStatus", { $0.errorStatus.databaseValue }),
-        ("bytes", { $0.bytes.databaseValue }), ("totalBytes", { $0.totalBytes.databaseValue }),
-        ("bytesPerSecond", { $0.bytesPerSecond.databaseValue }), ("owner", { $0.owner.databaseValue }),
-        ("hook", { $0.hook.databaseValue }), ("createdAt", { $0.createdAt.databaseValue }),
-        ("startedAt", { $0.startedAt.databaseValue }),
-        ("finishedAt", { $0.finishedAt.databaseValue }), ("updatedAt", { $0.updatedAt.databaseValue }),
-    ]
-
-    /// One prepared statement for every update: a download's record is written several times over
-    /// its life, and building the statement from the record each time costs more than running it.
-    private static let updateManagedSQL =
-        "UPDATE download SET " + managedColumns.map { "\"\($0.name)\" = ?" }.joined(separator: ", ")
-        + " WHERE id = ?"
-
+    /// Writes every managed column (see ``Columns/managed``).
     func updateManagedColumns(_ db: Database) throws {
-        let values = Self.managedColumns.map { $0.value(self) } + [id.databaseValue]
-        try db.cachedStatement(sql: Self.updateManagedSQL).execute(arguments: StatementArguments(values))
-        guard db.changesCount > 0 else {
-            throw RecordError.recordNotFound(databaseTableName: Self.databaseTableName, key: ["id": id.databaseValue])
-        }
+        try update(db, columns: Columns.managed)
     }
 
     var downloadID: DownloadID { DownloadID(id ?? 0) }
 
-    /// The mirrors as a list (URLs hold no line break: they are checked before they are stored).
-    var mirrorList: [String] {
-        get { mirrors.map { $0.split(separator: "\n").map(String.init) } ?? [] }
-        set { mirrors = newValue.isEmpty ? nil : newValue.joined(separator: "\n") }
+    /// The URL the next attempt uses.
+    var url: String {
+        get { definition.url }
+        set { definition.url = newValue }
+    }
+
+    /// The directory the file goes to, when the request named a directory rather than a file.
+    var directory: String? {
+        guard case .directory(let path) = definition.destination else { return nil }
+        return path
+    }
+
+    /// Keeps what `old` held in memory only (secret headers, cookies) when this record was read
+    /// back from the database, which never has them.
+    mutating func keepSecrets(of old: StoredDownload) {
+        let given = old.definition
+        guard given.cookies != nil || given.headers.contains(where: { given.isSecret($0.name) }) else { return }
+        definition.headers = given.headers
+        definition.secretHeaders = given.secretHeaders
+        definition.cookies = given.cookies
     }
 
     var storedError: HaulError? {

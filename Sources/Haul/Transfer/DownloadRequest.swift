@@ -241,6 +241,9 @@ public struct DownloadRequest: Sendable {
 extension DownloadRequest: Codable {
     /// The `userInfo` key that makes an encoder write secret headers too, marked `"secret": true`.
     public static let includesSecrets = CodingUserInfoKey(rawValue: "haul.includesSecrets")!
+    /// The `userInfo` key that makes a decoder read a download's description, where `destination`
+    /// beside `directory` is the file the server named in it (a request names one or the other).
+    package static let describesDownload = CodingUserInfoKey(rawValue: "haul.describesDownload")!
 
     private enum CodingKeys: String, CodingKey {
         case url, mirrors, destination, directory, headers, overwrite, checksum, limitRate, connections
@@ -270,7 +273,10 @@ extension DownloadRequest: Codable {
         let container = try decoder.container(keyedBy: CodingKeys.self)
         let file = try container.decodeIfPresent(String.self, forKey: .destination)
         let folder = try container.decodeIfPresent(String.self, forKey: .directory)
-        if file != nil && folder != nil {
+        // In a download's description (DownloadInfo as the daemon shows it) the file a directory's
+        // download was given by the server stands beside the directory.
+        let described = decoder.userInfo[Self.describesDownload] as? Bool == true
+        if file != nil && folder != nil && !described {
             throw DecodingError.dataCorruptedError(
                 forKey: .directory, in: container, debugDescription: "give destination or directory, not both")
         }
@@ -284,7 +290,7 @@ extension DownloadRequest: Codable {
         let headers = try container.decodeIfPresent([Header].self, forKey: .headers) ?? []
         self.init(
             url: try container.decode(String.self, forKey: .url),
-            destination: file.map(Destination.file) ?? .directory(folder ?? "."),
+            destination: folder.map(Destination.directory) ?? file.map(Destination.file) ?? .directory("."),
             headers: headers.map { (name: $0.name, value: $0.value) },
             overwrite: try container.decodeIfPresent(Bool.self, forKey: .overwrite) ?? false, checksum: checksum,
             bytesPerSecondLimit: try container.decodeIfPresent(Int64.self, forKey: .limitRate),

@@ -4,26 +4,24 @@ import Testing
 @testable import Haul
 
 @Suite struct DownloadStoreTests {
-    /// The manager's update statement lists its columns by hand; every managed column must land in
-    /// its own place, and `request` (another process's word) must stay as it is.
+    /// Every managed column lands in its own place, the request as one JSON column, and `request`
+    /// (another process's word) stays as it is.
     @Test func anUpdateWritesEveryManagedColumnAndKeepsTheRequest() async throws {
         try await withTemporaryDirectory { directory in
             let store = try DownloadStore(path: directory + "/downloads.sqlite")
             var record = StoredDownload(
-                key: "file:/a", url: "http://x/a", directory: nil, destination: "/a", overwrite: false,
-                checksum: nil, rateLimit: nil, priority: 0, owner: nil, now: 1
-            )
+                key: "file:/a", definition: DownloadRequest(url: "http://x/a", destination: .file("/a")),
+                destination: "/a", priority: 0, owner: nil, now: 1)
             try store.write { db in try record.insert(db) }
             try store.write { db in
                 try db.execute(sql: "UPDATE download SET request = 'pause' WHERE id = ?", arguments: [record.id])
             }
             record.key = "url:/d\nhttp://x/b"
-            record.url = "http://x/b"
-            record.directory = "/d"
+            record.definition = DownloadRequest(
+                url: "http://x/b", destination: .directory("/d"), headers: [("X-Trace", "5")], overwrite: true,
+                checksum: try Checksum(parsing: "sha-256=" + String(repeating: "0", count: 64)),
+                bytesPerSecondLimit: 7, connections: 3, mirrors: ["http://y/b"])
             record.destination = "/d/b"
-            record.overwrite = true
-            record.checksum = "sha-256=00"
-            record.rateLimit = 7
             record.priority = 3
             try record.move(to: .running, at: 2)
             try record.move(to: .failed, at: 3, error: HaulError(.network, "gone", status: 503))
@@ -49,6 +47,57 @@ import Testing
                 try store.write { db in try missing.updateManagedColumns(db) }
             }
             #expect(error?.message.contains("not found") == true)
+        }
+    }
+
+    /// A state database written before requests were stored as JSON keeps every download: its URL,
+    /// destination, headers, checksum, limits and mirrors move into the request, its IDs stay, and an
+    /// ID of a removed download is not given out again.
+    @Test func migrationSixMovesWhatWasAskedForIntoTheRequest() async throws {
+        try await withTemporaryDirectory { directory in
+            let path = directory + "/downloads.sqlite"
+            let checksum = "sha-256=" + String(repeating: "ab", count: 32)
+            do {
+                let database = try DatabaseQueue(path: path)
+                try DownloadStore.migrator.migrate(database, upTo: "5: a download's mirrors")
+                try database.write { db in
+                    try db.execute(
+                        sql: """
+                            INSERT INTO download (id, key, url, directory, destination, overwrite, checksum,
+                                rateLimit, connections, mirrors, priority, state, bytes, createdAt, updatedAt)
+                            VALUES (1, 'file:/d/a', 'http://x/a', NULL, '/d/a', 1, ?, 500, 3,
+                                    'http://m1/a' || char(10) || 'http://m2/a', 10, 'paused', 7, 1, 2),
+                                   (2, 'url:/d' || char(10) || 'http://x/b', 'http://x/b', '/d', '/d/b.iso', 0,
+                                    NULL, NULL, NULL, NULL, 0, 'completed', 9, 1, 2),
+                                   (5, 'file:/d/c', 'http://x/c', NULL, '/d/c', 0, NULL, NULL, NULL, NULL, 0,
+                                    'queued', 0, 1, 2);
+                            INSERT INTO header (downloadId, position, name, value)
+                            VALUES (1, 0, 'X-Trace', '7'), (1, 1, 'Accept', 'text/plain');
+                            DELETE FROM download WHERE id = 5;
+                            """, arguments: [checksum])
+                }
+            }
+            let store = try DownloadStore(path: path)
+            let records = try store.allDownloads()
+            #expect(records.map(\.downloadID) == [DownloadID(1), DownloadID(2)])
+            let first = records[0].definition
+            #expect(first.url == "http://x/a" && first.destination == .file("/d/a") && first.overwrite)
+            #expect(
+                first.headers.map(\.name) == ["X-Trace", "Accept"] && first.headers.map(\.value) == ["7", "text/plain"])
+            #expect(first.checksum?.description == (try Checksum(parsing: checksum)).description)
+            #expect(first.bytesPerSecondLimit == 500 && first.connections == 3)
+            #expect(first.mirrors == ["http://m1/a", "http://m2/a"])
+            #expect(records[0].state == .paused && records[0].bytes == 7 && records[0].priority == 10)
+            let second = records[1]
+            #expect(second.definition.destination == .directory("/d") && second.destination == "/d/b.iso")
+            #expect(second.key == "url:/d\nhttp://x/b" && second.state == .completed)
+            var next = StoredDownload(
+                key: "file:/d/e", definition: DownloadRequest(url: "http://x/e", destination: .file("/d/e")),
+                destination: "/d/e", priority: 0, owner: nil, now: 3)
+            try store.write { db in try next.insert(db) }
+            #expect(next.downloadID == DownloadID(6))
+            let tables = try store.read { db in try String.fetchAll(db, sql: "SELECT name FROM sqlite_master") }
+            #expect(!tables.contains("header") && !tables.contains("download6"))
         }
     }
 
@@ -90,8 +139,8 @@ import Testing
     /// A record in `state`, reached through allowed transitions.
     static func record(in state: DownloadState) throws -> StoredDownload {
         var record = StoredDownload(
-            key: "file:/a", url: "http://x/a", directory: nil, destination: "/a", overwrite: false, checksum: nil,
-            rateLimit: nil, priority: 0, owner: nil, now: 1)
+            key: "file:/a", definition: DownloadRequest(url: "http://x/a", destination: .file("/a")),
+            destination: "/a", priority: 0, owner: nil, now: 1)
         record.bytes = 5
         record.bytesPerSecond = 9
         let path: [DownloadState] =
