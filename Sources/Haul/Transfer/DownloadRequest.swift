@@ -249,6 +249,125 @@ extension DownloadRequest: Codable {
         case url, mirrors, destination, directory, headers, overwrite, checksum, limitRate, connections
     }
 
+    /// Each field's JSON Schema, as the daemon's API document shows it for a download to add and a
+    /// download shown: the daemon puts them into the document it serves, so the document and the
+    /// coding above cannot drift apart (a test encodes every field and finds each one here).
+    package static let fieldSchemas: [(name: String, schema: String)] = [
+        (
+            "url",
+            #"""
+            {
+              "type": "string",
+              "pattern": "^[Hh][Tt][Tt][Pp][Ss]?://[!-\"$-.0->@-~][!-~]*$",
+              "description": "An http or https URL."
+            }
+            """#
+        ),
+        (
+            "destination",
+            #"""
+            {
+              "type": ["string", "null"],
+              "pattern": "^[^\\u0000]+$",
+              "description": "The file to write; relative to the first download root. Not with directory."
+            }
+            """#
+        ),
+        (
+            "directory",
+            #"""
+            {
+              "type": ["string", "null"],
+              "pattern": "^[^\\u0000]+$",
+              "description": "The directory to write into, the file named by the server; relative to the first download root. Neither given: the first root."
+            }
+            """#
+        ),
+        (
+            "headers",
+            #"""
+            {
+              "type": ["array", "null"],
+              "items": {
+                "type": "object",
+                "required": ["name", "value"],
+                "properties": {
+                  "name": {
+                    "type": "string",
+                    "pattern": "^[!#$%&'*+.^_`|~0-9A-Za-z-]+$"
+                  },
+                  "value": {
+                    "type": "string",
+                    "pattern": "^[^\\r\\n]*$"
+                  },
+                  "secret": {
+                    "type": ["boolean", "null"],
+                    "description": "Hold this header as secret: never stored, sent to the URL's origin only. Authorization, Proxy-Authorization, Cookie and names with auth, token, secret, password, session, credential or signature in them, or ending in key, are secret anyway."
+                  }
+                }
+              },
+              "description": "Request headers; secret ones are held in memory only and go to the URL's origin only."
+            }
+            """#
+        ),
+        (
+            "mirrors",
+            #"""
+            {
+              "type": ["array", "null"],
+              "items": {
+                "type": "string",
+                "format": "uri"
+              },
+              "maxItems": 16,
+              "description": "Other http or https URLs of the same file (at most 16). With a checksum, or when every server sends the same Repr-Digest, ranges come from all of them; otherwise they are used one after another, never mixed."
+            }
+            """#
+        ),
+        (
+            "overwrite",
+            #"""
+            {
+              "type": ["boolean", "null"],
+              "description": "Replace an existing file once the download is complete."
+            }
+            """#
+        ),
+        (
+            "checksum",
+            #"""
+            {
+              "type": ["string", "null"],
+              "pattern": "^([Mm][Dd]5[=:][0-9A-Fa-f]{32}|[Ss][Hh][Aa]([-_]?1)?[=:][0-9A-Fa-f]{40}|[Ss][Hh][Aa][-_]?256[=:][0-9A-Fa-f]{64}|[Ss][Hh][Aa][-_]?512[=:][0-9A-Fa-f]{128})$",
+              "description": "ALGORITHM=HEX (md5, sha-1, sha-256, sha-512), e.g. sha256=9f86..."
+            }
+            """#
+        ),
+        (
+            "limitRate",
+            #"""
+            {
+              "type": ["integer", "null"],
+              "format": "int64",
+              "minimum": 1,
+              "maximum": 9223372036854775807,
+              "description": "This download's limit, in bytes per second."
+            }
+            """#
+        ),
+        (
+            "connections",
+            #"""
+            {
+              "type": ["integer", "null"],
+              "minimum": 1,
+              "maximum": 64,
+              "description": "Connections to open at once when the server serves ranges; absent: the daemon's default."
+            }
+            """#
+        ),
+    ]
+
     /// A request header as JSON: `{"name": …, "value": …}`, with `"secret": true` for one to hold
     /// as secret (see ``isSecret(_:)``).
     package struct Header: Codable, Sendable {

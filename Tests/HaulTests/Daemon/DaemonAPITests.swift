@@ -249,6 +249,50 @@ struct DaemonAPITests {
         }
     }
 
+    /// The document and the code cannot drift apart: every field a request writes is described in
+    /// the schema of a download to add and of a download shown, each described field is one the
+    /// request writes, and a download the API shows has no field its schema leaves out.
+    @Test func theDocumentDescribesEveryFieldOfARequestAndADownload() async throws {
+        try await withDaemon { daemon in
+            let answer = try await daemon.send(.GET, "/api/v1/openapi.json", token: .some(nil))
+            let document = try #require(
+                try JSONSerialization.jsonObject(with: Data(answer.body.utf8)) as? [String: Any])
+            let schemas = try #require((document["components"] as? [String: Any])?["schemas"] as? [String: Any])
+            func properties(_ name: String) throws -> Set<String> {
+                let schema = try #require(schemas[name] as? [String: Any])
+                return Set(try #require(schema["properties"] as? [String: Any]).keys)
+            }
+            var full = DownloadRequest(
+                url: "http://127.0.0.1:9/a", destination: .file("a"), headers: [("X-Trace", "1")],
+                overwrite: true, checksum: try Checksum(parsing: "sha256=" + String(repeating: "0", count: 64)),
+                bytesPerSecondLimit: 5, connections: 2, mirrors: ["http://127.0.0.1:9/b"])
+            full.credentials = BasicCredentials(user: "u", password: "p")
+            let encoder = JSONEncoder()
+            encoder.userInfo[DownloadRequest.includesSecrets] = true
+            var written = try #require(
+                try JSONSerialization.jsonObject(with: encoder.encode(full)) as? [String: Any])
+            var folder = full
+            folder.destination = .directory("d")
+            written.merge(
+                try #require(try JSONSerialization.jsonObject(with: encoder.encode(folder)) as? [String: Any])
+            ) { first, _ in first }
+            #expect(Set(written.keys) == Set(DownloadRequest.fieldSchemas.map(\.name)))
+            #expect(Set(written.keys).isSubset(of: try properties("NewDownload")))
+            #expect(Set(written.keys).isSubset(of: try properties("Download")))
+
+            let id = try await daemon.add(
+                #"{"url": "http://127.0.0.1:9/a", "destination": "a", "headers": [{"name": "X-Trace", "value": "1"}], "#
+                    + #""overwrite": true, "checksum": "sha256=\#(String(repeating: "0", count: 64))", "#
+                    + #""limitRate": 5, "connections": 2, "mirrors": ["http://127.0.0.1:9/b"]}"#)[0]
+            let body = try await daemon.send(.GET, "/api/v1/downloads/\(id)").body
+            let shown = try #require(try JSONSerialization.jsonObject(with: Data(body.utf8)) as? [String: Any])
+            #expect(Set(shown.keys).isSubset(of: try properties("Download")), "\(shown.keys)")
+            for field in ["headers", "overwrite", "checksum", "limitRate", "connections", "mirrors"] {
+                #expect(shown[field] != nil, "\(field) is shown")
+            }
+        }
+    }
+
     @Test func metricsCountBytesStatesAndFailures() async throws {
         try await HaulTestServer.withRunning { server in
             server.add("/f", TestResource(name: "f", size: 100_000))
