@@ -222,40 +222,12 @@ struct List: AsyncParsableCommand {
         // The database, not a running daemon: it also holds the downloads other haul processes run.
         let downloads = try await withQueue(stateOptions) { manager in await manager.downloads(in: filter) }
         if json {
-            let objects = downloads.map {
-                JSONValue.object([("id", .integer($0.id.rawValue))] + QueueRenderer.jsonFields($0))
-            }
-            Output.standardOutput("[" + objects.joined(separator: ",\n") + "]\n")
-            return
-        }
-        guard !downloads.isEmpty else {
+            Output.standardOutput(QueueRenderer.jsonList(downloads))
+        } else if downloads.isEmpty {
             Output.standardOutput("no downloads recorded in \(stateOptions.directory)\n")
-            return
+        } else {
+            Output.standardOutput(QueueRenderer.table(downloads))
         }
-        var rows = [["ID", "STATE", "PROGRESS", "SIZE", "SPEED", "NAME"]]
-        for info in downloads {
-            var name = info.name
-            if let error = info.error { name += "  (\(error.message))" }
-            if let hook = info.hook { name += "  [\(hook)]" }
-            rows.append([
-                String(info.id.rawValue), info.state.rawValue,
-                info.fraction.map { "\(Int($0 * 100))%" } ?? "-", QueueRenderer.sizes(info),
-                info.bytesPerSecond.map(ByteCount.formatRate) ?? "-", name,
-            ])
-        }
-        let widths = (0..<5).map { column in rows.map { $0[column].count }.max() ?? 0 }
-        var text = ""
-        for row in rows {
-            var line = ""
-            for column in 0..<5 {
-                let cell = row[column]
-                let padding = String(repeating: " ", count: widths[column] - cell.count)
-                // Numbers line up on the right, words on the left.
-                line += (column == 0 || column == 2 ? padding + cell : cell + padding) + "  "
-            }
-            text += line + row[5] + "\n"
-        }
-        Output.standardOutput(text)
     }
 }
 

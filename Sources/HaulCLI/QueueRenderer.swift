@@ -208,6 +208,40 @@ final class QueueRenderer: Sendable {
         Output.standardOutput(JSONValue.object(fields) + "\n")
     }
 
+    /// The downloads as `haul ls` shows them: one line each under a header, columns lined up.
+    static func table(_ downloads: [DownloadInfo]) -> String {
+        var rows = [["ID", "STATE", "PROGRESS", "SIZE", "SPEED", "NAME"]]
+        for info in downloads {
+            var name = info.name
+            if let error = info.error { name += "  (\(error.message))" }
+            if let hook = info.hook { name += "  [\(hook)]" }
+            rows.append([
+                String(info.id.rawValue), info.state.rawValue,
+                info.fraction.map { "\(Int($0 * 100))%" } ?? "-", sizes(info),
+                info.bytesPerSecond.map(ByteCount.formatRate) ?? "-", name,
+            ])
+        }
+        let widths = (0..<5).map { column in rows.map { $0[column].count }.max() ?? 0 }
+        var text = ""
+        for row in rows {
+            var line = ""
+            for column in 0..<5 {
+                let cell = row[column]
+                let padding = String(repeating: " ", count: widths[column] - cell.count)
+                // Numbers line up on the right, words on the left.
+                line += (column == 0 || column == 2 ? padding + cell : cell + padding) + "  "
+            }
+            text += line + row[5] + "\n"
+        }
+        return text
+    }
+
+    /// The downloads as `haul ls --json` prints them: a JSON array, one object per line.
+    static func jsonList(_ downloads: [DownloadInfo]) -> String {
+        let objects = downloads.map { JSONValue.object([("id", .integer($0.id.rawValue))] + jsonFields($0)) }
+        return "[" + objects.joined(separator: ",\n") + "]\n"
+    }
+
     /// A download as JSON fields, shared with `haul ls --json`.
     static func jsonFields(_ info: DownloadInfo) -> [(String, JSONValue)] {
         [
