@@ -64,7 +64,7 @@ def main():
         # The test server: two throttled files to watch, one small one.
         server = subprocess.Popen(
             [os.path.join(args.bin, "haul-test-server"), "movie.mkv:12000000:2000000", "dataset.tar:9000000:1500000",
-             "notes.txt:20000"],
+             "notes.txt:20000", "readme.md:3000"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         processes.append(server)
         files_url = server.stdout.readline().strip()
@@ -196,8 +196,24 @@ def main():
         if any(d["name"] == "notes.txt" for d in api("/downloads")["downloads"]):
             fail("the API still lists notes.txt")
 
-        # 5. A phone-width window: nothing wider than the screen.
+        # 5. A label given to `haul get` (queued in the running daemon) is shown beside the name,
+        #    and by the API.
         driver.find_element(By.CSS_SELECTOR, '#filters [data-state=""]').click()
+        got = subprocess.run([haul, "get", "--label", "docs for v2", "--state-dir", state, "-d", root, "-q",
+                              files_url + "/readme.md"], capture_output=True, text=True, timeout=DEADLINE)
+        if got.returncode != 0:
+            fail(f"haul get --label through the daemon exited {got.returncode}: {got.stderr}")
+        wait_for("readme.md completes", lambda: state_of("readme.md") == "completed")
+        label = wait_for("its label is shown", lambda: row("readme.md").find_element(By.CSS_SELECTOR, ".label"))
+        if label.text != "docs for v2" or not label.is_displayed():
+            fail(f"readme.md's label reads {label.text!r}")
+        if [d.get("label") for d in api("/downloads")["downloads"] if d["name"] == "readme.md"] != ["docs for v2"]:
+            fail("the API does not show readme.md's label")
+        if any(element.is_displayed() for element in row("movie.mkv").find_elements(By.CSS_SELECTOR, ".label")):
+            fail("a download without a label shows one")
+        driver.save_screenshot(os.path.join(args.out, "daemon-label.png"))
+
+        # 6. A phone-width window: nothing wider than the screen.
         driver.set_window_size(390, 844)
         time.sleep(0.3)
         overflow = driver.execute_script("return document.documentElement.scrollWidth - window.innerWidth")

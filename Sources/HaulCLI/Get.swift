@@ -51,6 +51,11 @@ struct RequestOptions: ParsableArguments {
             valueName: "url"))
     var mirrors: [String] = []
 
+    @Option(
+        help: ArgumentHelp(
+            "A short text of yours shown beside the downloads (haul ls, the daemon's page).", valueName: "text"))
+    var label: String?
+
     @Option(help: ArgumentHelp("Queue priority: low, normal, high or a number.", valueName: "priority"))
     var priority: String = "normal"
 
@@ -129,7 +134,8 @@ struct RequestOptions: ParsableArguments {
         var requests = urls.map { url in
             var request = DownloadRequest(
                 url: url, destination: Self.destination(output: output, directory: directory), headers: common,
-                overwrite: force, checksum: try? parsedChecksum(), bytesPerSecondLimit: rate, mirrors: mirrors)
+                overwrite: force, checksum: try? parsedChecksum(), bytesPerSecondLimit: rate, mirrors: mirrors,
+                label: label)
             request.secretHeaders = secrets.names
             return request
         }
@@ -140,7 +146,7 @@ struct RequestOptions: ParsableArguments {
                 var request = DownloadRequest(
                     url: entry.url, destination: Self.destination(output: entry.output, directory: folder),
                     headers: common + entry.headers, overwrite: force, checksum: entry.checksum,
-                    bytesPerSecondLimit: entry.limitRate ?? rate, mirrors: entry.mirrors)
+                    bytesPerSecondLimit: entry.limitRate ?? rate, mirrors: entry.mirrors, label: label)
                 if let credentials = entry.credentials { request.credentials = credentials }
                 request.secretHeaders = secrets.names.union(entry.secretHeaders)
                 if let unknown = entry.secretHeaders.first(where: { name in

@@ -210,28 +210,32 @@ final class QueueRenderer: Sendable {
 
     /// The downloads as `haul ls` shows them: one line each under a header, columns lined up.
     static func table(_ downloads: [DownloadInfo]) -> String {
-        var rows = [["ID", "STATE", "PROGRESS", "SIZE", "SPEED", "NAME"]]
+        // A label column only when some download has a label.
+        let labels = downloads.contains { $0.request.label != nil }
+        var rows = [["ID", "STATE", "PROGRESS", "SIZE", "SPEED"] + (labels ? ["LABEL"] : []) + ["NAME"]]
         for info in downloads {
             var name = info.name
             if let error = info.error { name += "  (\(error.message))" }
             if let hook = info.hook { name += "  [\(hook)]" }
-            rows.append([
-                String(info.id.rawValue), info.state.rawValue,
-                info.fraction.map { "\(Int($0 * 100))%" } ?? "-", sizes(info),
-                info.bytesPerSecond.map(ByteCount.formatRate) ?? "-", name,
-            ])
+            rows.append(
+                [
+                    String(info.id.rawValue), info.state.rawValue,
+                    info.fraction.map { "\(Int($0 * 100))%" } ?? "-", sizes(info),
+                    info.bytesPerSecond.map(ByteCount.formatRate) ?? "-",
+                ] + (labels ? [info.request.label ?? "-"] : []) + [name])
         }
-        let widths = (0..<5).map { column in rows.map { $0[column].count }.max() ?? 0 }
+        let padded = rows[0].count - 1
+        let widths = (0..<padded).map { column in rows.map { $0[column].count }.max() ?? 0 }
         var text = ""
         for row in rows {
             var line = ""
-            for column in 0..<5 {
+            for column in 0..<padded {
                 let cell = row[column]
                 let padding = String(repeating: " ", count: widths[column] - cell.count)
                 // Numbers line up on the right, words on the left.
                 line += (column == 0 || column == 2 ? padding + cell : cell + padding) + "  "
             }
-            text += line + row[5] + "\n"
+            text += line + row[padded] + "\n"
         }
         return text
     }
@@ -255,6 +259,7 @@ final class QueueRenderer: Sendable {
             ("createdAt", .integer(Int64(info.createdAt.timeIntervalSince1970))),
             ("finishedAt", info.finishedAt.map { .integer(Int64($0.timeIntervalSince1970)) } ?? .null),
             ("hook", info.hook.map(JSONValue.string) ?? .null),
+            ("label", info.request.label.map(JSONValue.string) ?? .null),
         ]
     }
 }

@@ -341,3 +341,41 @@ struct SharedStateTests {
         }
     }
 }
+
+@Suite(.timeLimit(.minutes(2)))
+struct LabelTests {
+    /// A label given to `haul get` is kept with the download and shown by `haul ls` (a column of its
+    /// own, `-` for a download without one) and `haul ls --json`; one with a line break is refused
+    /// and nothing is downloaded.
+    @Test func aLabelIsKeptAndListed() async throws {
+        try await HaulTestServer.withRunning { server in
+            server.add("/a.bin", TestResource(name: "a.bin", size: 5000))
+            server.add("/b.bin", TestResource(name: "b.bin", size: 6000))
+            let directory = try makeTemporaryDirectory()
+            defer { try? FileManager.default.removeItem(atPath: directory) }
+            let state = directory + "/state"
+            let got = try await HaulProcess.run(
+                [
+                    "get", "--label", "nightly build 7", "-d", directory, "--state-dir", state, "-q",
+                    server.url("/a.bin"),
+                ])
+            #expect(got.status == 0, "\(got.errors)")
+            let plain = try await HaulProcess.run(
+                ["get", "-d", directory, "--state-dir", state, "-q", server.url("/b.bin")])
+            #expect(plain.status == 0, "\(plain.errors)")
+
+            let listed = try await listDownloads(state)
+            #expect(listed.map { $0["label"] as? String } == ["nightly build 7", nil])
+            let table = try await HaulProcess.run(["ls", "--state-dir", state]).output.split(separator: "\n")
+            #expect(table.first?.hasSuffix("LABEL            NAME") == true, "\(table)")
+            #expect(table.dropFirst().first?.hasSuffix("nightly build 7  a.bin") == true, "\(table)")
+            #expect(table.dropFirst(2).first?.hasSuffix("-                b.bin") == true, "\(table)")
+
+            let refused = try await HaulProcess.run(
+                ["get", "--label", "two\nlines", "-d", directory, "--state-dir", state, server.url("/c.bin")])
+            #expect(refused.status == 2)
+            #expect(refused.errors == "haul: error: a label cannot hold control or invisible formatting characters\n")
+            #expect(try await listDownloads(state).count == 2)
+        }
+    }
+}

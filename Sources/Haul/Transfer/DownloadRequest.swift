@@ -48,6 +48,10 @@ public struct DownloadRequest: Sendable {
     /// ``DownloaderConfiguration/Segmentation`` says).
     public var connections: Int?
 
+    /// A short text of the user's own, shown beside the download (`haul ls`, the API, the page):
+    /// at most ``maximumLabelLength`` Unicode scalars, with no control or invisible formatting character.
+    public var label: String?
+
     /// Cookies to send where they match, after redirects too, and to update from the servers'
     /// `Set-Cookie`; held in memory only (see ``CookieJar``).
     public var cookies: CookieJar?
@@ -77,6 +81,8 @@ public struct DownloadRequest: Sendable {
     public static let maximumConnections = 64
     /// The most mirrors one download may name.
     public static let maximumMirrors = 16
+    /// The most Unicode scalars (JSON Schema's characters) a ``label`` may have.
+    public static let maximumLabelLength = 200
 
     /// A request for `url` into `destination`; the rest has defaults (no extra headers, no overwriting,
     /// no checksum, no limit of its own, the downloader's connections).
@@ -84,7 +90,7 @@ public struct DownloadRequest: Sendable {
         url: String, destination: Destination, headers: [(name: String, value: String)] = [], overwrite: Bool = false,
         checksum: Checksum? = nil, bytesPerSecondLimit: Int64? = nil, connections: Int? = nil,
         cookies: CookieJar? = nil,
-        mirrors: [String] = []
+        mirrors: [String] = [], label: String? = nil
     ) {
         self.url = url
         self.mirrors = mirrors
@@ -95,6 +101,7 @@ public struct DownloadRequest: Sendable {
         self.bytesPerSecondLimit = bytesPerSecondLimit
         self.connections = connections
         self.cookies = cookies
+        self.label = label
         moveCredentialsOutOfURL()
     }
 
@@ -196,6 +203,15 @@ public struct DownloadRequest: Sendable {
             throw HaulError(
                 .invalidArgument, "connections must be from 1 to \(Self.maximumConnections), not \(connections)")
         }
+        if let label {
+            guard label.unicodeScalars.count <= Self.maximumLabelLength else {
+                throw HaulError(.invalidArgument, "a label has at most \(Self.maximumLabelLength) characters")
+            }
+            let hidden: Set<Unicode.GeneralCategory> = [.control, .format, .lineSeparator, .paragraphSeparator]
+            guard !label.unicodeScalars.contains(where: { hidden.contains($0.properties.generalCategory) }) else {
+                throw HaulError(.invalidArgument, "a label cannot hold control or invisible formatting characters")
+            }
+        }
         return parsed
     }
 
@@ -246,7 +262,7 @@ extension DownloadRequest: Codable {
     package static let describesDownload = CodingUserInfoKey(rawValue: "haul.describesDownload")!
 
     private enum CodingKeys: String, CodingKey {
-        case url, mirrors, destination, directory, headers, overwrite, checksum, limitRate, connections
+        case url, mirrors, destination, directory, headers, overwrite, checksum, limitRate, connections, label
     }
 
     /// Each field's JSON Schema, as the daemon's API document shows it for a download to add and a
@@ -366,6 +382,17 @@ extension DownloadRequest: Codable {
             }
             """#
         ),
+        (
+            "label",
+            #"""
+            {
+              "type": ["string", "null"],
+              "maxLength": 200,
+              "pattern": "^[^\\u0000-\\u001f\\u007f-\\u009f\\u00ad\\u0600-\\u0605\\u061c\\u06dd\\u070f\\u0890\\u0891\\u08e2\\u180e\\u200b-\\u200f\\u2028-\\u202e\\u2060-\\u2064\\u2066-\\u206f\\ufeff\\ufff9-\\ufffb\\ud800-\\udfff]*$",
+              "description": "A short text of the user's own, shown beside the download (haul ls, the page); at most 200 characters, no control or invisible formatting character."
+            }
+            """#
+        ),
     ]
 
     /// A request header as JSON: `{"name": …, "value": …}`, with `"secret": true` for one to hold
@@ -414,7 +441,8 @@ extension DownloadRequest: Codable {
             overwrite: try container.decodeIfPresent(Bool.self, forKey: .overwrite) ?? false, checksum: checksum,
             bytesPerSecondLimit: try container.decodeIfPresent(Int64.self, forKey: .limitRate),
             connections: try container.decodeIfPresent(Int.self, forKey: .connections),
-            mirrors: try container.decodeIfPresent([String].self, forKey: .mirrors) ?? [])
+            mirrors: try container.decodeIfPresent([String].self, forKey: .mirrors) ?? [],
+            label: try container.decodeIfPresent(String.self, forKey: .label))
         secretHeaders = Set(headers.filter { $0.secret == true }.map(\.name))
     }
 
@@ -438,6 +466,7 @@ extension DownloadRequest: Codable {
         try container.encodeIfPresent(checksum?.description, forKey: .checksum)
         try container.encodeIfPresent(bytesPerSecondLimit, forKey: .limitRate)
         try container.encodeIfPresent(connections, forKey: .connections)
+        try container.encodeIfPresent(label, forKey: .label)
     }
 }
 
@@ -449,6 +478,6 @@ extension DownloadRequest: Equatable {
             && left.headers.elementsEqual(right.headers, by: { $0.name == $1.name && $0.value == $1.value })
             && left.secretHeaders == right.secretHeaders && left.overwrite == right.overwrite
             && left.checksum == right.checksum && left.bytesPerSecondLimit == right.bytesPerSecondLimit
-            && left.connections == right.connections && left.cookies === right.cookies
+            && left.connections == right.connections && left.cookies === right.cookies && left.label == right.label
     }
 }

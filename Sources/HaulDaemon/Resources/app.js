@@ -110,6 +110,20 @@ function render() {
 function update(row, d) {
   row.className = "download " + d.state;
   row.querySelector(".name").textContent = d.name;
+  // The user's label, as a tag beside the name.
+  let label = row.querySelector(".label");
+  if (d.label && !label) {
+    label = document.createElement("span");
+    label.className = "label";
+    // Its right margin keeps it beside the name, the state at the row's end.
+    Object.assign(label.style, { margin: "0 auto 0 0.6em", padding: "0 0.4em", borderRadius: "0.3em",
+      fontSize: "0.85em", background: "#e8e8ef", overflowWrap: "anywhere" });
+    row.querySelector(".name").after(label);
+  }
+  if (label) {
+    label.textContent = d.label || "";
+    label.hidden = !d.label;
+  }
   row.querySelector(".url").textContent = d.url;
   row.querySelector(".url").title = d.url;
   const state = row.querySelector(".state");

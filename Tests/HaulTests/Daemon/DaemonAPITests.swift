@@ -212,6 +212,10 @@ struct DaemonAPITests {
                     .POST, "/api/v1/downloads", #"{"downloads": [{"url": "http://127.0.0.1:9/a", "limitRate": 0}]}"#,
                     400, "invalidArgument"
                 ),
+                (
+                    .POST, "/api/v1/downloads",
+                    #"{"downloads": [{"url": "http://127.0.0.1:9/a", "label": "a\u202Eb"}]}"#, 400, "invalidArgument"
+                ),
                 (.GET, "/api/v1/downloads/12345", nil, 404, "unknownDownload"),
                 (.GET, "/api/v1/downloads/abc", nil, 400, "invalidArgument"),
                 (.POST, "/api/v1/downloads/77/pause", nil, 404, "unknownDownload"),
@@ -265,7 +269,7 @@ struct DaemonAPITests {
             var full = DownloadRequest(
                 url: "http://127.0.0.1:9/a", destination: .file("a"), headers: [("X-Trace", "1")],
                 overwrite: true, checksum: try Checksum(parsing: "sha256=" + String(repeating: "0", count: 64)),
-                bytesPerSecondLimit: 5, connections: 2, mirrors: ["http://127.0.0.1:9/b"])
+                bytesPerSecondLimit: 5, connections: 2, mirrors: ["http://127.0.0.1:9/b"], label: "l")
             full.credentials = BasicCredentials(user: "u", password: "p")
             let encoder = JSONEncoder()
             encoder.userInfo[DownloadRequest.includesSecrets] = true
@@ -283,11 +287,11 @@ struct DaemonAPITests {
             let id = try await daemon.add(
                 #"{"url": "http://127.0.0.1:9/a", "destination": "a", "headers": [{"name": "X-Trace", "value": "1"}], "#
                     + #""overwrite": true, "checksum": "sha256=\#(String(repeating: "0", count: 64))", "#
-                    + #""limitRate": 5, "connections": 2, "mirrors": ["http://127.0.0.1:9/b"]}"#)[0]
+                    + #""limitRate": 5, "connections": 2, "mirrors": ["http://127.0.0.1:9/b"], "label": "l"}"#)[0]
             let body = try await daemon.send(.GET, "/api/v1/downloads/\(id)").body
             let shown = try #require(try JSONSerialization.jsonObject(with: Data(body.utf8)) as? [String: Any])
             #expect(Set(shown.keys).isSubset(of: try properties("Download")), "\(shown.keys)")
-            for field in ["headers", "overwrite", "checksum", "limitRate", "connections", "mirrors"] {
+            for field in ["headers", "overwrite", "checksum", "limitRate", "connections", "mirrors", "label"] {
                 #expect(shown[field] != nil, "\(field) is shown")
             }
         }

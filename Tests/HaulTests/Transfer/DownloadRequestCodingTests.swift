@@ -20,7 +20,8 @@ struct DownloadRequestCodingTests {
             url: "https://user:pass@example.com/a.iso", destination: .file("/data/a.iso"),
             headers: [("X-Trace", "7"), ("X-Api-Key", "k-1"), ("X-Team", "t-2")], overwrite: true,
             checksum: try? Checksum(parsing: "sha256=" + String(repeating: "ab", count: 32)),
-            bytesPerSecondLimit: 1000, connections: 4, mirrors: ["https://mirror.example.com/a.iso"])
+            bytesPerSecondLimit: 1000, connections: 4, mirrors: ["https://mirror.example.com/a.iso"],
+            label: "nightly")
         request.secretHeaders = ["x-team"]
         return request
     }
