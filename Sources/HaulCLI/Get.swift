@@ -140,24 +140,14 @@ struct RequestOptions: ParsableArguments {
             return request
         }
         if let inputFile {
-            let text = try InputFile.read(inputFile)
-            for entry in try InputFile(text: text, name: inputFile == "-" ? "standard input" : inputFile).entries {
-                let folder = entry.directory.map { dir in directory.map { $0 + "/" + dir } ?? dir } ?? directory
-                var request = DownloadRequest(
-                    url: entry.url, destination: Self.destination(output: entry.output, directory: folder),
-                    headers: common + entry.headers, overwrite: force, checksum: entry.checksum,
-                    bytesPerSecondLimit: entry.limitRate ?? rate, mirrors: entry.mirrors, label: label)
-                if let credentials = entry.credentials { request.credentials = credentials }
-                request.secretHeaders = secrets.names.union(entry.secretHeaders)
-                if let unknown = entry.secretHeaders.first(where: { name in
-                    !request.headers.contains { $0.name.lowercased() == name.lowercased() }
-                }) {
-                    throw HaulError(
-                        .invalidArgument,
-                        "\(inputFile):\(entry.line): secret-header=\(unknown) names no header of this URL")
-                }
-                requests.append(request)
-            }
+            var base = DownloadRequest(
+                url: "", destination: .directory("."), headers: common, overwrite: force, bytesPerSecondLimit: rate,
+                label: label)
+            base.secretHeaders = secrets.names
+            requests += try InputFile(
+                text: try InputFile.read(inputFile), name: inputFile == "-" ? "standard input" : inputFile,
+                base: base, directory: directory
+            ).requests
         }
         guard !requests.isEmpty else { throw HaulError(.invalidArgument, "\(inputFile ?? "the input") lists no URL") }
         return requests

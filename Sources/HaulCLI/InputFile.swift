@@ -27,85 +27,95 @@ import Haul
 /// URL of the same file; repeatable). Blank lines and lines starting with `#` are ignored. Any
 /// other line is an error naming the file and line.
 struct InputFile {
-    struct Entry {
-        var url: String
-        var line: Int
-        var output: String?
-        var directory: String?
-        var checksum: Checksum?
-        var headers: [(name: String, value: String)] = []
-        var secretHeaders: Set<String> = []
-        var limitRate: Int64?
-        var credentials: BasicCredentials?
-        var mirrors: [String] = []
-    }
-
     static let options = ["out", "dir", "checksum", "header", "secret-header", "limit-rate", "user", "mirror"]
 
-    let entries: [Entry]
+    /// The requests, one per URL line, in order.
+    let requests: [DownloadRequest]
 
-    init(text: String, name: String) throws {
-        var entries: [Entry] = []
+    /// Reads the list `text` (called `name` in messages). Each URL's request starts as `base` (the
+    /// command line's headers, limit and the like) with the URL, into `directory` (the command's
+    /// `-d`, which a `dir=` line's relative directory is taken from).
+    init(text: String, name: String, base: DownloadRequest, directory: String?) throws {
+        var requests: [DownloadRequest] = []
+        var output: String?
+        var folder: String?
+        var line = 0
+        /// Gives the request of the URL line before its destination, once its options are read.
+        func finish() throws {
+            guard var request = requests.popLast() else { return }
+            let joined = folder.map { dir in directory.map { $0 + "/" + dir } ?? dir } ?? directory
+            request.destination = RequestOptions.destination(output: output, directory: joined)
+            if let unknown = request.secretHeaders.first(where: { name in
+                !request.headers.contains { $0.name.lowercased() == name.lowercased() }
+            }), !base.secretHeaders.contains(unknown) {
+                throw HaulError(
+                    .invalidArgument, "\(name):\(line): secret-header=\(unknown) names no header of this URL")
+            }
+            requests.append(request)
+        }
         for (index, rawLine) in text.split(separator: "\n", omittingEmptySubsequences: false).enumerated() {
             let number = index + 1
-            let line = rawLine.hasSuffix("\r") ? rawLine.dropLast() : rawLine
-            let trimmed = line.trimmingCharacters(in: " \t")
+            let text = rawLine.hasSuffix("\r") ? rawLine.dropLast() : rawLine
+            let trimmed = text.trimmingCharacters(in: " \t")
             if trimmed.isEmpty || trimmed.hasPrefix("#") { continue }
             func fail(_ message: String) -> HaulError { HaulError(.invalidArgument, "\(name):\(number): \(message)") }
-            guard line.first == " " || line.first == "\t" else {
+            guard text.first == " " || text.first == "\t" else {
                 guard !trimmed.contains(where: { $0 == " " || $0 == "\t" }) else {
                     throw fail("one URL per line; options go on the indented lines below it (e.g. '  out=NAME')")
                 }
-                entries.append(Entry(url: trimmed, line: number))
+                try finish()
+                var request = base
+                request.url = trimmed
+                requests.append(request)
+                (output, folder, line) = (nil, nil, number)
                 continue
             }
-            guard !entries.isEmpty else { throw fail("an option line must follow a URL line") }
+            guard !requests.isEmpty else { throw fail("an option line must follow a URL line") }
             guard let equals = trimmed.firstIndex(of: "=") else {
                 throw fail("expected name=value, one of: \(Self.options.joined(separator: ", "))")
             }
             let option = String(trimmed[..<equals])
             let value = String(trimmed[trimmed.index(after: equals)...])
             guard !value.isEmpty else { throw fail("\(option)= needs a value") }
-            switch option {
-            case "out":
-                guard !value.contains("/") || !value.hasPrefix("/") || entries[entries.count - 1].directory == nil
-                else { throw fail("out= cannot be an absolute path together with dir=") }
-                entries[entries.count - 1].output = value
-            case "dir":
-                entries[entries.count - 1].directory = value
-            case "checksum":
-                do {
-                    entries[entries.count - 1].checksum = try Checksum(parsing: value)
-                } catch let error as HaulError {
-                    throw fail(error.message)
+            let last = requests.count - 1
+            do {
+                switch option {
+                case "out":
+                    guard !value.hasPrefix("/") || folder == nil else {
+                        throw fail("out= cannot be an absolute path together with dir=")
+                    }
+                    output = value
+                case "dir":
+                    folder = value
+                case "checksum":
+                    requests[last].checksum = try Checksum(parsing: value)
+                case "header":
+                    guard let colon = value.firstIndex(of: ":"), colon != value.startIndex else {
+                        throw fail("header= must look like 'Name: value'")
+                    }
+                    let headerName = value[..<colon].trimmingCharacters(in: " \t")
+                    let headerValue = value[value.index(after: colon)...].trimmingCharacters(in: " \t")
+                    requests[last].headers.append((headerName, headerValue))
+                case "secret-header":
+                    requests[last].secretHeaders.insert(value)
+                case "user":
+                    requests[last].credentials = BasicCredentials(parsing: value)
+                case "mirror":
+                    do { _ = try DownloadURL(value) } catch let error as HaulError {
+                        throw fail("mirror=: \(error.message)")
+                    }
+                    requests[last].mirrors.append(value)
+                case "limit-rate":
+                    requests[last].bytesPerSecondLimit = try ByteRate.parse(value)
+                default:
+                    throw fail("unknown option '\(option)'; known: \(Self.options.joined(separator: ", "))")
                 }
-            case "header":
-                guard let colon = value.firstIndex(of: ":"), colon != value.startIndex else {
-                    throw fail("header= must look like 'Name: value'")
-                }
-                let headerName = value[..<colon].trimmingCharacters(in: " \t")
-                let headerValue = value[value.index(after: colon)...].trimmingCharacters(in: " \t")
-                entries[entries.count - 1].headers.append((headerName, headerValue))
-            case "secret-header":
-                entries[entries.count - 1].secretHeaders.insert(value)
-            case "user":
-                entries[entries.count - 1].credentials = BasicCredentials(parsing: value)
-            case "mirror":
-                do { _ = try DownloadURL(value) } catch let error as HaulError {
-                    throw fail("mirror=: \(error.message)")
-                }
-                entries[entries.count - 1].mirrors.append(value)
-            case "limit-rate":
-                do {
-                    entries[entries.count - 1].limitRate = try ByteRate.parse(value)
-                } catch let error as HaulError {
-                    throw fail(error.message)
-                }
-            default:
-                throw fail("unknown option '\(option)'; known: \(Self.options.joined(separator: ", "))")
+            } catch let error as HaulError where !error.message.hasPrefix(name + ":") {
+                throw fail(error.message)
             }
         }
-        self.entries = entries
+        try finish()
+        self.requests = requests
     }
 }
 

@@ -143,6 +143,13 @@ struct QueueCommandTests {
                 ("\(server.url("/a.bin")) out=x\n", "list2.txt:1: one URL per line"),
                 ("\(server.url("/a.bin"))\n  checksum=sha-256=12\n", "list2.txt:2:"),
                 ("ftp://example.com/x\n", "unsupported scheme ftp"),
+                (
+                    "\(server.url("/a.bin"))\n  header=X-A: 1\n\(server.url("/b.bin"))\n  secret-header=X-A\n",
+                    "list2.txt:3: secret-header=X-A names no header of this URL"
+                ),
+                ("\(server.url("/a.bin"))\n  limit-rate=fast\n", "list2.txt:2:"),
+                ("\(server.url("/a.bin"))\n  dir=d\n  out=/abs\n", "list2.txt:3: out= cannot be an absolute path"),
+                ("\(server.url("/a.bin"))\n  mirror=ftp://m/a\n", "list2.txt:2: mirror=:"),
             ] {
                 try text.write(toFile: directory + "/list2.txt", atomically: true, encoding: .utf8)
                 let refused = try await HaulProcess.run(
