@@ -33,15 +33,17 @@ struct Torture: AsyncParsableCommand {
     @Option(help: "Seed for the random choices, to replay a run.")
     var seed: UInt64 = UInt64(Date().timeIntervalSince1970)
 
-    @Option(help: "Other servers of the same file, given to haul with --mirror and the file's checksum.")
-    var mirrors: Int = 0
+    @Option(
+        name: .customLong("mirrors"),
+        help: "Other servers of the same file, given to haul with --mirror and the file's checksum.")
+    var mirrorServers: Int = 0
 
     @Option(help: "Working directory (a temporary one by default).")
     var directory: String?
 
     mutating func run() async throws {
         let options = self
-        let report = try await Self.withServers(1 + mirrors, []) { servers in try await options.torture(servers) }
+        let report = try await Self.withServers(1 + mirrorServers, []) { servers in try await options.torture(servers) }
         print(report)
     }
 
@@ -73,7 +75,7 @@ struct Torture: AsyncParsableCommand {
             "--stall-timeout", "1", "-x", String(connections),
         ]
         let expected = TestResource(name: "torture", size: size)
-        if mirrors > 0 {
+        if mirrorServers > 0 {
             let digest = expected.sha256(0..<size).map { ($0 < 16 ? "0" : "") + String($0, radix: 16) }.joined()
             arguments += ["--checksum", "sha-256=" + digest, "--no-daemon"]
             for mirror in servers.dropFirst() { arguments += ["--mirror", mirror.url("/file")] }
@@ -86,10 +88,10 @@ struct Torture: AsyncParsableCommand {
 
         for round in 1...kills {
             if random.next(in: 0...9) == 0 {
-                if mirrors > 0 {
+                if mirrorServers > 0 {
                     // A mirror starts serving another version of the same length (its own ETag
                     // stays): only the checksum at the end can tell.
-                    let mirror = servers[random.next(in: 1...mirrors)]
+                    let mirror = servers[random.next(in: 1...mirrorServers)]
                     mirror.update("/file") { $0.version += 1 }
                     applied["mirror version switch", default: 0] += 1
                 } else {
@@ -117,13 +119,13 @@ struct Torture: AsyncParsableCommand {
             if process.isRunning {
                 kill(process.processIdentifier, SIGKILL)
                 process.waitUntilExit()
-                if mirrors == 0 { try checkPartial(destination, versions: versions, round: round) }
+                if mirrorServers == 0 { try checkPartial(destination, versions: versions, round: round) }
             } else {
                 guard process.terminationStatus == 0 else {
                     throw TortureFailure("round \(round): haul exited with \(process.terminationStatus)")
                 }
                 // Finished before the kill: the outcome must be exact, then start over.
-                let version = mirrors > 0 ? expected : server.resource("/file")!
+                let version = mirrorServers > 0 ? expected : server.resource("/file")!
                 guard try compare(destination, expected: version, length: size) else {
                     throw TortureFailure("round \(round): a completed file differs from the expected bytes")
                 }
@@ -146,7 +148,7 @@ struct Torture: AsyncParsableCommand {
                 "the final run failed with exit code \(final.terminationStatus); its log is \(log)")
         }
         try? FileManager.default.removeItem(atPath: log)
-        guard try compare(destination, expected: mirrors > 0 ? expected : server.resource("/file")!, length: size)
+        guard try compare(destination, expected: mirrorServers > 0 ? expected : server.resource("/file")!, length: size)
         else {
             throw TortureFailure("the final file differs from the expected bytes")
         }
@@ -160,10 +162,10 @@ struct Torture: AsyncParsableCommand {
         return """
             haul-torture: seed \(seed), \(kills) kills, \(completions) completions before a kill, \
             \(servers.map(\.requests.count).reduce(0, +)) requests, file \(sizeMiB) MiB, \(connections) connection(s)\
-            \(mirrors > 0 ? ", \(mirrors) mirrors and the file's checksum" : "")
+            \(mirrorServers > 0 ? ", \(mirrorServers) mirrors and the file's checksum" : "")
             faults applied: \(faults)
             bytes sent: \(sent) = \(String(format: "%.2f", fetched))× the file size per completed file
-            result: \(mirrors > 0 ? "every completed file was byte-identical to the checksum's version" : "every partial file held one version's exact bytes; every completed file was byte-identical")
+            result: \(mirrorServers > 0 ? "every completed file was byte-identical to the checksum's version" : "every partial file held one version's exact bytes; every completed file was byte-identical")
             """
     }
 

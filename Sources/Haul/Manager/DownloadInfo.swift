@@ -136,10 +136,6 @@ public struct DownloadInfo: Sendable, Identifiable {
         guard case .directory(let path) = request.destination else { return nil }
         return path
     }
-    /// The connections the request asked for (`nil`: the manager's default).
-    public var connections: Int? { request.connections }
-    /// Other URLs of the same file (see ``DownloadRequest/mirrors``).
-    public var mirrors: [String] { request.mirrors }
 
     /// Whether the download paused by itself because its disk is full; it goes on once there is room.
     public var isWaitingForSpace: Bool { state == .paused && error?.code == .diskFull }

@@ -384,12 +384,12 @@ import Testing
                 }
                 // The next manager's downloader opens one connection by default: the stored count decides.
                 try await withManager(state, downloader: segmentedConfiguration(connections: 1)) { manager in
-                    #expect(await manager.download(id)?.connections == 3)
+                    #expect(await manager.download(id)?.request.connections == 3)
                     try await whileRunning(manager) {
                         let running = try await waitFor(manager, id) { $0.openConnections == 3 }
                         #expect(running.state == .running)
                         let done = try await waitFor(manager, id) { $0.state == .completed }
-                        #expect(done.openConnections == nil && done.connections == 3)
+                        #expect(done.openConnections == nil && done.request.connections == 3)
                     }
                 }
                 #expect(try readFile(directory + "/wide") == resource.content)
