@@ -85,7 +85,7 @@ struct API: Sendable {
         }
         route(.post, "downloads/{id}/pause") { _, context in
             let id = try Self.id(context)
-            try await perform { try await manager.pause(id) }
+            _ = try await perform { try await manager.pause(id) }
             return try await current(id)
         }
         route(.post, "downloads/{id}/resume") { request, context in
@@ -104,7 +104,7 @@ struct API: Sendable {
         }
         route(.post, "downloads/{id}/retry") { _, context in
             let id = try Self.id(context)
-            try await perform { try await manager.retry(id) }
+            _ = try await perform { try await manager.retry(id) }
             return try await current(id)
         }
         route(.post, "pause-all") { _, _ in

@@ -158,11 +158,11 @@ public final class DaemonClient: Sendable {
             downloadID: failure?.error.downloadId.map(DownloadID.init))
     }
 
-    private func call<Answer: Decodable>(_ method: HTTPMethod, _ path: String) async throws -> Answer {
+    func call<Answer: Decodable>(_ method: HTTPMethod, _ path: String) async throws -> Answer {
         try await send(method, path, body: nil)
     }
 
-    private func call<Answer: Decodable>(_ method: HTTPMethod, _ path: String, body: some Encodable) async throws
+    func call<Answer: Decodable>(_ method: HTTPMethod, _ path: String, body: some Encodable) async throws
         -> Answer
     {
         // Secrets go only to a daemon on this machine: the verbs that send them check that first.

@@ -190,8 +190,14 @@ extension DownloadManager {
     }
 
     /// Stops a download, keeping its partial data; ``resume(_:url:headers:secretHeaders:credentials:cookies:)`` continues it. Returns
-    /// once a running download has written its checkpoint.
-    public func pause(_ id: DownloadID) async throws {
+    /// once a running download has written its checkpoint, with the download as it stands then.
+    @discardableResult
+    public func pause(_ id: DownloadID) async throws -> DownloadInfo {
+        try await stopKeepingData(id)
+        return try download(id: id)
+    }
+
+    private func stopKeepingData(_ id: DownloadID) async throws {
         if try await askOwner(id, .pause) { return }
         var entry = try controllable(id)
         switch entry.state {
@@ -251,8 +257,9 @@ extension DownloadManager {
         enter(entry)
     }
 
-    /// Starts a failed or cancelled download again (a cancelled one from zero).
-    public func retry(_ id: DownloadID) throws {
+    /// Starts a failed or cancelled download again (a cancelled one from zero), and returns it.
+    @discardableResult
+    public func retry(_ id: DownloadID) throws -> DownloadInfo {
         var entry = try controllable(id)
         guard entry.state == .failed || entry.state == .cancelled else {
             throw HaulError(
@@ -261,6 +268,7 @@ extension DownloadManager {
         markQueued(&entry)
         try write([entry.record])
         enter(entry)
+        return entry.info
     }
 
     /// Stops a download for good and deletes its partial data; the record stays, as cancelled.
@@ -306,7 +314,7 @@ extension DownloadManager {
     public func pauseAll() async {
         let ids = entries.values.filter { $0.state == .queued || $0.state == .running }
             .filter { $0.record.owner == nil || $0.record.owner == claim.name }.map(\.id)
-        for id in ids { try? await pause(id) }
+        for id in ids { _ = try? await pause(id) }
     }
 
     /// Resumes every paused download, and every one left queued by a manager that is gone.

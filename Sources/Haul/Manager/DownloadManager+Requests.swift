@@ -60,7 +60,7 @@ extension DownloadManager {
             }) ?? []
         for (id, request) in pending {
             switch request {
-            case .pause: try? await pause(id)
+            case .pause: _ = try? await pause(id)
             case .cancel: try? await cancel(id)
             case .remove: try? await remove(id, deletingFiles: false)
             case .removeFiles: try? await remove(id, deletingFiles: true)
