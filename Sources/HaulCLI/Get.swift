@@ -114,16 +114,16 @@ struct RequestOptions: ParsableArguments {
         }
     }
 
-    /// The requests as a haul daemon takes them: paths made absolute here (the daemon takes
-    /// relative ones from its download root), with this command's connection count.
-    func daemonRequests(_ transfer: TransferOptions) throws -> [DownloadRequest] {
+    /// The requests as a queue takes them: paths made absolute here (a haul daemon takes relative
+    /// ones from its download root), with `connections` each.
+    func queueRequests(_ transfer: TransferOptions, connections: Int?) throws -> [DownloadRequest] {
         try requests(bytesPerSecondLimit: transfer.perDownloadRate).map { request in
             var request = request
             switch request.destination {
             case .file(let path): request.destination = .file(POSIX.absolutePath(path))
             case .directory(let path): request.destination = .directory(POSIX.absolutePath(path))
             }
-            request.connections = transfer.connections
+            request.connections = connections
             return request
         }
     }
@@ -151,13 +151,6 @@ struct RequestOptions: ParsableArguments {
         }
         guard !requests.isEmpty else { throw HaulError(.invalidArgument, "\(inputFile ?? "the input") lists no URL") }
         return requests
-    }
-
-    /// Enqueues the requests in `manager`.
-    func enqueue(into manager: DownloadManager, _ transfer: TransferOptions, quiet: Bool) async throws -> [DownloadID] {
-        let requests = try requests(bytesPerSecondLimit: transfer.perDownloadRate)
-        noteWeakChecksum(quiet: quiet)
-        return try await manager.enqueue(requests, priority: try parsedPriority())
     }
 
     /// Says once that an MD5 or SHA-1 checksum catches corruption but not forgery.
@@ -210,24 +203,14 @@ struct Get: AsyncParsableCommand {
                 return request
             }
         }
-        try await followInDaemon(state, transfer, display, daemon, perDownload: true, refusing: access.daemonRefusals) {
-            client, queued in
-            let requests = authorized(try request.daemonRequests(transfer))
+        try await runInQueue(state, transfer, display, daemon, perDownload: true, refusing: access.daemonRefusals) {
+            session in
+            let requests = authorized(try request.queueRequests(transfer, connections: session.connections(transfer)))
             request.noteWeakChecksum(quiet: quiet)
-            queued.add(try await client.add(requests, priority: try request.parsedPriority()))
+            session.queued.add(try await session.queue.add(requests, priority: try request.parsedPriority()))
+        } finishing: {
+            try access.save(jar)
         }
-        let (manager, ids) = try await reportingErrors { () -> (DownloadManager, [DownloadID]) in
-            let manager = try QueueRun.openManager(state, transfer, restoring: .leave, verbose: display.verbose)
-            do {
-                let requests = authorized(try request.requests(bytesPerSecondLimit: transfer.perDownloadRate))
-                request.noteWeakChecksum(quiet: quiet)
-                return (manager, try await manager.enqueue(requests, priority: try request.parsedPriority()))
-            } catch {
-                await manager.close()
-                throw error
-            }
-        }
-        try await QueueRun.run(manager, ids, output: display) { try access.save(jar) }
     }
 }
 
@@ -241,13 +224,12 @@ struct Add: AsyncParsableCommand {
 
     func run() async throws {
         let transfer = TransferOptions.defaults
-        let ids = try await withQueueOrDaemon(state) { manager in
-            try await request.enqueue(into: manager, transfer, quiet: false)
-        } daemon: { client in
+        let ids = try await withQueue(state) { queue in
             request.noteWeakChecksum(quiet: false)
-            // Queued in the daemon, which runs it.
-            return try await client.add(try request.daemonRequests(transfer), priority: try request.parsedPriority())
-                .map(\.id)
+            return try await queue.add(
+                try request.queueRequests(transfer, connections: nil), priority: try request.parsedPriority()
+            )
+            .map(\.id)
         }
         Output.standardOutput(ids.map { "\($0)\n" }.joined())
     }

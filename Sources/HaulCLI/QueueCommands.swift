@@ -21,40 +21,32 @@ private func parseIDs(_ values: [String]) throws -> [DownloadID] {
     }
 }
 
-/// Does `action` to each download in `ids`, in order, printing `done ID` after each: through the
-/// daemon that runs on the state directory, or else on the database.
+/// Does `action` to each download in `ids`, in order, printing `done ID` after each, on the queue
+/// of the state directory (see ``withQueue(_:_:)``).
 private func forEach(
     _ ids: [String], _ state: StateOptions, saying done: String,
-    local: @escaping @Sendable (DownloadManager, DownloadID) async throws -> Void,
-    daemon: @escaping @Sendable (DaemonClient, DownloadID) async throws -> Void
+    _ action: @escaping @Sendable (any DownloadQueue, DownloadID) async throws -> Void
 ) async throws {
     let selected = try parseIDs(ids)
-    try await withQueueOrDaemon(state) { manager in
+    try await withQueue(state) { queue in
         for id in selected {
-            try await local(manager, id)
-            Output.standardOutput("\(done) \(id)\n")
-        }
-    } daemon: { client in
-        // The daemon also acts on downloads another haul process added or runs, as a manager on the
-        // database would.
-        for id in selected {
-            try await daemon(client, id)
+            try await action(queue, id)
             Output.standardOutput("\(done) \(id)\n")
         }
     }
 }
 
-/// Runs `daemon` with a client of the daemon that runs on the state directory, or else `local`
-/// with a manager on the database: the daemon's queue is the one that runs downloads while it runs.
-func withQueueOrDaemon<Result>(
-    _ state: StateOptions, local: (DownloadManager) async throws -> Result,
-    daemon: (DaemonClient) async throws -> Result
-) async throws -> Result {
+/// Runs `body` with the queue of the state directory: the daemon that runs on it, through its client
+/// (it also acts on downloads another haul process added or runs, as a manager on the database
+/// would), or else a manager on the database, which leaves other processes' downloads alone.
+func withQueue<Result>(_ state: StateOptions, _ body: (any DownloadQueue) async throws -> Result) async throws
+    -> Result
+{
     guard let client = try await reportingErrors({ try DaemonClient.running(on: POSIX.absolutePath(state.directory)) })
-    else { return try await withQueue(state, TransferOptions.defaults, local) }
+    else { return try await withLocalManager(state, body) }
     return try await reportingErrors {
         do {
-            let result = try await daemon(client)
+            let result = try await body(client)
             try? await client.shutdown()
             return result
         } catch {
@@ -64,34 +56,82 @@ func withQueueOrDaemon<Result>(
     }
 }
 
-/// The downloads a command has queued in the haul daemon so far, to name them if a later one fails.
-final class QueuedInDaemon: Sendable {
+/// The downloads a command has queued so far, to follow them and to name them if a later one fails.
+final class QueuedDownloads: Sendable {
     private let queued = Mutex<[DownloadInfo]>([])
 
     var all: [DownloadInfo] { queued.withLock { $0 } }
 
-    /// Adds what the daemon answered.
+    /// Adds what the queue answered.
     func add(_ infos: [DownloadInfo]) { queued.withLock { $0 += infos } }
 }
 
-/// When a haul daemon runs on the state directory (and `--no-daemon` is not given): lets `queue` put
-/// downloads in it, follows them to their end and exits as a run in this process would. Returns
-/// without doing anything when no daemon runs.
+/// Where a command's downloads run: the queue it puts them in, and the haul daemon's process when
+/// that queue is a daemon's.
+struct QueueSession: Sendable {
+    /// The queue.
+    let queue: any DownloadQueue
+    /// The process ID of the daemon whose queue it is; `nil` for a queue in this process.
+    let daemonProcessID: Int32?
+    /// What the command queued so far.
+    let queued = QueuedDownloads()
+
+    /// The connection count a download added now carries: a queue in this process has the
+    /// command's `-x` as its own setting already (and a later run may give another); a daemon's
+    /// download keeps the one it was added with.
+    func connections(_ transfer: TransferOptions) -> Int? { daemonProcessID == nil ? nil : transfer.connections }
+}
+
+/// Lets `prepare` put downloads in the queue of the state directory, then runs them to their end
+/// and exits as a run does: in the haul daemon that runs on the state directory (unless
+/// `--no-daemon`), which this command follows, or else in this process.
 ///
 /// - Parameters:
 ///   - perDownload: whether `-x` and `--limit-rate` apply (to downloads being added); otherwise
-///     they are refused like the queue's settings.
-///   - refusing: why the options given cannot go to the daemon, when they cannot.
-func followInDaemon(
+///     a daemon refuses them like the queue's settings.
+///   - refusing: why the options given cannot go to a daemon, when they cannot.
+///   - finishing: what is done once the downloads ended in this process (saving cookies).
+func runInQueue(
     _ state: StateOptions, _ transfer: TransferOptions, _ display: OutputOptions, _ use: DaemonUseOptions,
-    perDownload: Bool, refusing: [String] = [], _ queue: @escaping (DaemonClient, QueuedInDaemon) async throws -> Void
+    perDownload: Bool, refusing: [String] = [], _ prepare: @escaping (QueueSession) async throws -> Void,
+    finishing: @escaping () throws -> Void = {}
 ) async throws {
-    guard !use.noDaemon,
+    if !use.noDaemon,
         let client = try await reportingErrors({ try DaemonClient.running(on: POSIX.absolutePath(state.directory)) })
-    else { return }
+    {
+        try await followInDaemon(
+            client, state, transfer, display, perDownload: perDownload, refusing: refusing, prepare)
+        return
+    }
+    let (manager, session) = try await reportingErrors { () -> (DownloadManager, QueueSession) in
+        let manager = try QueueRun.openManager(state, transfer, restoring: .leave, verbose: display.verbose)
+        let session = QueueSession(queue: manager, daemonProcessID: nil)
+        do {
+            try await prepare(session)
+            return (manager, session)
+        } catch {
+            await manager.close()
+            throw error
+        }
+    }
+    let ids = session.queued.all.map(\.id)
+    guard !ids.isEmpty else {
+        await manager.close()
+        return
+    }
+    try await QueueRun.run(manager, ids, output: display, finishing: finishing)
+}
+
+/// ``runInQueue(_:_:_:_:perDownload:refusing:_:finishing:)`` with a daemon: `prepare` puts the
+/// downloads in it, and this command follows them to their end and exits as a run in this process
+/// would.
+private func followInDaemon(
+    _ client: DaemonClient, _ state: StateOptions, _ transfer: TransferOptions, _ display: OutputOptions,
+    perDownload: Bool, refusing: [String], _ prepare: (QueueSession) async throws -> Void
+) async throws {
     // Installed before anything is queued: a Ctrl-C from here on leaves what was queued running.
     let signals = SignalWatcher(signals: [SIGINT, SIGTERM])
-    let queued = QueuedInDaemon()
+    let session = QueueSession(queue: client, daemonProcessID: client.processID)
     let (stream, target): (DaemonClient.EventStream, String)
     do {
         (stream, target) = try await reportingErrors {
@@ -115,13 +155,13 @@ func followInDaemon(
             }
             // Opened first: no event of the downloads queued next is missed.
             let stream = try await client.events()
-            try await queue(client, queued)
+            try await prepare(session)
             return (stream, try await client.lastEventID())
         }
     } catch {
         signals.stop()
         try? await client.shutdown()
-        let done = queued.all.map(\.id.description)
+        let done = session.queued.all.map(\.id.description)
         if !done.isEmpty {
             Output.standardError(
                 "haul: note: \(done.joined(separator: " ")) queued in the haul daemon before that, and running there "
@@ -129,12 +169,12 @@ func followInDaemon(
         }
         throw error
     }
-    guard !queued.all.isEmpty else {
+    guard !session.queued.all.isEmpty else {
         signals.stop()
         try? await client.shutdown()
         throw ExitCode.success
     }
-    try await QueueRun.follow(client, stream, queued.all, syncedAt: target, signals: signals, output: display)
+    try await QueueRun.follow(client, stream, session.queued.all, syncedAt: target, signals: signals, output: display)
 }
 
 /// Runs `body`, turning a ``HaulError`` into its one-line message and exit code.
@@ -147,14 +187,13 @@ func reportingErrors<Result>(_ body: () async throws -> Result) async throws -> 
     }
 }
 
-/// Runs `body` with a manager that leaves other processes' downloads alone, and closes it; with
-/// `keepingOpen`, the manager stays open after `body` succeeds (the caller runs and closes it).
-private func withQueue<Result>(
-    _ state: StateOptions, _ transfer: TransferOptions = TransferOptions.defaults,
-    _ body: (DownloadManager) async throws -> Result
-) async throws -> Result {
+/// Runs `body` with a manager on the database that leaves other processes' downloads alone, and
+/// closes it.
+private func withLocalManager<Result>(_ state: StateOptions, _ body: (DownloadManager) async throws -> Result)
+    async throws -> Result
+{
     try await reportingErrors {
-        let manager = try QueueRun.openManager(state, transfer, restoring: .leave)
+        let manager = try QueueRun.openManager(state, TransferOptions.defaults, restoring: .leave)
         do {
             let result = try await body(manager)
             await manager.close()
@@ -164,27 +203,6 @@ private func withQueue<Result>(
             throw error
         }
     }
-}
-
-/// Opens a manager, lets `prepare` choose and queue downloads, then runs them to their end.
-private func runQueue(
-    _ state: StateOptions, _ transfer: TransferOptions, _ display: OutputOptions,
-    _ prepare: (DownloadManager) async throws -> [DownloadID], finishing: () throws -> Void = {}
-) async throws {
-    let (manager, ids) = try await reportingErrors { () -> (DownloadManager, [DownloadID]) in
-        let manager = try QueueRun.openManager(state, transfer, restoring: .leave, verbose: display.verbose)
-        do {
-            return (manager, try await prepare(manager))
-        } catch {
-            await manager.close()
-            throw error
-        }
-    }
-    guard !ids.isEmpty else {
-        await manager.close()
-        return
-    }
-    try await QueueRun.run(manager, ids, output: display, finishing: finishing)
 }
 
 extension TransferOptions {
@@ -220,7 +238,7 @@ struct List: AsyncParsableCommand {
     func run() async throws {
         let filter = state.isEmpty ? nil : Set(state.compactMap(DownloadState.init(rawValue:)))
         // The database, not a running daemon: it also holds the downloads other haul processes run.
-        let downloads = try await withQueue(stateOptions) { manager in await manager.downloads(in: filter) }
+        let downloads = try await withLocalManager(stateOptions) { manager in await manager.downloads(in: filter) }
         if json {
             Output.standardOutput(QueueRenderer.jsonList(downloads))
         } else if downloads.isEmpty {
@@ -276,51 +294,37 @@ struct Resume: AsyncParsableCommand {
         let access = self.access
         let netrc = try await reportingErrors { try access.netrcEntries() }
         let jar = try await reportingErrors { try access.cookieJar() }
-        try await followInDaemon(
-            state, transfer, display, daemon, perDownload: false, refusing: access.daemonRefusals
-        ) { client, queued in
+        try await runInQueue(state, transfer, display, daemon, perDownload: false, refusing: access.daemonRefusals) {
+            session in
             var selected = try parseIDs(ids)
             if selected.isEmpty {
-                // Chosen from the database, as without a daemon: what is paused or waits, and is not
-                // another process's (the daemon's own are).
-                let manager = try QueueRun.openManager(state, TransferOptions.defaults, restoring: .leave)
-                for info in await manager.downloads(in: [.paused, .queued]) {
-                    let owner = await manager.runningProcess(of: info.id)
-                    if owner == nil || owner == client.processID.map(String.init) { selected.append(info.id) }
-                }
-                await manager.close()
+                selected = try await resumable(in: state, besides: session.daemonProcessID)
                 if selected.isEmpty { Output.standardError("haul: nothing to resume\n") }
             }
             for id in selected {
                 var site = url
-                if site == nil { site = try await client.download(id).url }
-                let credentials = access.credentials(for: site ?? "", netrc: netrc)
-                queued.add([
-                    try await client.resume(
-                        id, url: url, headers: given, secretHeaders: secret, credentials: credentials)
-                ])
-            }
-        }
-        try await runQueue(state, transfer, display) { manager in
-            var selected = try parseIDs(ids)
-            if selected.isEmpty {
-                for info in await manager.downloads(in: [.paused, .queued])
-                where await manager.runningProcess(of: info.id) == nil {
-                    selected.append(info.id)
-                }
-                if selected.isEmpty { Output.standardError("haul: nothing to resume\n") }
-            }
-            for id in selected {
-                var site = url
-                if site == nil { site = await manager.download(id)?.url }
-                try await manager.resume(
-                    id, url: url, headers: given, secretHeaders: secret,
+                if site == nil { site = try await session.queue.download(id: id).url }
+                let change = ResumeChange(
+                    url: url, headers: given, secretHeaders: secret,
                     credentials: access.credentials(for: site ?? "", netrc: netrc), cookies: jar)
+                session.queued.add([try await session.queue.resume(id, with: change)])
             }
-            return selected
         } finishing: {
             try access.save(jar)
         }
+    }
+
+    /// What `haul resume` without IDs continues, read from the database: what is paused or waits and
+    /// is not another live process's (those of the daemon `daemonProcessID`, which runs them, are).
+    private func resumable(in state: StateOptions, besides daemonProcessID: Int32?) async throws -> [DownloadID] {
+        let manager = try QueueRun.openManager(state, TransferOptions.defaults, restoring: .leave)
+        var selected: [DownloadID] = []
+        for info in await manager.downloads(in: [.paused, .queued]) {
+            let owner = await manager.runningProcess(of: info.id)
+            if owner == nil || owner == daemonProcessID.map(String.init) { selected.append(info.id) }
+        }
+        await manager.close()
+        return selected
     }
 }
 
@@ -339,12 +343,8 @@ struct Retry: AsyncParsableCommand {
 
     func run() async throws {
         let selected = try parseIDs(ids)
-        try await followInDaemon(state, transfer, display, daemon, perDownload: false) { client, queued in
-            for id in selected { queued.add([try await client.retry(id)]) }
-        }
-        try await runQueue(state, transfer, display) { manager in
-            for id in selected { try await manager.retry(id) }
-            return selected
+        try await runInQueue(state, transfer, display, daemon, perDownload: false) { session in
+            for id in selected { session.queued.add([try await session.queue.retry(id)]) }
         }
     }
 }
@@ -363,11 +363,7 @@ struct Pause: AsyncParsableCommand {
     func validate() throws { _ = try parseIDs(ids) }
 
     func run() async throws {
-        try await forEach(ids, state, saying: "paused") { manager, id in
-            try await manager.pause(id)
-        } daemon: { client, id in
-            try await client.pause(id)
-        }
+        try await forEach(ids, state, saying: "paused") { queue, id in try await queue.pause(id) }
     }
 }
 
@@ -388,10 +384,8 @@ struct Remove: AsyncParsableCommand {
 
     func run() async throws {
         let deleteFiles = deleteFiles
-        try await forEach(ids, state, saying: "removed") { manager, id in
-            try await manager.remove(id, deletingFiles: deleteFiles)
-        } daemon: { client, id in
-            try await client.remove(id, deletingFiles: deleteFiles)
+        try await forEach(ids, state, saying: "removed") { queue, id in
+            try await queue.remove(id, deletingFiles: deleteFiles)
         }
     }
 }

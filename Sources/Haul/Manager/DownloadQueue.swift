@@ -132,9 +132,11 @@ extension DownloadManager: DownloadQueue {
         return DownloadPage(downloads: Array(all.dropFirst(max(0, offset)).prefix(max(0, limit))), total: all.count)
     }
 
-    /// The download with this ID; throws ``HaulError/Code/unknownDownload`` when there is none.
+    /// The download with this ID, as the database has it when another process added or runs it;
+    /// throws ``HaulError/Code/unknownDownload`` when there is none.
     public func download(id: DownloadID) throws -> DownloadInfo {
-        guard let info = download(id) else { throw HaulError(.unknownDownload, "no download \(id)") }
+        try learn(id)
+        guard let info = download(id) else { throw HaulError(.unknownDownload, "there is no download \(id)") }
         return info
     }
 
