@@ -30,9 +30,12 @@ package enum FileNaming {
 
     /// Whether a character may stay in a name: no control character, and no invisible formatting
     /// (bidirectional overrides and isolates, zero-width characters, line and paragraph separators),
-    /// which would make `evil\u{202E}gpj.exe` show as `evilexe.jpg`.
+    /// which would make `evil\u{202E}gpj.exe` show as `evilexe.jpg`. The zero-width joiner and
+    /// non-joiner stay: they only join or part the letters beside them (Persian and Indic words,
+    /// emoji sequences such as a family), and cannot move an extension.
     private static func isKept(_ scalar: Unicode.Scalar) -> Bool {
-        switch scalar.properties.generalCategory {
+        if scalar == "\u{200C}" || scalar == "\u{200D}" { return true }
+        return switch scalar.properties.generalCategory {
         case .control, .format, .lineSeparator, .paragraphSeparator: false
         default: true
         }
@@ -61,6 +64,14 @@ package enum FileNaming {
             if result.utf8.count + character.utf8.count + suffix.utf8.count > maximumNameBytes { break }
             result.append(character)
         }
-        return result + suffix
+        guard result.isEmpty else { return result + suffix }
+        // The first character alone leaves no room for the extension (a letter with hundreds of
+        // marks): the name is cut scalar by scalar instead, so it never becomes the hidden ".ext".
+        var scalars = String.UnicodeScalarView()
+        for scalar in name.unicodeScalars {
+            if String(scalars).utf8.count + String(scalar).utf8.count > maximumNameBytes { break }
+            scalars.append(scalar)
+        }
+        return String(scalars)
     }
 }

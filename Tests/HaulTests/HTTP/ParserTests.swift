@@ -110,6 +110,12 @@ struct FileNamingTests {
             ("naïve café.txt", "naïve café.txt"),
             // A prepended mark makes one character of itself and the "/" after it; the "/" still splits.
             ("a\u{0600}/b", "b"), ("x\u{0600}\\y", "y"), ("\u{0600}/", nil), (".\u{0301}x", "\u{0301}x"),
+            // Joiners join letters and emoji, and stay.
+            (
+                "\u{0645}\u{06CC}\u{200C}\u{062E}\u{0648}\u{0627}\u{0645}.txt",
+                "\u{0645}\u{06CC}\u{200C}\u{062E}\u{0648}\u{0627}\u{0645}.txt"
+            ),
+            ("\u{1F468}\u{200D}\u{1F469}\u{200D}\u{1F467}.png", "\u{1F468}\u{200D}\u{1F469}\u{200D}\u{1F467}.png"),
         ] as [(String, String?)])
     func sanitizes(input: String, expected: String?) {
         #expect(FileNaming.sanitize(input) == expected)
@@ -119,6 +125,15 @@ struct FileNamingTests {
         let name = try #require(FileNaming.sanitize(String(repeating: "é", count: 5000) + ".tar.gz"))
         #expect(name.utf8.count <= FileNaming.maximumNameBytes)
         #expect(name.hasSuffix(".gz"))
+    }
+
+    /// A first character too long for the limit with its extension (one letter with a thousand
+    /// combining marks) does not leave a hidden ".ext": the name is cut scalar by scalar.
+    @Test func aGiantFirstCharacterDoesNotLeaveAHiddenExtension() throws {
+        let name = try #require(FileNaming.sanitize("a" + String(repeating: "\u{0301}", count: 1000) + ".txt"))
+        #expect(!name.hasPrefix("."))
+        #expect(name.unicodeScalars.first == "a" && name.utf8.count <= FileNaming.maximumNameBytes)
+        #expect(name.utf8.count > 100)
     }
 }
 
