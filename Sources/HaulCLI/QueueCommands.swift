@@ -304,9 +304,13 @@ struct Resume: AsyncParsableCommand {
             for id in selected {
                 var site = url
                 if site == nil { site = try await session.queue.download(id: id).url }
+                // As for a new download: -u wins over credentials written into --url, which win over
+                // a netrc file's.
+                let written = url.flatMap { DownloadRequest.splittingCredentials($0).credentials }
+                let credentials =
+                    access.user == nil && written != nil ? nil : access.credentials(for: site ?? "", netrc: netrc)
                 let change = ResumeChange(
-                    url: url, headers: given, secretHeaders: secret,
-                    credentials: access.credentials(for: site ?? "", netrc: netrc), cookies: jar)
+                    url: url, headers: given, secretHeaders: secret, credentials: credentials, cookies: jar)
                 session.queued.add([try await session.queue.resume(id, with: change)])
             }
         } finishing: {

@@ -62,6 +62,17 @@ struct CredentialCommandTests {
             let open = try await HaulProcess.run(["resume", "\(id)", "--netrc-file", netrc, "--state-dir", state])
             #expect(open.status == 2 && open.errors.contains("chmod 600"), "\(open.errors)")
             try FileManager.default.setAttributes([.posixPermissions: 0o600], ofItemAtPath: netrc)
+            // Credentials written into --url win over the netrc file's, as for a new download.
+            let port = try #require(server.url("/private.bin").split(separator: ":").last)
+            let wrong = try await HaulProcess.run([
+                "resume", "\(id)", "--url", "http://alice:wrong-password@127.0.0.1:\(port)", "--netrc-file", netrc,
+                "--state-dir", state, "-q",
+            ])
+            #expect(wrong.status == 4, "\(wrong.errors)")
+            #expect(
+                server.requests(for: "/private.bin").last?.header("authorization")
+                    == BasicCredentials(user: "alice", password: "wrong-password").authorization)
+            #expect(size(file + ".haul.part") == kept)
             server.setStandingFaults("/private.bin", [])
             let before = server.requests(for: "/private.bin").count
             let resumed = try await HaulProcess.run([
