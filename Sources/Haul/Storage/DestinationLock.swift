@@ -55,6 +55,15 @@ final class DestinationLock: Sendable {
                 POSIX.close(descriptor)
                 continue
             }
+            // A partial file with another name elsewhere (a hard link, perhaps outside the download
+            // root) would be written through: refused, as a symbolic link is.
+            guard current.st_nlink <= 1 else {
+                POSIX.close(descriptor)
+                throw HaulError(
+                    .fileSystem,
+                    "\(path) has \(current.st_nlink) names (hard links): Haul writes no file that is also elsewhere; "
+                        + "remove it to start again")
+            }
             return DestinationLock(paths: paths, descriptor: descriptor, created: created)
         }
         throw HaulError(.locked, "\(paths.destination) keeps changing owner; another process is downloading it")

@@ -267,7 +267,15 @@ enum ManifestStore {
         encoder.outputFormatting = [.sortedKeys]
         let data = try encoder.encode(manifest)
         let temporary = paths.manifestTemporaryName
-        let descriptor = try paths.folder.openFile(temporary, flags: O_WRONLY | O_CREAT | O_TRUNC)
+        // Made anew: a temporary file left in its place (or a hard link to a file elsewhere) is
+        // replaced, never written through.
+        let descriptor: Int32
+        do {
+            descriptor = try paths.folder.openFile(temporary, flags: O_WRONLY | O_CREAT | O_EXCL)
+        } catch let error as HaulError where (error.underlying as? SystemError)?.code == EEXIST {
+            try paths.folder.unlink(temporary)
+            descriptor = try paths.folder.openFile(temporary, flags: O_WRONLY | O_CREAT | O_EXCL)
+        }
         do {
             try data.withUnsafeBytes { try POSIX.write(descriptor, $0, at: 0, path: paths.folder.pathOf(temporary)) }
             if durable { try POSIX.syncAll(descriptor, path: paths.folder.pathOf(temporary)) }

@@ -1,3 +1,4 @@
+import Foundation
 import HaulTestServer
 import Testing
 
@@ -52,6 +53,27 @@ struct ManifestTests {
             try ManifestStore.store(good, at: paths, durable: true)
             #expect(try ManifestStore.load(paths) == good)
             #expect(!paths.folder.exists(paths.manifestTemporaryName))
+        }
+    }
+
+    /// A temporary manifest left in place as a hard link to a file elsewhere is replaced, not
+    /// written through; a partial file with a second name is refused, and neither other file changes.
+    @Test func hardLinksAreNeverWrittenThrough() throws {
+        try withTemporaryDirectorySync { directory in
+            let outside = directory + "/outside"
+            try Data("keep me".utf8).write(to: URL(fileURLWithPath: outside))
+            mkdir(directory + "/root", 0o755)
+            let paths = try DownloadPaths.open(directory + "/root/f")
+            #expect(link(outside, paths.folder.pathOf(paths.manifestTemporaryName)) == 0)
+            let good = manifest(written: 200, durable: 100, bootID: "x")
+            try ManifestStore.store(good, at: paths, durable: false)
+            #expect(try ManifestStore.load(paths) == good)
+            #expect(try String(contentsOfFile: outside, encoding: .utf8) == "keep me")
+
+            #expect(link(outside, paths.partial) == 0)
+            let error = #expect(throws: HaulError.self) { try DestinationLock.acquire(paths) }
+            #expect(error?.code == .fileSystem && error?.message.contains("hard links") == true)
+            #expect(try String(contentsOfFile: outside, encoding: .utf8) == "keep me")
         }
     }
 
