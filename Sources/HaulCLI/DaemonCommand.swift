@@ -150,6 +150,10 @@ struct DaemonCommand: AsyncParsableCommand {
         var limit = rlimit()
         guard getrlimit(files, &limit) == 0, limit.rlim_cur < limit.rlim_max else { return }
         limit.rlim_cur = limit.rlim_max
+        #if canImport(Darwin)
+            // macOS reports no hard limit but refuses a soft one past OPEN_MAX.
+            limit.rlim_cur = min(limit.rlim_max, rlim_t(OPEN_MAX))
+        #endif
         _ = setrlimit(files, &limit)
     }
 
