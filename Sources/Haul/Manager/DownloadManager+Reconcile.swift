@@ -7,7 +7,7 @@ extension DownloadManager {
     /// finished file that vanished makes the download failed; a download whose file was completed
     /// just before its process died is completed.
     static func reconcile(
-        store: DownloadStore, claim: ProcessClaim, restoring: Configuration.RestoredDownloads,
+        store: SQLiteQueueStore, claim: ProcessClaim, restoring: Configuration.RestoredDownloads,
         confinement: DownloadConfinement
     ) throws -> ([DownloadID: Entry], Heap<WaitingDownload>) {
         var entries: [DownloadID: Entry] = [:]

@@ -83,7 +83,7 @@ public actor DownloadManager {
     public nonisolated let stateDirectory: String
     /// The queue's settings (``setMaxConcurrentDownloads(_:)`` changes the limit at run time).
     public private(set) var configuration: Configuration
-    let store: DownloadStore
+    let store: SQLiteQueueStore
     /// What runs each download (Haul's own engine unless a test or an adapter gives another).
     let transport: any DownloadTransport
     let claim: ProcessClaim
@@ -158,7 +158,7 @@ public actor DownloadManager {
         try POSIX.makePrivateDirectory(directory, marker: Self.databaseName)
         self.stateDirectory = directory
         self.configuration = configuration
-        self.store = try DownloadStore(path: directory + "/" + Self.databaseName)
+        self.store = try SQLiteQueueStore(path: directory + "/" + Self.databaseName)
         self.claim = try ProcessClaim(stateDirectory: directory)
         var transfer = downloaderConfiguration
         transfer.storage.freeSpaceMargin = configuration.freeSpaceMargin

@@ -411,7 +411,7 @@ import Testing
                     let id = try await manager.enqueue(
                         DownloadRequest(url: server.url("/ticks"), destination: .file(directory + "/ticks")))
                     // What another process sees: the database.
-                    let database = try DownloadStore(path: directory + "/state/" + DownloadManager.databaseName)
+                    let database = try SQLiteQueueStore(path: directory + "/state/" + DownloadManager.databaseName)
                     let stored = { @Sendable () throws -> Int64 in
                         try database.allDownloads().first { $0.downloadID == id }?.bytes ?? -1
                     }

@@ -8,7 +8,7 @@ import Testing
     /// (another process's word) stays as it is.
     @Test func anUpdateWritesEveryManagedColumnAndKeepsTheRequest() async throws {
         try await withTemporaryDirectory { directory in
-            let store = try DownloadStore(path: directory + "/downloads.sqlite")
+            let store = try SQLiteQueueStore(path: directory + "/downloads.sqlite")
             var record = StoredDownload(
                 key: "file:/a", definition: DownloadRequest(url: "http://x/a", destination: .file("/a")),
                 destination: "/a", priority: 0, owner: nil, now: 1)
@@ -59,7 +59,7 @@ import Testing
             let checksum = "sha-256=" + String(repeating: "ab", count: 32)
             do {
                 let database = try DatabaseQueue(path: path)
-                try DownloadStore.migrator.migrate(database, upTo: "5: a download's mirrors")
+                try SQLiteQueueStore.migrator.migrate(database, upTo: "5: a download's mirrors")
                 try database.write { db in
                     try db.execute(
                         sql: """
@@ -77,7 +77,7 @@ import Testing
                             """, arguments: [checksum])
                 }
             }
-            let store = try DownloadStore(path: path)
+            let store = try SQLiteQueueStore(path: path)
             let records = try store.allDownloads()
             #expect(records.map(\.downloadID) == [DownloadID(1), DownloadID(2)])
             let first = records[0].definition

@@ -14,11 +14,16 @@ import GRDB
     import Foundation
 #endif
 
-/// The state database: SQLite in WAL mode, shared safely by several `haul` processes.
-final class DownloadStore: Sendable {
+/// The state database: a ``QueueStore`` in one SQLite file in WAL mode, shared safely by several
+/// `haul` processes.
+final class SQLiteQueueStore: QueueStore {
+    /// The database file.
     let path: String
+    /// The connections to it (a writer, and readers beside it).
     let database: DatabasePool
 
+    /// Opens the database at `path`, creating it (its owner's alone) and bringing its tables up to
+    /// date when needed.
     init(path: String) throws {
         self.path = path
         var configuration = Configuration()
@@ -52,6 +57,7 @@ final class DownloadStore: Sendable {
         }
     }
 
+    /// How a database of any earlier version becomes one of this version.
     static var migrator: DatabaseMigrator {
         var migrator = DatabaseMigrator()
         migrator.registerMigration("1: downloads and their headers") { db in
@@ -184,6 +190,75 @@ final class DownloadStore: Sendable {
         try db.rename(table: "download6", to: "download")
     }
 
+    // MARK: The queue's records
+
+    /// Every record, in ID order (see ``QueueStore/allDownloads()``).
+    func allDownloads() throws -> [StoredDownload] {
+        try read { db in try StoredDownload.order(StoredDownload.Columns.id).fetchAll(db) }
+    }
+
+    /// The record with this ID, if any (see ``QueueStore/download(_:)``).
+    func download(_ id: DownloadID) throws -> StoredDownload? {
+        try read { db in try StoredDownload.fetchOne(db, key: id.rawValue) }
+    }
+
+    /// Makes `changes` in one write transaction (see ``QueueStore/commit(_:)``); records are
+    /// written with GRDB's cached statements, so frequent progress writes build no SQL.
+    func commit(_ changes: QueueChanges) throws -> [DownloadID] {
+        guard !changes.isEmpty else { return [] }
+        return try write { db in
+            for record in changes.updatesIfPresent {
+                do {
+                    try record.updateManagedColumns(db)
+                } catch is RecordError {
+                    // Removed meanwhile: nothing left to update.
+                }
+            }
+            for record in changes.updates { try record.updateManagedColumns(db) }
+            var ids: [DownloadID] = []
+            ids.reserveCapacity(changes.inserts.count)
+            for var record in changes.inserts {
+                record.id = nil
+                try record.insert(db)
+                ids.append(record.downloadID)
+            }
+            for id in changes.deletes { _ = try StoredDownload.deleteOne(db, key: id.rawValue) }
+            return ids
+        }
+    }
+
+    /// Sets the request while `owner` owns the download (see ``QueueStore/setRequest(_:for:ifOwnedBy:)``).
+    func setRequest(_ request: OwnerRequest, for id: DownloadID, ifOwnedBy owner: String) throws -> Bool {
+        try write { db in
+            try db.cachedStatement(sql: "UPDATE download SET request = ? WHERE id = ? AND owner = ?")
+                .execute(arguments: [request.rawValue, id.rawValue, owner])
+            return db.changesCount > 0
+        }
+    }
+
+    /// Clears the download's request (see ``QueueStore/clearRequest(for:)``).
+    func clearRequest(for id: DownloadID) throws {
+        try write { db in
+            try db.cachedStatement(sql: "UPDATE download SET request = NULL WHERE id = ?")
+                .execute(arguments: [id.rawValue])
+        }
+    }
+
+    /// What was asked of `owner`'s downloads (see ``QueueStore/pendingRequests(for:)``).
+    func pendingRequests(for owner: String) throws -> [(id: DownloadID, request: OwnerRequest)] {
+        try read { db in
+            try Row.fetchAll(
+                db.cachedStatement(
+                    sql: "SELECT id, request FROM download WHERE owner = ? AND request IS NOT NULL ORDER BY id"),
+                arguments: [owner]
+            ).compactMap { row in
+                OwnerRequest(rawValue: row["request"] as String).map { (DownloadID(row["id"]), $0) }
+            }
+        }
+    }
+
+    // MARK: Transactions and errors
+
     /// Runs `body` in one write transaction, turning SQLite's errors into ``HaulError/Code/database``.
     func write<T>(_ body: (Database) throws -> T) throws -> T {
         do {
@@ -195,6 +270,8 @@ final class DownloadStore: Sendable {
         }
     }
 
+    /// Runs `body` on a snapshot of the database, turning SQLite's errors into
+    /// ``HaulError/Code/database``.
     func read<T>(_ body: (Database) throws -> T) throws -> T {
         do {
             return try database.read(body)
@@ -203,10 +280,6 @@ final class DownloadStore: Sendable {
         } catch {
             throw Self.failure(error, path: path, doing: "could not read the state database")
         }
-    }
-
-    func allDownloads() throws -> [StoredDownload] {
-        try read { db in try StoredDownload.order(StoredDownload.Columns.id).fetchAll(db) }
     }
 
     /// SQLite's error as a ``HaulError/Code/database`` one; a damaged file says what to do, whichever
@@ -225,6 +298,7 @@ final class DownloadStore: Sendable {
         return HaulError(.database, "\(doing) \(path): \(describe(error))", underlying: error)
     }
 
+    /// What went wrong, in SQLite's words when it was SQLite.
     static func describe(_ error: any Error) -> String {
         if let error = error as? DatabaseError { return error.message ?? "\(error.resultCode)" }
         return "\(error)"

@@ -1,0 +1,94 @@
+/// Where a download queue keeps its records, so that the queue outlives the process and several
+/// processes share it: what a ``DownloadManager`` needs from durable storage, in its own terms.
+///
+/// Every store gives the same guarantees, which the conformance suite of the tests checks:
+/// - a record reads back as it was written, its request without its secrets (``DownloadRequest``'s
+///   encoder leaves them out);
+/// - IDs grow and are never given out again, not even after a record is deleted;
+/// - the manager's writes never touch a record's ``StoredDownload/request``: another process may
+///   have just written it, and only ``setRequest(_:for:ifOwnedBy:)`` and ``clearRequest(for:)``
+///   change it;
+/// - a ``QueueChanges`` is made all together or not at all, and stores opened on the same storage
+///   (by other processes too) see each other's committed changes without losing any;
+/// - every failure is a ``HaulError`` with code ``HaulError/Code/database``; storage found damaged
+///   says so, and what to do.
+///
+/// The requirements are synchronous: the manager is an actor whose every step reads its memory,
+/// writes the store and updates its memory, and relies on nothing else running on it in between.
+protocol QueueStore: Sendable {
+    /// Every record, in ID order.
+    func allDownloads() throws -> [StoredDownload]
+
+    /// The record with this ID; `nil` when there is none (it was removed, or never added).
+    func download(_ id: DownloadID) throws -> StoredDownload?
+
+    /// Makes every change of `changes` in one transaction: all of them or, when one fails (an update
+    /// of a record that is gone, a new record whose key is taken), none. Returns the IDs given to
+    /// ``QueueChanges/inserts``, in their order.
+    @discardableResult
+    func commit(_ changes: QueueChanges) throws -> [DownloadID]
+
+    /// Asks the manager `owner` (a ``ProcessClaim`` name) to do `request` with the download: sets
+    /// the record's ``StoredDownload/request`` only while `owner` owns it. Returns whether it did.
+    func setRequest(_ request: OwnerRequest, for id: DownloadID, ifOwnedBy owner: String) throws -> Bool
+
+    /// Clears the download's ``StoredDownload/request``, once its owner has done it (or will not).
+    func clearRequest(for id: DownloadID) throws
+
+    /// The downloads `owner` owns that another process asked something of, in ID order.
+    func pendingRequests(for owner: String) throws -> [(id: DownloadID, request: OwnerRequest)]
+}
+
+extension QueueStore {
+    /// Adds `records` all together (or none, when one's key is taken) and returns their IDs in order.
+    @discardableResult
+    func insert(_ records: [StoredDownload]) throws -> [DownloadID] {
+        try commit(QueueChanges(inserts: records))
+    }
+
+    /// Writes every field of `records` but their ``StoredDownload/request``, all together; fails and
+    /// writes none when one of them is gone.
+    func update(_ records: [StoredDownload]) throws {
+        try commit(QueueChanges(updates: records))
+    }
+
+    /// Deletes the download's record; one that is gone already is no error.
+    func delete(_ id: DownloadID) throws {
+        try commit(QueueChanges(deletes: [id]))
+    }
+}
+
+/// Changes a ``QueueStore`` makes in one transaction (``QueueStore/commit(_:)``), in this order:
+/// ``updatesIfPresent``, ``updates``, ``inserts``, ``deletes``. A record in both update lists ends
+/// as ``updates`` has it.
+///
+/// The changes are a value, not a closure run inside the transaction: the manager decides
+/// everything first (which file is in the way, which download is queued again), so a transaction
+/// holds the storage only as long as it takes to write, and a store that talks to a server
+/// sends them in one go.
+struct QueueChanges: Sendable {
+    /// Records written only when they are still stored (changes that waited to be written while
+    /// the download was removed). An update writes every field but ``StoredDownload/request``.
+    var updatesIfPresent: [StoredDownload] = []
+    /// Records written (every field but ``StoredDownload/request``); one that is gone fails the
+    /// transaction.
+    var updates: [StoredDownload] = []
+    /// New records, their ``StoredDownload/id`` ignored; a key already taken fails the transaction.
+    var inserts: [StoredDownload] = []
+    /// Records to delete; one that is gone already is no error.
+    var deletes: [DownloadID] = []
+
+    /// Changes with the given parts (each empty unless given).
+    init(
+        updatesIfPresent: [StoredDownload] = [], updates: [StoredDownload] = [], inserts: [StoredDownload] = [],
+        deletes: [DownloadID] = []
+    ) {
+        self.updatesIfPresent = updatesIfPresent
+        self.updates = updates
+        self.inserts = inserts
+        self.deletes = deletes
+    }
+
+    /// Whether there is nothing to do.
+    var isEmpty: Bool { updatesIfPresent.isEmpty && updates.isEmpty && inserts.isEmpty && deletes.isEmpty }
+}
