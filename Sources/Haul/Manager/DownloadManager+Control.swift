@@ -1,5 +1,3 @@
-import GRDB
-
 #if canImport(Glibc)
     import Glibc
 #elseif canImport(Musl)
@@ -38,12 +36,13 @@ extension DownloadManager {
         // Every refusal is found before any download is replaced.
         let replaced = try requests.compactMap { request in try downloadOfAnotherURL(for: request) }
         for id in replaced { try await remove(id, deletingFiles: false) }
+        // Everything is decided first; the store then adds and changes it all in one transaction, and
+        // the memory changes only once that has committed. Changes still waiting to be written go
+        // first, so a download queued again here is not overwritten by its older record.
         var batch = Batch()
-        // The memory changes only once the transaction has committed. Changes still waiting to be
-        // written go first, so a download queued again here is not overwritten by its older record.
-        try write([]) { db in
-            for request in requests { batch.ids.append(try add(request, priority: priority, batch: &batch, db: db)) }
-        }
+        let answers = try requests.map { request in try add(request, priority: priority, batch: &batch) }
+        let newIDs = try write(QueueChanges(updates: batch.updates, inserts: batch.added.map(\.entry.record)))
+        for (position, id) in newIDs.enumerated() { batch.added[position].entry.record.id = id.rawValue }
         for (identity, entry) in batch.added {
             entries[entry.id] = entry
             index.add(identity, entry.id)
@@ -58,15 +57,44 @@ extension DownloadManager {
             }
         }
         schedule()
-        return batch.ids
+        return answers.map { answer in
+            switch answer {
+            case .known(let id): id
+            case .added(let position): batch.added[position].entry.id
+            }
+        }
     }
 
     /// What one `enqueue` call adds and changes.
     private struct Batch {
-        var ids: [DownloadID] = []
-        var added: [(Identity, Entry)] = []
+        /// New downloads, in the order the store adds them.
+        var added: [(identity: Identity, entry: Entry)] = []
+        /// Known downloads queued again, or given the new request's headers while they run or wait.
         var changed: [Entry] = []
-        var index = DestinationIndex()
+        /// The records of the downloads queued again, to store.
+        var updates: [StoredDownload] = []
+        /// Where in ``added`` the new download of each key, and of each destination, is.
+        var addedByKey: [String: Int] = [:]
+        var addedByDestination: [String: Int] = [:]
+
+        /// The new download of this batch `identity` names, as a place in ``added``.
+        func find(_ identity: Identity) -> Int? {
+            addedByKey[identity.key] ?? identity.destination.flatMap { addedByDestination[$0] }
+        }
+
+        /// Notes a new download.
+        mutating func add(_ identity: Identity, _ entry: Entry) {
+            addedByKey[identity.key] = added.count
+            if let destination = identity.destination { addedByDestination[destination] = added.count }
+            added.append((identity, entry))
+        }
+    }
+
+    /// Which download one request of an `enqueue` call is: one the manager knows, or a new one (its
+    /// place in ``Batch/added``), whose ID the store gives when the batch is written.
+    private enum BatchAnswer {
+        case known(DownloadID)
+        case added(Int)
     }
 
     /// The first of `requests` ``enqueue(_:priority:)-([DownloadRequest],_)`` would refuse, and why;
@@ -101,24 +129,25 @@ extension DownloadManager {
         }
     }
 
-    private func add(_ request: DownloadRequest, priority: DownloadPriority, batch: inout Batch, db: Database) throws
-        -> DownloadID
-    {
+    /// Decides what one request of `batch` does: names a download already known (queued again when
+    /// it may be) or a new one.
+    private func add(_ request: DownloadRequest, priority: DownloadPriority, batch: inout Batch) throws -> BatchAnswer {
         let identity = Identity(request)
-        if let id = batch.index.find(identity) { return id }
+        if let position = batch.find(identity) { return .added(position) }
         if let id = index.find(identity) {
-            if let entry = try requeued(id, with: request, priority: priority, db: db) { batch.changed.append(entry) }
-            return id
+            if let (entry, changed) = try requeued(id, with: request, priority: priority) {
+                batch.changed.append(entry)
+                if changed { batch.updates.append(entry.record) }
+            }
+            return .known(id)
         }
         try checkNothingInTheWay(identity, overwriting: request.overwrite)
         var record = StoredDownload(
             key: identity.key, definition: identity.normalized(request), destination: identity.destination,
             priority: priority.rawValue, owner: claim.name, now: Self.now)
         Self.refreshFromDisk(&record, confinement: confinement)
-        try record.insert(db)
-        batch.added.append((identity, Entry(record: record)))
-        batch.index.add(identity, record.downloadID)
-        return record.downloadID
+        batch.add(identity, Entry(record: record))
+        return .added(batch.added.count - 1)
     }
 
     /// The download of another URL that holds the file `request` names and must make way for it
@@ -131,7 +160,7 @@ extension DownloadManager {
         let runsElsewhere = entry.record.owner.map { $0 != claim.name && claim.isAlive($0) } ?? false
         switch entry.state {
         case .paused, .failed, .cancelled:
-            // A refreshed link continues the download (see requeued(_:with:priority:db:)).
+            // A refreshed link continues the download (see requeued(_:with:priority:)).
             return nil
         case .queued where entry.record.owner == nil || !(runsElsewhere || entry.record.owner == claim.name):
             // Left queued by a process that is gone (killed, or the machine restarted): as paused.
@@ -152,11 +181,12 @@ extension DownloadManager {
         }
     }
 
-    /// The existing download queued again for a new request of the same destination, or `nil` when it
-    /// stays as it is (running, already queued here, or completed with its file in place).
+    /// The existing download queued again for a new request of the same destination (`changed`: its
+    /// record is to be stored), or given the request's headers only (running, or already queued
+    /// here); `nil` when it stays as it is (completed with its file in place).
     private func requeued(
-        _ id: DownloadID, with request: DownloadRequest, priority: DownloadPriority, db: Database
-    ) throws -> Entry? {
+        _ id: DownloadID, with request: DownloadRequest, priority: DownloadPriority
+    ) throws -> (entry: Entry, changed: Bool)? {
         guard var entry = entries[id] else { return nil }
         if let owner = entry.record.owner, owner != claim.name, claim.isAlive(owner) {
             throw HaulError(
@@ -171,9 +201,9 @@ extension DownloadManager {
         entry.record.definition.cookies = request.cookies
         switch entry.state {
         case .running:
-            return entry
+            return (entry, false)
         case .queued where entry.record.owner == claim.name:
-            return entry
+            return (entry, false)
         case .completed where !request.overwrite && entry.record.destination.map(finishedFileExists) == true:
             return nil
         default:
@@ -185,8 +215,7 @@ extension DownloadManager {
         entry.record.definition.destination = kept.destination
         entry.record.priority = priority.rawValue
         markQueued(&entry)
-        try entry.record.updateManagedColumns(db)
-        return entry
+        return (entry, true)
     }
 
     /// Stops a download, keeping its partial data; ``resume(_:url:headers:secretHeaders:credentials:cookies:)`` continues it. Returns
@@ -374,7 +403,7 @@ extension DownloadManager {
 
     func deleteRecord(_ entry: Entry) throws {
         dropUnwritten(entry.id)
-        try store.write { db in _ = try StoredDownload.deleteOne(db, key: entry.id.rawValue) }
+        try store.delete(entry.id)
         entries[entry.id] = nil
         index.remove(entry.record)
         publish(.removed, entry)

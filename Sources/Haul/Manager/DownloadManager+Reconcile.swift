@@ -7,7 +7,7 @@ extension DownloadManager {
     /// finished file that vanished makes the download failed; a download whose file was completed
     /// just before its process died is completed.
     static func reconcile(
-        store: SQLiteQueueStore, claim: ProcessClaim, restoring: Configuration.RestoredDownloads,
+        store: any QueueStore, claim: ProcessClaim, restoring: Configuration.RestoredDownloads,
         confinement: DownloadConfinement
     ) throws -> ([DownloadID: Entry], Heap<WaitingDownload>) {
         var entries: [DownloadID: Entry] = [:]
@@ -53,11 +53,7 @@ extension DownloadManager {
             }
             entries[record.downloadID] = Entry(record: record)
         }
-        if !changed.isEmpty {
-            try store.write { db in
-                for record in changed { try record.updateManagedColumns(db) }
-            }
-        }
+        if !changed.isEmpty { try store.update(changed) }
         return (entries, waiting)
     }
 

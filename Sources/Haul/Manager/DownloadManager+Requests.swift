@@ -1,5 +1,3 @@
-import GRDB
-
 /// Pausing, cancelling or removing a download that another process's manager runs: the request is
 /// written into the download's record, that manager carries it out within a
 /// ``DownloadManager/Configuration/stateUpdateInterval`` and clears it, and the asking side waits for
@@ -12,22 +10,15 @@ extension DownloadManager {
         guard let entry = entries[id], let owner = entry.record.owner, owner != claim.name, claim.isAlive(owner)
         else { return false }
         let request = reason.request
-        let asked = try store.write { db -> Bool in
-            try db.execute(
-                sql: "UPDATE download SET request = ? WHERE id = ? AND owner = ?",
-                arguments: [request.rawValue, id.rawValue, owner])
-            return db.changesCount > 0
-        }
         // The owner let go of it meanwhile: act here.
-        guard asked else {
+        guard try store.setRequest(request, for: id, ifOwnedBy: owner) else {
             try reload(id)
             return false
         }
         let deadline = clock.now + timeout
         while clock.now < deadline {
             try await clock.sleep(for: .milliseconds(50))
-            let record = try store.read { db in try StoredDownload.fetchOne(db, key: id.rawValue) }
-            guard let record else {
+            guard let record = try store.download(id) else {
                 if let gone = entries.removeValue(forKey: id) { index.remove(gone.record) }
                 return true
             }
@@ -37,12 +28,12 @@ extension DownloadManager {
             }
             if !claim.isAlive(owner) {
                 // The owner died before answering: the download is nobody's now, so act here.
-                try clearRequest(id)
+                try store.clearRequest(for: id)
                 try reload(id)
                 return false
             }
         }
-        try clearRequest(id)
+        try store.clearRequest(for: id)
         throw HaulError(
             .locked,
             "haul process \(ProcessClaim.processID(of: owner)) did not \(request.verb) download \(id) in time")
@@ -51,36 +42,23 @@ extension DownloadManager {
     /// Carries out the requests other processes wrote for downloads this manager owns.
     func applyRequests() async {
         let owner = claim.name
-        let pending =
-            (try? store.read { db in
-                try Row.fetchAll(
-                    db, sql: "SELECT id, request FROM download WHERE owner = ? AND request IS NOT NULL",
-                    arguments: [owner]
-                ).map { (DownloadID($0["id"]), OwnerRequest(rawValue: $0["request"] as String)) }
-            }) ?? []
+        let pending = (try? store.pendingRequests(for: owner)) ?? []
         for (id, request) in pending {
             switch request {
             case .pause: _ = try? await pause(id)
             case .cancel: try? await cancel(id)
             case .remove: try? await remove(id, deletingFiles: false)
             case .removeFiles: try? await remove(id, deletingFiles: true)
-            case nil: break
             }
             // Cleared in any case, so the asking side stops waiting (it reads the outcome from the record).
-            try? clearRequest(id)
+            try? store.clearRequest(for: id)
         }
     }
 
-    private func clearRequest(_ id: DownloadID) throws {
-        try store.write { db in
-            try db.execute(sql: "UPDATE download SET request = NULL WHERE id = ?", arguments: [id.rawValue])
-        }
-    }
-
-    /// Replaces the in-memory entry with the database's record; a download whose owner died comes
+    /// Replaces the in-memory entry with the stored record; a download whose owner died comes
     /// back queued (or as it was, when it was not running) and nobody's.
     func reload(_ id: DownloadID) throws {
-        guard var record = try store.read({ db in try StoredDownload.fetchOne(db, key: id.rawValue) }) else {
+        guard var record = try store.download(id) else {
             if let gone = entries.removeValue(forKey: id) { index.remove(gone.record) }
             return
         }

@@ -1,27 +1,28 @@
-import GRDB
-
 /// How the manager writes its records. Changes made while downloads run (a download starts, learns
 /// its file name, ends) are collected and written together: with many short downloads at once, one
 /// transaction then carries the changes of several, and the manager spends its time starting
 /// downloads rather than waiting for the database. Every write, deferred or not, carries all changes
 /// still waiting, so a record is never overwritten by an older version of itself.
 extension DownloadManager {
-    /// Writes `records`, every change still waiting, and whatever `more` does, in one transaction.
-    /// `more` runs last, so what it writes wins over a change that was still waiting.
-    func write(_ records: [StoredDownload], more: (Database) throws -> Void = { _ in }) throws {
-        let waiting = unwritten
-        try store.write { db in
-            for record in waiting.values where !records.contains(where: { $0.id == record.id }) {
-                do {
-                    try record.updateManagedColumns(db)
-                } catch is RecordError {
-                    // Removed meanwhile: nothing left to update.
-                }
-            }
-            for record in records { try record.updateManagedColumns(db) }
-            try more(db)
+    /// Writes `records` and every change still waiting in one transaction.
+    func write(_ records: [StoredDownload]) throws {
+        try write(QueueChanges(updates: records))
+    }
+
+    /// Makes `changes` and every change still waiting in one transaction, and returns the IDs of
+    /// the new records. The waiting changes go first (and only for records still stored), so what
+    /// `changes` writes wins over them.
+    @discardableResult
+    func write(_ changes: QueueChanges) throws -> [DownloadID] {
+        var changes = changes
+        if !unwritten.isEmpty {
+            let written = Set(changes.updates.lazy.map(\.downloadID))
+            changes.updatesIfPresent =
+                unwritten.values.filter { !written.contains($0.downloadID) } + changes.updatesIfPresent
         }
+        let ids = try store.commit(changes)
         unwritten = [:]
+        return ids
     }
 
     /// Notes a change to write with the next transaction; that follows at the latest once the work

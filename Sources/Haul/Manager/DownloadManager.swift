@@ -83,7 +83,8 @@ public actor DownloadManager {
     public nonisolated let stateDirectory: String
     /// The queue's settings (``setMaxConcurrentDownloads(_:)`` changes the limit at run time).
     public private(set) var configuration: Configuration
-    let store: SQLiteQueueStore
+    /// Where the queue's records are kept (``SQLiteQueueStore`` in the state directory).
+    let store: any QueueStore
     /// What runs each download (Haul's own engine unless a test or an adapter gives another).
     let transport: any DownloadTransport
     let claim: ProcessClaim

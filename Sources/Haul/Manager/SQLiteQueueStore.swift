@@ -304,3 +304,26 @@ final class SQLiteQueueStore: QueueStore {
         return "\(error)"
     }
 }
+
+/// A record as a row of the `download` table; its request is the `definition` column, as JSON.
+extension StoredDownload: FetchableRecord, MutablePersistableRecord {
+    static let databaseTableName = "download"
+
+    /// The table's columns, by name.
+    enum Columns: String, ColumnExpression, CaseIterable {
+        case id, key, definition, destination, priority, state, errorCode, errorMessage, errorStatus, bytes
+        case totalBytes, bytesPerSecond, owner, request, hook, createdAt, startedAt, finishedAt, updatedAt
+
+        /// Every column but `id` and `request`: the manager writes whole records without ever
+        /// clearing a request another process has just made.
+        static let managed = allCases.filter { $0 != .id && $0 != .request }
+    }
+
+    /// Takes the ID SQLite gave the new row.
+    mutating func didInsert(_ inserted: InsertionSuccess) { id = inserted.rowID }
+
+    /// Writes every managed column (see ``Columns/managed``); throws `RecordError` when the row is gone.
+    func updateManagedColumns(_ db: Database) throws {
+        try update(db, columns: Columns.managed)
+    }
+}

@@ -1,19 +1,16 @@
-import GRDB
-
-/// One row of the `download` table: what a download manager must remember across processes.
+/// One download's record in a ``QueueStore``: what a download manager must remember across processes.
 ///
-/// What the user asked for is one column, ``definition``: the request as JSON, written by
-/// ``DownloadRequest``'s own encoder, which leaves its secrets out. A field added to the request
-/// is stored without a migration. The other columns are what the manager learns and changes as the
-/// download runs, and the two it looks downloads up by (`key`, `destination`).
-struct StoredDownload: Codable, Sendable, Equatable, FetchableRecord, MutablePersistableRecord {
-    static let databaseTableName = "download"
-
+/// What the user asked for is one field, ``definition``: the request, which a store keeps as
+/// ``DownloadRequest``'s own encoder writes it, leaving its secrets out (so a field added to the
+/// request is stored without a migration). The other fields are what the manager learns and
+/// changes as the download runs, and the two it looks downloads up by (`key`, `destination`).
+struct StoredDownload: Codable, Sendable, Equatable {
+    /// The number the store gave the record; `nil` until it is stored.
     var id: Int64?
     /// What identifies the download: its destination file, or its URL and directory until the server names the file.
     var key: String
     /// The request, its destination's path absolute. In memory it holds what was given in this
-    /// process too (secret headers, cookies); the database never does.
+    /// process too (secret headers, cookies); the store never does.
     var definition: DownloadRequest
     /// The file's path, once known (a download into a directory learns it from the server).
     var destination: String?
@@ -30,6 +27,8 @@ struct StoredDownload: Codable, Sendable, Equatable, FetchableRecord, MutablePer
     /// The manager running or about to run the download (`pid.n`); NULL when no manager has claimed it.
     var owner: String?
     /// What another process asks the owner to do with the download; the owner clears it once done.
+    /// Only ``QueueStore/setRequest(_:for:ifOwnedBy:)`` and ``QueueStore/clearRequest(for:)`` store it:
+    /// the manager's writes of a record leave it as it is.
     var request: OwnerRequest?
     /// What the program run when the download ended said (`on-complete exited 0`); cleared when
     /// it is queued again.
@@ -38,16 +37,6 @@ struct StoredDownload: Codable, Sendable, Equatable, FetchableRecord, MutablePer
     var startedAt: Double?
     var finishedAt: Double?
     var updatedAt: Double
-
-    /// The table's columns, by name.
-    enum Columns: String, ColumnExpression, CaseIterable {
-        case id, key, definition, destination, priority, state, errorCode, errorMessage, errorStatus, bytes
-        case totalBytes, bytesPerSecond, owner, request, hook, createdAt, startedAt, finishedAt, updatedAt
-
-        /// Every column but `id` and `request`: the manager writes whole records without ever
-        /// clearing a request another process has just made.
-        static let managed = allCases.filter { $0 != .id && $0 != .request }
-    }
 
     /// A new download's record: queued, owned by `owner`.
     init(key: String, definition: DownloadRequest, destination: String?, priority: Int, owner: String?, now: Double) {
@@ -60,13 +49,6 @@ struct StoredDownload: Codable, Sendable, Equatable, FetchableRecord, MutablePer
         self.owner = owner
         self.createdAt = now
         self.updatedAt = now
-    }
-
-    mutating func didInsert(_ inserted: InsertionSuccess) { id = inserted.rowID }
-
-    /// Writes every managed column (see ``Columns/managed``).
-    func updateManagedColumns(_ db: Database) throws {
-        try update(db, columns: Columns.managed)
     }
 
     var downloadID: DownloadID { DownloadID(id ?? 0) }
@@ -84,7 +66,7 @@ struct StoredDownload: Codable, Sendable, Equatable, FetchableRecord, MutablePer
     }
 
     /// Keeps what `old` held in memory only (secret headers, cookies) when this record was read
-    /// back from the database, which never has them.
+    /// back from the store, which never has them.
     mutating func keepSecrets(of old: StoredDownload) {
         let given = old.definition
         guard given.cookies != nil || given.headers.contains(where: { given.isSecret($0.name) }) else { return }
@@ -161,7 +143,7 @@ extension DownloadState {
 }
 
 /// What another process asks the manager that owns a download to do with it (the record's
-/// `request` column).
+/// ``StoredDownload/request``).
 enum OwnerRequest: String, Codable, Sendable, CaseIterable {
     case pause
     case cancel
