@@ -260,7 +260,7 @@ final class SQLiteQueueStore: QueueStore {
     // MARK: Transactions and errors
 
     /// Runs `body` in one write transaction, turning SQLite's errors into ``HaulError/Code/database``.
-    func write<T>(_ body: (Database) throws -> T) throws -> T {
+    private func write<T>(_ body: (Database) throws -> T) throws -> T {
         do {
             return try database.write(body)
         } catch let error as HaulError {
@@ -272,7 +272,7 @@ final class SQLiteQueueStore: QueueStore {
 
     /// Runs `body` on a snapshot of the database, turning SQLite's errors into
     /// ``HaulError/Code/database``.
-    func read<T>(_ body: (Database) throws -> T) throws -> T {
+    private func read<T>(_ body: (Database) throws -> T) throws -> T {
         do {
             return try database.read(body)
         } catch let error as HaulError {

@@ -3,53 +3,9 @@ import Testing
 
 @testable import Haul
 
-@Suite struct DownloadStoreTests {
-    /// Every managed column lands in its own place, the request as one JSON column, and `request`
-    /// (another process's word) stays as it is.
-    @Test func anUpdateWritesEveryManagedColumnAndKeepsTheRequest() async throws {
-        try await withTemporaryDirectory { directory in
-            let store = try SQLiteQueueStore(path: directory + "/downloads.sqlite")
-            var record = StoredDownload(
-                key: "file:/a", definition: DownloadRequest(url: "http://x/a", destination: .file("/a")),
-                destination: "/a", priority: 0, owner: nil, now: 1)
-            try store.write { db in try record.insert(db) }
-            try store.write { db in
-                try db.execute(sql: "UPDATE download SET request = 'pause' WHERE id = ?", arguments: [record.id])
-            }
-            record.key = "url:/d\nhttp://x/b"
-            record.definition = DownloadRequest(
-                url: "http://x/b", destination: .directory("/d"), headers: [("X-Trace", "5")], overwrite: true,
-                checksum: try Checksum(parsing: "sha-256=" + String(repeating: "0", count: 64)),
-                bytesPerSecondLimit: 7, connections: 3, mirrors: ["http://y/b"])
-            record.destination = "/d/b"
-            record.priority = 3
-            try record.move(to: .running, at: 2)
-            try record.move(to: .failed, at: 3, error: HaulError(.network, "gone", status: 503))
-            record.bytes = 11
-            record.totalBytes = 13
-            record.bytesPerSecond = 17.5
-            record.owner = "42.1"
-            record.createdAt = 19
-            record.startedAt = 23
-            record.finishedAt = 29
-            record.updatedAt = 31
-            try store.write { db in try record.updateManagedColumns(db) }
-            let stored = try #require(try store.read { db in try StoredDownload.fetchOne(db, key: record.id) })
-            var expected = record
-            expected.request = .pause
-            #expect(stored == expected)
-            #expect(stored.state == .failed && stored.storedError?.code == .network && stored.errorStatus == 503)
-
-            // A record that is gone is reported, not silently skipped.
-            var missing = record
-            missing.id = 999
-            let error = #expect(throws: HaulError.self) {
-                try store.write { db in try missing.updateManagedColumns(db) }
-            }
-            #expect(error?.message.contains("not found") == true)
-        }
-    }
-
+/// What only the SQLite store does (its migrations), and the records' lifecycle; what every store
+/// does is in ``QueueStoreConformanceTests``.
+@Suite struct SQLiteQueueStoreTests {
     /// A state database written before requests were stored as JSON keeps every download: its URL,
     /// destination, headers, checksum, limits and mirrors move into the request, its IDs stay, and an
     /// ID of a removed download is not given out again.
@@ -94,9 +50,11 @@ import Testing
             var next = StoredDownload(
                 key: "file:/d/e", definition: DownloadRequest(url: "http://x/e", destination: .file("/d/e")),
                 destination: "/d/e", priority: 0, owner: nil, now: 3)
-            try store.write { db in try next.insert(db) }
+            next.id = try store.insert([next])[0].rawValue
             #expect(next.downloadID == DownloadID(6))
-            let tables = try store.read { db in try String.fetchAll(db, sql: "SELECT name FROM sqlite_master") }
+            let tables = try store.database.read { db in
+                try String.fetchAll(db, sql: "SELECT name FROM sqlite_master")
+            }
             #expect(!tables.contains("header") && !tables.contains("download6"))
         }
     }

@@ -1,0 +1,344 @@
+import Testing
+
+@testable import Haul
+
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Darwin)
+    import Darwin
+#endif
+
+/// One fresh, empty storage a conformance test runs on, opened as often as the test likes.
+struct QueueStoreStorage {
+    /// Opens another store on this storage, as another process would.
+    let open: () throws -> any QueueStore
+    /// Damages the storage as a failing disk might; no store is open on it meanwhile.
+    let damage: () throws -> Void
+}
+
+/// A kind of ``QueueStore`` the conformance suite checks: how to make fresh storage for it.
+struct QueueStoreKind: Sendable, CustomTestStringConvertible {
+    /// The store's name, as the test results show it.
+    let name: String
+    /// Runs `body` with fresh storage, and removes that storage afterwards.
+    let withStorage: @Sendable (_ body: (QueueStoreStorage) async throws -> Void) async throws -> Void
+
+    /// The name, for the test results.
+    var testDescription: String { name }
+
+    /// Every store Haul has: each must pass the whole suite.
+    static let all: [QueueStoreKind] = [.sqlite]
+
+    /// ``SQLiteQueueStore``, in a file of a temporary directory.
+    static let sqlite = QueueStoreKind(name: "SQLite") { body in
+        try await withTemporaryDirectory { directory in
+            let path = directory + "/" + DownloadManager.databaseName
+            try await body(
+                QueueStoreStorage(
+                    open: { try SQLiteQueueStore(path: path) },
+                    damage: {
+                        let size = try readFile(path).count
+                        try writeFile(path, [UInt8](repeating: 0x5A, count: size))
+                        for file in [path + "-wal", path + "-shm"] { _ = unlink(file) }
+                    }))
+        }
+    }
+}
+
+/// What every ``QueueStore`` must do, whatever keeps its records: written once against the
+/// protocol and run on every store of ``QueueStoreKind/all``, on real storage.
+@Suite struct QueueStoreConformanceTests {
+    /// A new record, queued, with a plain request for `key`.
+    static func record(_ key: String, owner: String? = nil, now: Double = 1) -> StoredDownload {
+        StoredDownload(
+            key: "file:/d/" + key, definition: DownloadRequest(url: "http://x/" + key, destination: .file("/d/" + key)),
+            destination: "/d/" + key, priority: 0, owner: owner, now: now)
+    }
+
+    /// The record `store` holds for `id`, failing the test when there is none.
+    static func stored(_ store: any QueueStore, _ id: DownloadID, sourceLocation: SourceLocation = #_sourceLocation)
+        throws -> StoredDownload
+    {
+        try #require(try store.download(id), sourceLocation: sourceLocation)
+    }
+
+    /// Every field reads back as it was written, on insert and on update; the request reads back
+    /// without its secrets (headers that look secret or were marked so, credentials, cookies).
+    @Test(arguments: QueueStoreKind.all)
+    func aRecordReadsBackAsWrittenWithoutItsSecrets(_ kind: QueueStoreKind) async throws {
+        try await kind.withStorage { storage in
+            let store = try storage.open()
+            var request = DownloadRequest(
+                url: "http://user:pw@x/a", destination: .file("/d/a"),
+                headers: [("X-Trace", "5"), ("X-Api-Key", "k"), ("Authorization", "Bearer t"), ("X-Own", "s")],
+                overwrite: true, checksum: try Checksum(parsing: "sha-256=" + String(repeating: "ab", count: 32)),
+                bytesPerSecondLimit: 500, connections: 4,
+                cookies: CookieJar(cookies: [CookieJar.Cookie(domain: "x", path: "/", name: "s", value: "1")]),
+                mirrors: ["http://m1/a", "http://m2/a"], label: "the a file")
+            request.secretHeaders = ["X-Own"]
+            var record = StoredDownload(
+                key: "file:/d/a", definition: request, destination: "/d/a", priority: 10, owner: "7.1", now: 2)
+            record.bytes = 3
+            record.totalBytes = 9
+            record.hook = "on-complete exited 0"
+            let id = try #require(try store.insert([record]).first)
+            record.id = id.rawValue
+
+            // What a secret-free request is: the same request with only its plain headers.
+            func withoutSecrets(_ record: StoredDownload) -> StoredDownload {
+                var expected = record
+                let given = record.definition
+                expected.definition.headers = given.headers.filter { !given.isSecret($0.name) }
+                expected.definition.secretHeaders = []
+                expected.definition.cookies = nil
+                return expected
+            }
+            let inserted = try Self.stored(store, id)
+            #expect(inserted == withoutSecrets(record))
+            #expect(inserted.definition.headers.map(\.name) == ["X-Trace"])
+            #expect(inserted.definition.credentials == nil && inserted.definition.cookies == nil)
+            #expect(try store.allDownloads() == [withoutSecrets(record)])
+
+            record.key = "url:/e\nhttp://x/b"
+            record.definition = DownloadRequest(
+                url: "http://x/b", destination: .directory("/e"), headers: [("Accept", "*/*"), ("Cookie", "c=1")],
+                connections: 2, label: "b")
+            record.destination = "/e/b.iso"
+            record.priority = -5
+            try record.move(to: .running, at: 3)
+            try record.move(to: .failed, at: 4, error: HaulError(.network, "gone", status: 503))
+            record.bytes = 11
+            record.totalBytes = 13
+            record.bytesPerSecond = 17.5
+            record.owner = "42.1"
+            record.hook = nil
+            record.createdAt = 19
+            record.startedAt = 23
+            record.finishedAt = 29
+            record.updatedAt = 31
+            try store.update([record])
+            let updated = try Self.stored(store, id)
+            #expect(updated == withoutSecrets(record))
+            #expect(updated.definition.headers.map(\.name) == ["Accept"])
+            #expect(updated.state == .failed && updated.storedError?.code == .network && updated.errorStatus == 503)
+            #expect(updated.storedError?.message == "gone")
+        }
+    }
+
+    /// The manager's writes never touch a record's request: one another store has just set stays,
+    /// whether the record is updated outright or as a change that waited.
+    @Test(arguments: QueueStoreKind.all)
+    func anUpdateKeepsTheRequestAnotherStoreSet(_ kind: QueueStoreKind) async throws {
+        try await kind.withStorage { storage in
+            let mine = try storage.open()
+            let other = try storage.open()
+            var first = Self.record("a", owner: "1.1")
+            var second = Self.record("b", owner: "1.1")
+            let ids = try mine.insert([first, second])
+            first.id = ids[0].rawValue
+            second.id = ids[1].rawValue
+            #expect(try other.setRequest(.pause, for: ids[0], ifOwnedBy: "1.1"))
+            #expect(try other.setRequest(.removeFiles, for: ids[1], ifOwnedBy: "1.1"))
+            first.bytes = 100
+            second.bytes = 200
+            try mine.commit(QueueChanges(updatesIfPresent: [second], updates: [first]))
+            let a = try Self.stored(other, ids[0])
+            let b = try Self.stored(other, ids[1])
+            #expect(a.bytes == 100 && a.request == .pause)
+            #expect(b.bytes == 200 && b.request == .removeFiles)
+        }
+    }
+
+    /// An update of a record that is gone fails the whole transaction with a ``HaulError/Code/database``
+    /// error and writes nothing; as a change that waited it is skipped and the rest is written.
+    @Test(arguments: QueueStoreKind.all)
+    func anUpdateOfARecordThatIsGoneFailsUnlessItMayBe(_ kind: QueueStoreKind) async throws {
+        try await kind.withStorage { storage in
+            let store = try storage.open()
+            var present = Self.record("a")
+            present.id = try store.insert([present])[0].rawValue
+            var missing = Self.record("b")
+            missing.id = 999
+            present.bytes = 5
+            let error = await expectHaulError(.database) {
+                try store.commit(QueueChanges(updates: [present, missing], inserts: [Self.record("c")]))
+            }
+            #expect(error?.message.contains("not found") == true, "\(error?.message ?? "")")
+            #expect(try store.allDownloads().map(\.bytes) == [0])
+
+            try store.commit(QueueChanges(updatesIfPresent: [missing, present]))
+            #expect(try store.allDownloads().map(\.bytes) == [5])
+            #expect(try store.download(DownloadID(999)) == nil)
+        }
+    }
+
+    /// A batch is added all together or not at all: a key taken twice in it, or by a stored record,
+    /// adds nothing (and changes nothing else the transaction held) and throws.
+    @Test(arguments: QueueStoreKind.all)
+    func aBatchWithATakenKeyAddsNothing(_ kind: QueueStoreKind) async throws {
+        try await kind.withStorage { storage in
+            let store = try storage.open()
+            await expectHaulError(.database) {
+                try store.insert([Self.record("a"), Self.record("b"), Self.record("a", now: 2)])
+            }
+            #expect(try store.allDownloads().isEmpty)
+
+            var kept = Self.record("k")
+            kept.id = try store.insert([kept])[0].rawValue
+            kept.bytes = 7
+            await expectHaulError(.database) {
+                try store.commit(QueueChanges(updates: [kept], inserts: [Self.record("n"), Self.record("k")]))
+            }
+            let all = try store.allDownloads()
+            #expect(all.map(\.key) == ["file:/d/k"] && all[0].bytes == 0)
+
+            // The IDs a batch is given come in its order.
+            let ids = try store.insert([Self.record("x"), Self.record("y"), Self.record("z")])
+            #expect(ids.count == 3 && ids == ids.sorted() && Set(ids).count == 3)
+            #expect(try ids.map { try Self.stored(store, $0).key } == ["file:/d/x", "file:/d/y", "file:/d/z"])
+        }
+    }
+
+    /// IDs grow and are never given out again, not even the last one after it is deleted; a delete
+    /// removes only its record, and deleting what is gone is no error.
+    @Test(arguments: QueueStoreKind.all)
+    func idsGrowAndAreNotReusedAfterADelete(_ kind: QueueStoreKind) async throws {
+        try await kind.withStorage { storage in
+            let store = try storage.open()
+            let first = try store.insert([Self.record("a"), Self.record("b")])
+            let third = try store.insert([Self.record("c")])[0]
+            #expect(first[0] < first[1] && first[1] < third)
+            try store.delete(third)
+            try store.delete(first[0])
+            try store.delete(third)
+            #expect(try store.download(third) == nil && store.download(first[0]) == nil)
+            #expect(try store.allDownloads().map(\.downloadID) == [first[1]])
+            let next = try store.insert([Self.record("c")])[0]
+            #expect(next > third)
+            // Deletes go in a transaction with the rest.
+            try store.commit(QueueChanges(inserts: [Self.record("d")], deletes: [next]))
+            #expect(try store.allDownloads().map(\.key) == ["file:/d/b", "file:/d/d"])
+            // Another store on the same storage goes on from there.
+            let reopened = try storage.open()
+            #expect(try reopened.insert([Self.record("e")])[0] > next)
+        }
+    }
+
+    /// A request is written only while the named process owns the download; clearing it works
+    /// whoever owns the download, and on a download that is gone.
+    @Test(arguments: QueueStoreKind.all)
+    func aRequestIsSetOnlyWhileTheOwnerMatches(_ kind: QueueStoreKind) async throws {
+        try await kind.withStorage { storage in
+            let store = try storage.open()
+            let ids = try store.insert([Self.record("a", owner: "1.1"), Self.record("b")])
+            #expect(try !store.setRequest(.cancel, for: ids[0], ifOwnedBy: "2.1"))
+            #expect(try Self.stored(store, ids[0]).request == nil)
+            #expect(try !store.setRequest(.cancel, for: ids[1], ifOwnedBy: "1.1"))
+            #expect(try !store.setRequest(.cancel, for: DownloadID(999), ifOwnedBy: "1.1"))
+            #expect(try store.setRequest(.cancel, for: ids[0], ifOwnedBy: "1.1"))
+            #expect(try Self.stored(store, ids[0]).request == .cancel)
+            // A later request replaces an earlier one.
+            #expect(try store.setRequest(.remove, for: ids[0], ifOwnedBy: "1.1"))
+            #expect(try Self.stored(store, ids[0]).request == .remove)
+            try store.clearRequest(for: ids[0])
+            #expect(try Self.stored(store, ids[0]).request == nil)
+            try store.clearRequest(for: DownloadID(999))
+        }
+    }
+
+    /// Each owner is told only what was asked of its own downloads, in ID order.
+    @Test(arguments: QueueStoreKind.all)
+    func pendingRequestsAreListedPerOwner(_ kind: QueueStoreKind) async throws {
+        try await kind.withStorage { storage in
+            let store = try storage.open()
+            let ids = try store.insert([
+                Self.record("a", owner: "1.1"), Self.record("b", owner: "2.1"), Self.record("c", owner: "1.1"),
+                Self.record("d", owner: "1.1"), Self.record("e"),
+            ])
+            #expect(try store.setRequest(.removeFiles, for: ids[3], ifOwnedBy: "1.1"))
+            #expect(try store.setRequest(.pause, for: ids[0], ifOwnedBy: "1.1"))
+            #expect(try store.setRequest(.cancel, for: ids[1], ifOwnedBy: "2.1"))
+            func pending(_ owner: String) throws -> [String] {
+                try store.pendingRequests(for: owner).map { "\($0.id) \($0.request.rawValue)" }
+            }
+            #expect(try pending("1.1") == ["\(ids[0]) pause", "\(ids[3]) remove-files"])
+            #expect(try pending("2.1") == ["\(ids[1]) cancel"])
+            #expect(try pending("3.1").isEmpty)
+            try store.clearRequest(for: ids[0])
+            #expect(try pending("1.1") == ["\(ids[3]) remove-files"])
+            try store.delete(ids[3])
+            #expect(try pending("1.1").isEmpty)
+        }
+    }
+
+    /// Two stores on the same storage (two processes) writing at once lose nothing: every update,
+    /// every new record and every request of either is there afterwards, and each store reads what
+    /// the other committed.
+    @Test(arguments: QueueStoreKind.all)
+    func twoStoresWritingAtOnceLoseNoUpdates(_ kind: QueueStoreKind) async throws {
+        try await kind.withStorage { storage in
+            let stores = [try storage.open(), try storage.open()]
+            let ids = try stores[0].insert([Self.record("0", owner: "1.1"), Self.record("1", owner: "2.1")])
+            var records = try ids.map { try Self.stored(stores[1], $0) }
+            let rounds = 60
+            let added = try await withThrowingTaskGroup(of: [DownloadID].self) { group in
+                for side in 0..<2 {
+                    let store = stores[side]
+                    var record = records[side]
+                    let otherID = ids[1 - side]
+                    let otherOwner = side == 0 ? "2.1" : "1.1"
+                    group.addTask {
+                        var added: [DownloadID] = []
+                        for round in 1...rounds {
+                            record.bytes = Int64(round)
+                            try store.update([record])
+                            if round % 10 == 0 {
+                                added += try store.insert([
+                                    Self.record("\(side)-\(round)"), Self.record("\(side)+\(round)"),
+                                ])
+                            }
+                            if round == rounds / 2 {
+                                #expect(try store.setRequest(.pause, for: otherID, ifOwnedBy: otherOwner))
+                            }
+                        }
+                        return added
+                    }
+                }
+                return try await group.reduce(into: []) { $0 += $1 }
+            }
+            #expect(added.count == 2 * 2 * rounds / 10 && Set(added).count == added.count)
+            for store in stores {
+                let all = try store.allDownloads()
+                #expect(all.count == 2 + added.count)
+                #expect(Set(all.map(\.downloadID)) == Set(ids + added))
+                let both = all.filter { ids.contains($0.downloadID) }
+                #expect(both.map(\.bytes) == [Int64(rounds), Int64(rounds)])
+                #expect(both.map(\.request) == [.pause, .pause])
+            }
+            // What one store commits, the other reads at once.
+            records[0].hook = "seen"
+            try stores[0].update([records[0]])
+            #expect(try Self.stored(stores[1], ids[0]).hook == "seen")
+        }
+    }
+
+    /// Storage found damaged gives one ``HaulError/Code/database`` error that says so and what to
+    /// do (move it aside), in one line, whether opening or the first read meets the damage.
+    @Test(arguments: QueueStoreKind.all)
+    func damagedStorageSaysToMoveItAside(_ kind: QueueStoreKind) async throws {
+        try await kind.withStorage { storage in
+            do {
+                let store = try storage.open()
+                try store.insert((0..<50).map { Self.record("\($0)") })
+            }
+            try storage.damage()
+            let error = await expectHaulError(.database) {
+                let store = try storage.open()
+                _ = try store.allDownloads()
+            }
+            let message = error?.message ?? ""
+            #expect(message.contains("is damaged") && message.contains("move it aside"), "\(message)")
+            #expect(!message.contains("\n"))
+        }
+    }
+}
