@@ -64,19 +64,34 @@ final class HaulProcess: Sendable {
                 // A structure on Linux, an opaque pointer on Apple platforms.
                 #if canImport(Glibc) || canImport(Musl)
                     var actions = posix_spawn_file_actions_t()
+                    var attributes = posix_spawnattr_t()
                 #else
                     var actions: posix_spawn_file_actions_t = nil
+                    var attributes: posix_spawnattr_t = nil
                 #endif
                 posix_spawn_file_actions_init(&actions)
                 defer { posix_spawn_file_actions_destroy(&actions) }
                 posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
                 posix_spawn_file_actions_adddup2(&actions, outputPipe[1], 1)
                 posix_spawn_file_actions_adddup2(&actions, errorPipe[1], 2)
-                var flags: Int16 = 0
+                // haul gets the signals the tests send it as a shell would give them (whatever this
+                // test process ignores or blocks), and the flags that keep its other descriptors
+                // here (Apple platforms close them by a flag, not a file action).
+                posix_spawnattr_init(&attributes)
+                defer { posix_spawnattr_destroy(&attributes) }
+                var defaults = sigset_t()
+                sigemptyset(&defaults)
+                for signal in [SIGTERM, SIGINT, SIGPIPE, SIGHUP] { sigaddset(&defaults, signal) }
+                posix_spawnattr_setsigdefault(&attributes, &defaults)
+                var unblocked = sigset_t()
+                sigemptyset(&unblocked)
+                posix_spawnattr_setsigmask(&attributes, &unblocked)
+                var flags = Int16(POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK)
                 var result = haul_spawn_standard_descriptors_only(&actions, &flags)
                 if result == 0, let directory { result = haul_spawn_change_directory(&actions, directory) }
                 guard result == 0 else { return result }
-                return posix_spawn(&child, program, &actions, nil, argv, envp)
+                posix_spawnattr_setflags(&attributes, flags)
+                return posix_spawn(&child, program, &actions, &attributes, argv, envp)
             }
         }
         close(outputPipe[1])
