@@ -288,11 +288,16 @@ final class SQLiteQueueStore: QueueStore {
         if let error = error as? DatabaseError,
             [.SQLITE_CORRUPT, .SQLITE_NOTADB].contains(error.resultCode.primaryResultCode)
         {
+            // Its -wal and -shm files go with it: SQLite would otherwise pair a new database with
+            // the old log. The directory and name are quoted for a shell.
+            let (directory, name) = DownloadPaths.split(path)
+            let quoted = { (text: String) in "'" + text.replacingOccurrences(of: "'", with: "'\\''") + "'" }
             return HaulError(
                 .database,
-                "the state database \(path) is damaged (\(describe(error))): move it aside "
-                    + "(mv \(path) \(path).damaged) and add the downloads again; their partial files resume "
-                    + "from the manifests beside them",
+                "the state database \(path) is damaged (\(describe(error))): stop every haul process using it, "
+                    + "move it aside with its -wal and -shm files (cd \(quoted(directory)) && mkdir -p damaged && "
+                    + "mv \(quoted(name))* damaged/) and add the downloads again; their partial files resume from "
+                    + "the manifests beside them",
                 underlying: error)
         }
         return HaulError(.database, "\(doing) \(path): \(describe(error))", underlying: error)

@@ -143,7 +143,10 @@ import Testing
                 }
             }
             let message = error?.message ?? ""
-            #expect(message.contains("is damaged") && message.contains("mv \(path) \(path).damaged"), "\(message)")
+            #expect(message.contains("is damaged") && message.contains("stop every haul process"), "\(message)")
+            #expect(
+                message.contains("(cd '\(state)' && mkdir -p damaged && mv 'downloads.sqlite'* damaged/)"), "\(message)"
+            )
             #expect(!message.contains("\n"))
         }
     }
