@@ -237,6 +237,47 @@ struct MachineHarness {
         return harness
     }
 
+    static let mirrors = ["http://m1/f", "http://m2/f"]
+
+    /// A download of `url` with two mirrors and `connections` connections, not started. With
+    /// `checksum`, the request gives the file's checksum, which lets the mirrors be mixed.
+    static func withMirrors(checksum: Bool, connections: Int = 3) -> MachineHarness {
+        var harness = MachineHarness(connections: connections) { $0.checksumGiven = checksum }
+        harness.machine = TransferMachine(
+            settings: harness.machine.settings, url: url, mirrors: mirrors, bootID: boot, now: .zero, seed: 7)
+        return harness
+    }
+
+    /// A checksum download whose three ranges came from the origin and the two mirrors, complete
+    /// and being checked.
+    static func mixedAndVerifying() -> MachineHarness {
+        var harness = withMirrors(checksum: true)
+        harness.handle(.start(.nothing))
+        harness.answer(0, partial(0, total - 1))
+        harness.wrote(0, segment: 0, upTo: harness.machine.table!.segments[0].end)
+        for connection in 1...2 {
+            let range = harness.machine.table!.segments[connection]
+            harness.answer(connection, partial(range.start, range.end - 1))
+            harness.handle(
+                .wrote(
+                    RequestTag(
+                        connection: connection, serial: harness.machine.connections[connection].serial,
+                        source: connection), segment: connection, upTo: range.end, pieces: [:]))
+        }
+        harness.endBusyConnections()
+        return harness
+    }
+
+    static let mismatch = Verification.checksumMismatch(HaulError(.checksumMismatch, "mismatch"))
+
+    /// The file of ``mixedAndVerifying()`` failed its checksum: connections 0 and 1 fetch a piece
+    /// of what each mirror wrote from the origin, to compare it with the disk.
+    static func checkingMirrors() -> MachineHarness {
+        var harness = mixedAndVerifying()
+        harness.handle(.verified(mismatch))
+        return harness
+    }
+
     static func storedManifest(written: Int64, segments: [Manifest.Segment]? = nil) -> Manifest {
         var manifest = Manifest(
             originalURL: url, finalURL: url, validator: ResourceValidator(etag: etag, lastModified: nil, date: nil),
@@ -275,32 +316,6 @@ func describe(_ actions: [TransferAction]) -> [String] {
         case .report(.progress): nil
         case .report: "report"
         case .log: nil
-        }
-    }
-}
-
-extension TransferMachine.Phase {
-    /// The phase's name without its details.
-    var name: String {
-        switch self {
-        case .created: "created"
-        case .resuming: "resuming"
-        case .probing: "probing"
-        case .choosingDestination: "choosingDestination"
-        case .transferring: "transferring"
-        case .stopping(.restart): "stopping(restart)"
-        case .stopping(.verify): "stopping(verify)"
-        case .stopping(.pause): "stopping(pause)"
-        case .stopping(.fail): "stopping(fail)"
-        case .restarting: "restarting"
-        case .verifying: "verifying"
-        case .checkingMirrors: "checkingMirrors"
-        case .finishing: "finishing"
-        case .pausing: "pausing"
-        case .failing: "failing"
-        case .paused: "paused"
-        case .failed: "failed"
-        case .completed: "completed"
         }
     }
 }

@@ -7,15 +7,11 @@ import Testing
 @Suite("Transfer machine: mirrors")
 struct MirrorMachineTests {
     typealias Harness = MachineHarness
-    static let mirrors = ["http://m1/f", "http://m2/f"]
+    static let mirrors = Harness.mirrors
 
     /// A download of `Harness.url` with two mirrors and `connections` connections, not started.
     static func created(checksum: Bool, connections: Int = 3) -> Harness {
-        var harness = Harness(connections: connections) { $0.checksumGiven = checksum }
-        harness.machine = TransferMachine(
-            settings: harness.machine.settings, url: Harness.url, mirrors: mirrors, bootID: Harness.boot, now: .zero,
-            seed: 7)
-        return harness
+        Harness.withMirrors(checksum: checksum, connections: connections)
     }
 
     /// A fresh download of `Harness.url` with two mirrors and three connections, its first request out.
@@ -113,32 +109,11 @@ struct MirrorMachineTests {
         #expect(sends.count == 1 && sends[0].tag.source == 2 && sends[0].ask.ifRange == Harness.etag)
     }
 
-    /// A checksum download whose three ranges came from the origin and the two mirrors, complete
-    /// and being checked.
-    static func mixedAndVerifying() -> Harness {
-        var harness = Self.probing(checksum: true)
-        harness.answer(0, Harness.partial(0, Harness.total - 1))
-        harness.wrote(0, segment: 0, upTo: harness.machine.table!.segments[0].end)
-        for connection in 1...2 {
-            let range = harness.machine.table!.segments[connection]
-            harness.answer(connection, Harness.partial(range.start, range.end - 1))
-            harness.handle(
-                .wrote(
-                    RequestTag(
-                        connection: connection, serial: harness.machine.connections[connection].serial,
-                        source: connection), segment: connection, upTo: range.end, pieces: [:]))
-        }
-        harness.endBusyConnections()
-        return harness
-    }
-
-    static let mismatch = Verification.checksumMismatch(HaulError(.checksumMismatch, "mismatch"))
-
     @Test func whenTheFileFailsItsChecksumAPieceOfEachMirrorIsComparedAndOnlyOneThatDiffersIsDropped() throws {
-        var harness = Self.mixedAndVerifying()
+        var harness = Harness.mixedAndVerifying()
         #expect(harness.machine.phase == .verifying)
         let segments = harness.machine.table!.segments
-        let checks = Self.sends(harness.handle(.verified(Self.mismatch)))
+        let checks = Self.sends(harness.handle(.verified(Harness.mismatch)))
         #expect(harness.machine.phase == .checkingMirrors)
         // One piece of each mirror's bytes, asked of the origin, compared with the disk, not written.
         #expect(checks.count == 2 && checks.allSatisfy { $0.tag.source == 0 && $0.ask.writeStart == $0.ask.to })
@@ -162,8 +137,8 @@ struct MirrorMachineTests {
     }
 
     @Test func whenNoComparisonTellsTheMirrorsApartWhatEveryMirrorWroteIsFetchedAgainFromTheOrigin() throws {
-        var harness = Self.mixedAndVerifying()
-        let checks = Self.sends(harness.handle(.verified(Self.mismatch)))
+        var harness = Harness.mixedAndVerifying()
+        let checks = Self.sends(harness.handle(.verified(Harness.mismatch)))
         var actions: [TransferAction] = []
         for check in checks {
             harness.answer(check.tag.connection, Harness.partial(check.ask.from, check.ask.to! - 1))
@@ -176,8 +151,8 @@ struct MirrorMachineTests {
     }
 
     @Test func whenTheOriginsOwnBytesFailTheChecksumTheMirrorsDroppedAgainstItComeBack() throws {
-        var harness = Self.mixedAndVerifying()
-        let checks = Self.sends(harness.handle(.verified(Self.mismatch)))
+        var harness = Harness.mixedAndVerifying()
+        let checks = Self.sends(harness.handle(.verified(Harness.mismatch)))
         var actions: [TransferAction] = []
         for check in checks {
             harness.answer(check.tag.connection, Harness.partial(check.ask.from, check.ask.to! - 1))
@@ -196,7 +171,7 @@ struct MirrorMachineTests {
         harness.endBusyConnections()
         #expect(harness.machine.phase == .verifying)
         // The file, now all the origin's, still fails: the origin was the one serving other bytes.
-        harness.handle(.verified(Self.mismatch))
+        harness.handle(.verified(Harness.mismatch))
         guard case .restarting(.mirrorFallback) = harness.machine.phase else {
             Issue.record("\(harness.machine.phase)")
             return
@@ -209,9 +184,9 @@ struct MirrorMachineTests {
 
     @Test func aPauseDuringTheChecksForgetsWhatTheMirrorsWroteAndStops() throws {
         for pauseWhileVerifying in [true, false] {
-            var harness = Self.mixedAndVerifying()
+            var harness = Harness.mixedAndVerifying()
             if pauseWhileVerifying { harness.handle(.cancel) }
-            var actions = harness.handle(.verified(Self.mismatch))
+            var actions = harness.handle(.verified(Harness.mismatch))
             if !pauseWhileVerifying {
                 #expect(harness.machine.phase == .checkingMirrors)
                 actions = harness.handle(.cancel)
@@ -232,7 +207,7 @@ struct MirrorMachineTests {
         harness.wrote(0, segment: 0, upTo: Harness.total)
         harness.ended(0, .finished(at: Harness.total))
         #expect(harness.machine.phase == .verifying)
-        harness.handle(.verified(Self.mismatch))
+        harness.handle(.verified(Harness.mismatch))
         guard case .restarting(.mirrorFallback) = harness.machine.phase else {
             Issue.record("\(harness.machine.phase)")
             return

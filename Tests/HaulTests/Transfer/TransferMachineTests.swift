@@ -5,25 +5,28 @@ import Testing
 
 /// The transfer machine, every phase against every event, without sockets, files or sleeps.
 struct TransferMachineTableTests {
+    typealias Phase = TransferMachine.Phase.Kind
+
     /// The phases, each reached by a real sequence of events.
-    static let phases: [(String, @Sendable () -> MachineHarness)] = [
-        ("created", { MachineHarness() }),
-        ("resuming", MachineHarness.resuming),
-        ("probing", { MachineHarness.probing() }),
-        ("choosingDestination", MachineHarness.choosingDestination),
-        ("transferring", { MachineHarness.allReceiving() }),
-        ("stopping(restart)", MachineHarness.stoppingToRestart),
-        ("stopping(verify)", MachineHarness.stoppingToVerify),
-        ("stopping(pause)", MachineHarness.stoppingToPause),
-        ("stopping(fail)", MachineHarness.stoppingToFail),
-        ("restarting", MachineHarness.restarting),
-        ("verifying", MachineHarness.verifying),
-        ("finishing", MachineHarness.finishing),
-        ("pausing", MachineHarness.pausing),
-        ("failing", MachineHarness.failing),
-        ("paused", MachineHarness.paused),
-        ("failed", MachineHarness.failed),
-        ("completed", MachineHarness.completed),
+    static let phases: [(Phase, @Sendable () -> MachineHarness)] = [
+        (.created, { MachineHarness() }),
+        (.resuming, MachineHarness.resuming),
+        (.probing, { MachineHarness.probing() }),
+        (.choosingDestination, MachineHarness.choosingDestination),
+        (.transferring, { MachineHarness.allReceiving() }),
+        (.stoppingToRestart, MachineHarness.stoppingToRestart),
+        (.stoppingToVerify, MachineHarness.stoppingToVerify),
+        (.stoppingToPause, MachineHarness.stoppingToPause),
+        (.stoppingToFail, MachineHarness.stoppingToFail),
+        (.restarting, MachineHarness.restarting),
+        (.verifying, MachineHarness.verifying),
+        (.checkingMirrors, MachineHarness.checkingMirrors),
+        (.finishing, MachineHarness.finishing),
+        (.pausing, MachineHarness.pausing),
+        (.failing, MachineHarness.failing),
+        (.paused, MachineHarness.paused),
+        (.failed, MachineHarness.failed),
+        (.completed, MachineHarness.completed),
     ]
 
     /// One event of each kind, made for the machine as it stands (for connection 0's current request).
@@ -55,44 +58,55 @@ struct TransferMachineTableTests {
     ]
 
     /// The phase each event leads to, where it is not the phase the machine was in.
-    static let changes: [String: [String: String]] = [
-        "created": ["start": "probing", "cancel": "paused", "failed": "failed"],
-        "resuming": ["storedDataChecked": "probing", "cancel": "paused", "failed": "failed"],
-        "probing": ["head": "transferring", "cancel": "stopping(pause)", "failed": "stopping(fail)"],
-        "choosingDestination": ["destinationChosen": "transferring", "cancel": "paused", "failed": "stopping(fail)"],
-        "transferring": ["cancel": "stopping(pause)", "failed": "stopping(fail)"],
-        "stopping(restart)": ["cancel": "stopping(pause)", "failed": "stopping(fail)"],
+    static let changes: [Phase: [String: Phase]] = [
+        .created: ["start": .probing, "cancel": .paused, "failed": .failed],
+        .resuming: ["storedDataChecked": .probing, "cancel": .paused, "failed": .failed],
+        .probing: ["head": .transferring, "cancel": .stoppingToPause, "failed": .stoppingToFail],
+        .choosingDestination: ["destinationChosen": .transferring, "cancel": .paused, "failed": .stoppingToFail],
+        .transferring: ["cancel": .stoppingToPause, "failed": .stoppingToFail],
+        .stoppingToRestart: ["cancel": .stoppingToPause, "failed": .stoppingToFail],
         // The answer whose body must pass its Content-Digest ends: the file is checked; it fails
         // before its digest could be checked: its bytes are fetched again.
-        "stopping(verify)": [
-            "ended": "verifying", "failure": "transferring", "cancel": "stopping(pause)", "failed": "stopping(fail)",
+        .stoppingToVerify: [
+            "ended": .verifying, "failure": .transferring, "cancel": .stoppingToPause, "failed": .stoppingToFail,
         ],
         // Other connections are still busy: one ending changes nothing yet. A pause outranks a failure.
-        "stopping(pause)": [:],
-        "stopping(fail)": ["cancel": "stopping(pause)"],
-        "restarting": ["discarded": "probing", "failed": "failed"],
-        "verifying": ["verified": "finishing", "failed": "failing"],
-        "finishing": ["finished": "completed", "failed": "failing"],
-        "pausing": ["checkpointed": "paused", "failed": "failed"],
-        "failing": ["checkpointed": "failed", "failed": "failed"],
-        "paused": [:],
-        "failed": [:],
-        "completed": [:],
+        .stoppingToPause: [:],
+        .stoppingToFail: ["cancel": .stoppingToPause],
+        .restarting: ["discarded": .probing, "failed": .failed],
+        .verifying: ["verified": .finishing, "failed": .failing],
+        // One check's answer or end changes nothing while the other runs; a pause forgets what the
+        // mirrors wrote without waiting for the checks, which it stops.
+        .checkingMirrors: ["cancel": .stoppingToPause, "failed": .stoppingToFail],
+        .finishing: ["finished": .completed, "failed": .failing],
+        .pausing: ["checkpointed": .paused, "failed": .failed],
+        .failing: ["checkpointed": .failed, "failed": .failed],
+        .paused: [:],
+        .failed: [:],
+        .completed: [:],
     ]
 
-    static var cases: [(String, String)] {
+    /// Every phase there is has its row: a new phase cannot slip past the table.
+    @Test func everyPhaseHasARow() {
+        for phase in Phase.allCases {
+            #expect(Self.phases.contains { $0.0 == phase }, "no way to reach \(phase)")
+            #expect(Self.changes[phase] != nil, "no changes listed for \(phase)")
+        }
+    }
+
+    static var cases: [(Phase, String)] {
         phases.flatMap { phase in events.map { (phase.0, $0.0) } }
     }
 
     @Test(arguments: cases)
-    func everyPhaseTakesEveryEvent(phase: String, event: String) throws {
+    func everyPhaseTakesEveryEvent(phase: Phase, event: String) throws {
         let build = try #require(Self.phases.first { $0.0 == phase }?.1)
         let make = try #require(Self.events.first { $0.0 == event }?.1)
         var harness = build()
-        #expect(harness.machine.phase.name == phase, "the harness did not reach \(phase)")
+        #expect(harness.machine.phase.kind == phase, "the harness did not reach \(phase)")
         let actions = harness.handle(make(harness))
         let expected = Self.changes[phase]?[event] ?? phase
-        #expect(harness.machine.phase.name == expected, "\(phase) + \(event): \(describe(actions))")
+        #expect(harness.machine.phase.kind == expected, "\(phase) + \(event): \(describe(actions))")
         // No action ever targets a connection the machine does not have.
         for action in actions {
             if case .send(let request, _) = action {
@@ -108,7 +122,7 @@ struct TransferMachineTableTests {
     }
 
     @Test(arguments: phases.map(\.0))
-    func cancellationInEveryPhaseEndsPausedWithTheDataKept(phase: String) throws {
+    func cancellationInEveryPhaseEndsPausedWithTheDataKept(phase: Phase) throws {
         let build = try #require(Self.phases.first { $0.0 == phase }?.1)
         var harness = build()
         let written = harness.machine.table?.written ?? 0
@@ -124,14 +138,17 @@ struct TransferMachineTableTests {
         // Nothing written is thrown away, and bytes written while the download ran are stored durably.
         let described = describe(actions)
         #expect(!described.contains("discard") && !described.contains { $0.hasPrefix("cut") }, "\(described)")
-        if written > 0, ["probing", "transferring"].contains(phase) || phase.hasPrefix("stopping") {
+        let running: Set<Phase> = [
+            .probing, .transferring, .stoppingToRestart, .stoppingToVerify, .stoppingToPause, .stoppingToFail,
+        ]
+        if written > 0, running.contains(phase) {
             #expect(described.contains("checkpoint durable"), "\(phase): \(described)")
         }
         switch phase {
-        case "finishing", "completed":
+        case .finishing, .completed:
             // A rename under way is not undone.
             #expect(harness.machine.phase == .completed)
-        case "failing", "failed":
+        case .failing, .failed:
             #expect(harness.machine.phase == .failed)
         default:
             #expect(harness.machine.phase == .paused, "\(phase) ended \(harness.machine.phase)")

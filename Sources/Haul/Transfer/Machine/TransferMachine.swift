@@ -46,6 +46,53 @@ struct TransferMachine: Sendable {
 
         /// Whether the download is over.
         var isTerminal: Bool { self == .paused || self == .failed || self == .completed }
+
+        /// A phase without its details, one case for every phase and for every course a stop can
+        /// take: what a test goes through to reach every phase there is.
+        enum Kind: CaseIterable, Sendable {
+            case created
+            case resuming
+            case probing
+            case choosingDestination
+            case transferring
+            case stoppingToRestart
+            case stoppingToVerify
+            case stoppingToPause
+            case stoppingToFail
+            case restarting
+            case verifying
+            case checkingMirrors
+            case finishing
+            case pausing
+            case failing
+            case paused
+            case failed
+            case completed
+        }
+
+        /// The phase without its details.
+        var kind: Kind {
+            switch self {
+            case .created: .created
+            case .resuming: .resuming
+            case .probing: .probing
+            case .choosingDestination: .choosingDestination
+            case .transferring: .transferring
+            case .stopping(then: .restart): .stoppingToRestart
+            case .stopping(then: .verify): .stoppingToVerify
+            case .stopping(then: .pause): .stoppingToPause
+            case .stopping(then: .fail): .stoppingToFail
+            case .restarting: .restarting
+            case .verifying: .verifying
+            case .checkingMirrors: .checkingMirrors
+            case .finishing: .finishing
+            case .pausing: .pausing
+            case .failing: .failing
+            case .paused: .paused
+            case .failed: .failed
+            case .completed: .completed
+            }
+        }
     }
 
     /// What a download does once its connections have stopped.
