@@ -40,7 +40,7 @@ struct MachineHarness {
 
     @discardableResult
     mutating func handle(_ event: TransferEvent) -> [TransferAction] {
-        machine.handle(event, now: now)
+        machine.handle(event, now: now).actions
     }
 
     mutating func advance(_ duration: Duration) { now = now + duration }
@@ -297,6 +297,7 @@ func describe(_ actions: [TransferAction]) -> [String] {
         case .prepareFile(let preparation):
             "prepare file\(preparation.startsOver ? " fresh" : "")\(preparation.storesLayout ? " layout" : "")"
         case .checkpoint(let checkpoint): checkpoint.durable ? "checkpoint durable" : "checkpoint"
+        case .lastCheckpoint(let checkpoint): checkpoint.durable ? "last checkpoint durable" : "last checkpoint"
         case .cut(let offset): "cut \(offset)"
         case .forgetHashes(let offset): "forget hashes \(offset)"
         case .discard: "discard"
@@ -316,6 +317,9 @@ func describe(_ actions: [TransferAction]) -> [String] {
         case .report(.progress): nil
         case .report: "report"
         case .log: nil
+        case .end(.completed): "completed"
+        case .end(.paused): "paused"
+        case .end(.failed): "failed"
         }
     }
 }

@@ -195,7 +195,7 @@ struct MirrorMachineTests {
             let segments = harness.machine.table!.segments
             #expect(segments[1].written == 0 && segments[2].written == 0 && segments[0].isComplete)
             #expect(harness.machine.phase == .pausing, "\(harness.machine.phase)")
-            #expect(describe(actions).contains("checkpoint durable"))
+            #expect(describe(actions).contains("last checkpoint durable"))
         }
     }
 

@@ -104,9 +104,18 @@ struct TransferMachineTableTests {
         let make = try #require(Self.events.first { $0.0 == event }?.1)
         var harness = build()
         #expect(harness.machine.phase.kind == phase, "the harness did not reach \(phase)")
+        let wasOver = harness.machine.phase.isTerminal
         let actions = harness.handle(make(harness))
         let expected = Self.changes[phase]?[event] ?? phase
         #expect(harness.machine.phase.kind == expected, "\(phase) + \(event): \(describe(actions))")
+        // The event that ends the download, and no other, tells how it ended, as its last action.
+        let ends = actions.filter { if case .end = $0 { true } else { false } }
+        if harness.machine.phase.isTerminal && !wasOver {
+            #expect(ends.count == 1, "\(phase) + \(event): \(describe(actions))")
+            if case .end = actions.last {} else { Issue.record("\(phase) + \(event): the end is not last") }
+        } else {
+            #expect(ends.isEmpty, "\(phase) + \(event): \(describe(actions))")
+        }
         // No action ever targets a connection the machine does not have.
         for action in actions {
             if case .send(let request, _) = action {
@@ -142,15 +151,18 @@ struct TransferMachineTableTests {
             .probing, .transferring, .stoppingToRestart, .stoppingToVerify, .stoppingToPause, .stoppingToFail,
         ]
         if written > 0, running.contains(phase) {
-            #expect(described.contains("checkpoint durable"), "\(phase): \(described)")
+            #expect(described.contains("last checkpoint durable"), "\(phase): \(described)")
         }
         switch phase {
         case .finishing, .completed:
             // A rename under way is not undone.
             #expect(harness.machine.phase == .completed)
+            #expect(described.last == (phase == .completed ? nil : "completed"), "\(described)")
         case .failing, .failed:
             #expect(harness.machine.phase == .failed)
+            #expect(described.last == (phase == .failed ? nil : "failed"), "\(described)")
         default:
+            #expect(described.last == (phase == .paused ? nil : "paused"), "\(described)")
             #expect(harness.machine.phase == .paused, "\(phase) ended \(harness.machine.phase)")
             let busy = harness.machine.connections.filter(\.isBusy)
             #expect(busy.isEmpty)
@@ -196,8 +208,8 @@ struct TransferMachineScenarioTests {
         #expect(describe(resend) == ["send 0 bytes=500000-1048575"])
         let actions = harness.answer(0, Harness.status(503, retryAfter: "86400"))
         #expect(harness.machine.phase == .failing)
-        #expect(describe(actions).contains("checkpoint"))
-        harness.handle(.checkpointed(pieces: [:]))
+        #expect(describe(actions).contains("last checkpoint"))
+        #expect(describe(harness.handle(.checkpointed(pieces: [:]))) == ["failed"])
         let error = try #require(harness.machine.error)
         #expect(error.code == .httpStatus && error.status == 503)
         #expect(error.message.contains("asked to retry after 86400 s, longer than allowed"))

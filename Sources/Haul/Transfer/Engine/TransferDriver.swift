@@ -53,6 +53,10 @@ final class TransferDriver {
     private var verdicts: [Int: Reply<Verdict>] = [:]
     private var continuations: [Int: Reply<Continuation?>] = [:]
     private var timer: (deadline: Moment, number: UInt64, task: Task<Void, Never>)?
+    /// When the machine next needs a timer event, as its last step said.
+    private var deadline: Moment?
+    /// How the download ended, once the machine said so.
+    private var outcome: TransferOutcome?
     private var timersSet: UInt64 = 0
     private var checkpointTask: Task<Void, Never>?
 
@@ -115,26 +119,25 @@ final class TransferDriver {
 
     private func run(_ found: FoundDownload) async throws -> DownloadResult {
         await loop(found)
-        switch machine.outcome {
+        switch outcome {
         case nil:
             throw HaulError(.fileSystem, "the download stopped without an outcome")
-        case .success:
+        case .completed(let summary):
             return DownloadResult(
-                destination: files.paths?.destination ?? "", url: fetcher.url.string,
-                bytes: machine.table?.totalLength ?? machine.manifest?.totalLength ?? 0, bytesFetched: fetched.total,
-                resumedFrom: machine.resumedFrom ?? 0, restarts: machine.restarts,
-                validator: machine.manifest?.validator ?? ResourceValidator())
-        case .failure(let error) where error.code == .cancelled:
+                destination: files.paths?.destination ?? "", url: fetcher.url.string, bytes: summary.totalBytes,
+                bytesFetched: fetched.total, resumedFrom: summary.resumedFrom, restarts: summary.restarts,
+                validator: summary.validator)
+        case .paused:
             let detail = files.paths.map { ": the partial file \($0.partial) is kept" } ?? ""
             throw HaulError(.cancelled, "download cancelled\(detail)", underlying: CancellationError())
-        case .failure(let error):
+        case .failed(let error):
             throw error
         }
     }
 
     private func loop(_ found: FoundDownload) async {
         await perform(.start(found))
-        if !machine.phase.isTerminal {
+        if outcome == nil {
             rearmTimer()
             for await event in events {
                 switch event {
@@ -156,7 +159,7 @@ final class TransferDriver {
                     continuations[request.connection] = reply
                     await perform(.reachedLimit(request, at: offset))
                 }
-                if machine.phase.isTerminal { break }
+                if outcome != nil { break }
                 rearmTimer()
             }
         }
@@ -170,21 +173,29 @@ final class TransferDriver {
     /// Gives the machine an event, then carries out what it asks, feeding back the results of what
     /// the shell does at once (checks, file changes, verification).
     private func perform(_ event: TransferEvent) async {
-        var pending = machine.handle(event, now: clock.now)[...]
+        var pending = step(event)[...]
         while let action = pending.popFirst() {
             do {
                 if let result = try await execute(action) {
-                    pending = machine.handle(result, now: clock.now)[...] + pending
+                    pending = step(result)[...] + pending
                 }
             } catch {
                 // What was planned after the failed step no longer holds; requests it would have sent
-                // never started.
+                // never started. An end the machine reached still does: it takes no more events.
                 for case .send(let request, _) in pending {
                     post.yield(.machine(.ended(request, .dropped)))
                 }
-                pending = machine.handle(.failed(Self.haulError(error)), now: clock.now)[...]
+                let ends = pending.filter { if case .end = $0 { true } else { false } }
+                pending = step(.failed(Self.haulError(error)))[...] + ends
             }
         }
+    }
+
+    /// Gives the machine one event; returns its actions and keeps its next deadline.
+    private func step(_ event: TransferEvent) -> [TransferAction] {
+        let taken = machine.handle(event, now: clock.now)
+        deadline = taken.deadline
+        return taken.actions
     }
 
     /// Carries out one action; returns the event it results in when the shell completes it at once.
@@ -201,11 +212,12 @@ final class TransferDriver {
         case .checkpoint(let checkpoint):
             let checkpointer = try files.checkpointer()
             files.noteManifestStored()
-            if machine.phase == .pausing || machine.phase == .failing {
-                await checkpointTask?.value
-                return .checkpointed(pieces: try await checkpointer.store(checkpoint))
-            }
             checkpointTask = Self.store(checkpoint, with: checkpointer, reportingTo: post)
+        case .lastCheckpoint(let checkpoint):
+            let checkpointer = try files.checkpointer()
+            files.noteManifestStored()
+            await checkpointTask?.value
+            return .checkpointed(pieces: try await checkpointer.store(checkpoint))
         case .cut(let offset):
             await checkpointTask?.value
             try await files.cut(to: offset)
@@ -217,9 +229,9 @@ final class TransferDriver {
             return .discarded
         case .verify(let total, let validator):
             return .verified(try await files.verify(totalBytes: total, validator: validator))
-        case .finish(let total):
+        case .finish(let total, let manifest):
             await checkpointTask?.value
-            _ = try await files.finish(totalBytes: total, manifest: machine.manifest)
+            _ = try await files.finish(totalBytes: total, manifest: manifest)
             return .finished
         case .send(let request, let ask):
             start(ask, as: request)
@@ -228,7 +240,7 @@ final class TransferDriver {
                 return nil
             }
             do {
-                reply.resolve(.receive(plan, try receiver(for: request, limit: plan.limit)))
+                reply.resolve(.receive(plan, try receiver(for: request, plan: plan)))
             } catch {
                 reply.resolve(.drop)
                 throw error
@@ -253,6 +265,8 @@ final class TransferDriver {
             observe(event)
         case .log(let message):
             logger.debug("\(message)", metadata: ["url": "\(fetcher.url.string)"])
+        case .end(let outcome):
+            self.outcome = outcome
         }
         return nil
     }
@@ -302,11 +316,11 @@ final class TransferDriver {
         }
     }
 
-    /// The pipeline that writes connection `connection`'s answer, stopping at `limit` (which moves
-    /// with ``TransferAction/setLimit(connection:_:)``).
-    private func receiver(for request: RequestTag, limit end: Int64) throws -> RangeReceiver {
+    /// The pipeline that writes connection `connection`'s answer as `plan` says, stopping at its
+    /// limit (which moves with ``TransferAction/setLimit(connection:_:)``).
+    private func receiver(for request: RequestTag, plan: ReceivePlan) throws -> RangeReceiver {
         guard let file = files.file else { throw HaulError(.fileSystem, "no destination was chosen") }
-        let limit = StreamLimit(end)
+        let limit = StreamLimit(plan.limit)
         limits[request.connection] = limit
         let storage = files.configuration.storage
         let post = self.post
@@ -315,7 +329,7 @@ final class TransferDriver {
             // Bytes are written at least as often as progress is reported, which counts written bytes.
             request: request, file: file, blockSize: storage.blockSize,
             flushInterval: min(storage.flushInterval, files.configuration.progressInterval),
-            pieceSize: machine.manifest?.pieceSize ?? storage.pieceSize, clock: clock, rateLimiters: rateLimiters,
+            pieceSize: plan.pieceSize, clock: clock, rateLimiters: rateLimiters,
             prefix: files.prefix, limit: limit, fetched: fetched,
             post: { post.yield(.machine($0)) },
             proceed: { offset in
@@ -330,7 +344,7 @@ final class TransferDriver {
     /// only push the deadline later (a stall deadline moves with every write), and a wake-up before
     /// anything is due costs the machine nothing, where a new timer per event would cost a task each.
     private func rearmTimer() {
-        guard let deadline = machine.nextDeadline else {
+        guard let deadline else {
             timer?.task.cancel()
             timer = nil
             return

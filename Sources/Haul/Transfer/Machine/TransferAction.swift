@@ -8,8 +8,12 @@ enum TransferAction: Sendable {
     case chooseDestination(connection: Int)
     /// Make the partial file ready for the bytes to come.
     case prepareFile(FilePreparation)
-    /// Record progress in the manifest (a durable checkpoint flushes the data first).
+    /// Record progress in the manifest (a durable checkpoint flushes the data first), beside the
+    /// transfer: ``TransferEvent/checkpointed(pieces:)`` tells when it is stored.
     case checkpoint(Checkpoint)
+    /// Store the last checkpoint of a download that pauses or fails, after the one in flight: the
+    /// download waits for it (``TransferEvent/checkpointed(pieces:)``) before it is over.
+    case lastCheckpoint(Checkpoint)
     /// Cut the partial file (written in order) back to this length: what follows is not kept.
     case cut(to: Int64)
     /// Delete the partial data and the manifest: the download starts over.
@@ -18,8 +22,8 @@ enum TransferAction: Sendable {
     case forgetHashes(from: Int64)
     /// Check the complete file against the expected checksums.
     case verify(totalBytes: Int64, validator: ResourceValidator)
-    /// Give the complete file its final name.
-    case finish(totalBytes: Int64)
+    /// Give the complete file its final name, and remove its manifest (`nil` when none was stored).
+    case finish(totalBytes: Int64, manifest: Manifest?)
 
     // The network.
     /// Send `ask` on the request's connection.
@@ -42,6 +46,38 @@ enum TransferAction: Sendable {
     case report(DownloadEvent)
     /// A line for the debug log.
     case log(String)
+    /// The download is over, as the outcome says: the machine takes no more events.
+    case end(TransferOutcome)
+}
+
+/// What the machine answers to one event.
+struct TransferStep: Sendable {
+    /// What the shell must do, in order.
+    var actions: [TransferAction]
+    /// When the machine next needs a ``TransferEvent/timer`` event, if ever.
+    var deadline: Moment?
+}
+
+/// How a download ended.
+enum TransferOutcome: Sendable {
+    /// The file is complete under its final name.
+    case completed(TransferSummary)
+    /// The caller cancelled it; the data and its manifest are kept.
+    case paused
+    /// It failed with this error; the data and its manifest are kept.
+    case failed(HaulError)
+}
+
+/// What a completed download did.
+struct TransferSummary: Equatable, Sendable {
+    /// The file's length.
+    let totalBytes: Int64
+    /// The bytes kept from earlier sessions.
+    let resumedFrom: Int64
+    /// Restarts from byte 0 in this call.
+    let restarts: Int
+    /// What identifies the version of the file that was fetched.
+    let validator: ResourceValidator
 }
 
 /// How to make the partial file ready for the bytes to come.
@@ -61,7 +97,9 @@ struct FilePreparation: Sendable {
 
 /// A checkpoint: the manifest as it stands, stored (after a flush of the data, when durable).
 struct Checkpoint: Sendable {
+    /// The manifest to store.
     let manifest: Manifest
+    /// Whether the data is flushed to the disk before the manifest is stored.
     let durable: Bool
 }
 
@@ -79,6 +117,8 @@ struct ReceivePlan: Equatable, Sendable {
     let answerEnd: Int64?
     /// Digests the whole body must match (`Content-Digest`).
     let contentDigests: [Checksum]
+    /// The size of the pieces hashed as the body is written (the manifest's).
+    let pieceSize: Int64
 }
 
 /// Going on from the end of one range into the next: write range `segment` from `skipTo` up to

@@ -59,7 +59,7 @@ extension TransferMachine {
                     ReceivePlan(
                         segment: segment, bodyStart: facts.bodyStart, writeStart: facts.writeStart,
                         limit: table.segments[segment].end, answerEnd: ask.to ?? facts.totalLength,
-                        contentDigests: facts.contentDigests))
+                        contentDigests: facts.contentDigests, pieceSize: manifest?.pieceSize ?? settings.pieceSize))
             ]
         case .restart, .retry, .fail:
             return refused(verdict, on: connection, now: now)

@@ -372,7 +372,7 @@ extension TransferMachine {
                 connection: connection,
                 ReceivePlan(
                     segment: check.segment, bodyStart: facts.bodyStart, writeStart: check.to, limit: check.to,
-                    answerEnd: check.to, contentDigests: []))
+                    answerEnd: check.to, contentDigests: [], pieceSize: manifest?.pieceSize ?? settings.pieceSize))
         ]
     }
 

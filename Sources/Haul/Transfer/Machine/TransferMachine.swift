@@ -244,8 +244,18 @@ struct TransferMachine: Sendable {
         self.random = SplitMix64(seed: seed)
     }
 
+    /// Takes one event; returns what the shell must do, in order, and when the machine next needs a
+    /// ``TransferEvent/timer`` event. The event that ends the download ends its actions with
+    /// ``TransferAction/end(_:)``.
+    mutating func handle(_ event: TransferEvent, now: Moment) -> TransferStep {
+        let wasOver = phase.isTerminal
+        var actions = take(event, now: now)
+        if !wasOver, let outcome { actions.append(.end(outcome)) }
+        return TransferStep(actions: actions, deadline: nextDeadline)
+    }
+
     /// Takes one event; returns what the shell must do, in order.
-    mutating func handle(_ event: TransferEvent, now: Moment) -> [TransferAction] {
+    private mutating func take(_ event: TransferEvent, now: Moment) -> [TransferAction] {
         switch event {
         case .start(let found): return start(found, now: now)
         case .storedDataChecked(let data): return resume(data, now: now)
@@ -296,12 +306,16 @@ struct TransferMachine: Sendable {
         return deadlines.min()
     }
 
-    /// The outcome, once the download is over: the error it failed with, the cancellation, or success.
-    var outcome: Result<Void, HaulError>? {
+    /// The outcome, once the download is over: success, the cancellation, or the error it failed with.
+    private var outcome: TransferOutcome? {
         switch phase {
-        case .completed: .success(())
-        case .failed: .failure(error ?? HaulError(.fileSystem, "the download failed"))
-        case .paused: .failure(HaulError(.cancelled, "download cancelled", underlying: CancellationError()))
+        case .completed:
+            .completed(
+                TransferSummary(
+                    totalBytes: table?.totalLength ?? manifest?.totalLength ?? 0, resumedFrom: resumedFrom ?? 0,
+                    restarts: restarts, validator: manifest?.validator ?? ResourceValidator()))
+        case .failed: .failed(error ?? HaulError(.fileSystem, "the download failed"))
+        case .paused: .paused
         default: nil
         }
     }
@@ -325,7 +339,7 @@ struct TransferMachine: Sendable {
             table = RangeTable(
                 totalLength: total, written: total, durable: total, minimumSplit: settings.minimumSplit, now: now)
             phase = .finishing
-            return [.finish(totalBytes: total)]
+            return [.finish(totalBytes: total, manifest: manifest)]
         case .untrusted(let reason):
             destinationKnown = true
             phase = .restarting(reason)
@@ -592,7 +606,8 @@ struct TransferMachine: Sendable {
                 connection: connection,
                 ReceivePlan(
                     segment: 0, bodyStart: facts.bodyStart, writeStart: facts.writeStart,
-                    limit: table.segments[0].end, answerEnd: ask.to ?? total, contentDigests: facts.contentDigests)),
+                    limit: table.segments[0].end, answerEnd: ask.to ?? total, contentDigests: facts.contentDigests,
+                    pieceSize: record.pieceSize)),
         ]
         if split { actions.append(.log("fetching \(table.segments.count) ranges over as many connections")) }
         actions += decideMirrorUse(validator: facts.validator, rangesAllowed: rangesAllowed)
@@ -724,7 +739,7 @@ struct TransferMachine: Sendable {
         phase = storing
         checkpointInFlight = true
         durableCapture = durable ? table.segments : nil
-        return [.checkpoint(Checkpoint(manifest: record, durable: durable))]
+        return [.lastCheckpoint(Checkpoint(manifest: record, durable: durable))]
     }
 
     private mutating func discarded(now: Moment) -> [TransferAction] {
@@ -770,7 +785,7 @@ struct TransferMachine: Sendable {
         case .matches:
             if cancelRequested { return storeLastCheckpoint(durable: true, then: .pausing, else: .paused) }
             phase = .finishing
-            return [.finish(totalBytes: total)]
+            return [.finish(totalBytes: total, manifest: manifest)]
         case .checksumMismatch(let error):
             if let check = checkMirrors(error.message, now: now) { return check }
             if let next = nextSourceAfterMismatch() {
