@@ -241,8 +241,13 @@ struct MachineHarness {
 
     /// A download of `url` with two mirrors and `connections` connections, not started. With
     /// `checksum`, the request gives the file's checksum, which lets the mirrors be mixed.
-    static func withMirrors(checksum: Bool, connections: Int = 3) -> MachineHarness {
-        var harness = MachineHarness(connections: connections) { $0.checksumGiven = checksum }
+    static func withMirrors(
+        checksum: Bool, connections: Int = 3, configure: (inout TransferMachine.Settings) -> Void = { _ in }
+    ) -> MachineHarness {
+        var harness = MachineHarness(connections: connections) { settings in
+            settings.checksumGiven = checksum
+            configure(&settings)
+        }
         harness.machine = TransferMachine(
             settings: harness.machine.settings, url: url, mirrors: mirrors, bootID: boot, now: .zero, seed: 7)
         return harness

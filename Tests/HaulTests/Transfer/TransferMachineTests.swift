@@ -265,6 +265,53 @@ struct TransferMachineScenarioTests {
         #expect(harness.machine.restarts == 1 && harness.machine.table == nil)
     }
 
+    @Test func restartsCountAgainstOneCapWhetherTheAnswerReplacesTheDataOrItIsDiscardedFirst() throws {
+        var harness = Harness.probing(connections: 1)
+        harness.answer(0, Harness.whole(etag: "\"v0\""))
+        // Every resume finds another version: the whole new file, which replaces the stored bytes as
+        // it is written, or (the second time) a range of another length, whose bytes are discarded
+        // before the file is asked for again.
+        for version in 1...4 {
+            harness.wrote(0, segment: 0, upTo: 100_000)
+            harness.ended(0, .failed(.retryable(HaulError(.network, "reset"), retryAfter: nil)))
+            harness.advance(.seconds(1))
+            #expect(describe(harness.handle(.timer)) == ["send 0 bytes=100000-"])
+            if version == 2 {
+                let changed = Harness.partial(100_000, Harness.total, of: Harness.total + 1, etag: "\"v2\"")
+                #expect(describe(harness.answer(0, changed)) == ["drop 0", "discard"])
+                #expect(describe(harness.handle(.discarded)) == ["restarted", "send 0 whole"])
+                harness.answer(0, Harness.whole(etag: "\"v2\""))
+            } else {
+                let actions = describe(harness.answer(0, Harness.whole(etag: "\"v\(version)\"")))
+                #expect(actions.contains("restarted") == (version < 4), "\(actions)")
+            }
+            #expect(harness.machine.restarts == version)
+        }
+        // The fourth restart is one too many: the download fails, keeping what it has.
+        #expect(harness.machine.phase == .failing)
+        harness.handle(.checkpointed(pieces: [:]))
+        let error = try #require(harness.machine.error)
+        #expect(error.code == .remoteChanged && error.message.hasPrefix("gave up after 3 restarts: "))
+    }
+
+    @Test func goingOnToTheNextMirrorIsNoRestart() throws {
+        var harness = Harness.withMirrors(checksum: false, connections: 1) { $0.maximumRestarts = 0 }
+        harness.handle(.start(.nothing))
+        // The origin, then the first mirror, refuse the file: each time the next URL serves it from
+        // byte 0, though no restart is allowed.
+        for source in 1...2 {
+            harness.answer(0, Harness.status(404))
+            harness.endBusyConnections()
+            guard case .restarting(.mirrorFallback) = harness.machine.phase else {
+                Issue.record("\(harness.machine.phase)")
+                return
+            }
+            let probe = harness.handle(.discarded)
+            #expect(describe(probe) == ["restarted", "send 0 whole"])
+            #expect(harness.machine.origin == source && harness.machine.restarts == 0)
+        }
+    }
+
     @Test func aStalledConnectionIsAbandonedOnTheClockAndRetried() throws {
         var harness = MachineHarness(connections: 1) { $0.checkpointInterval = .seconds(3600) }
         harness.handle(.start(.nothing))

@@ -342,8 +342,7 @@ struct TransferMachine: Sendable {
             return [.finish(totalBytes: total, manifest: manifest)]
         case .untrusted(let reason):
             destinationKnown = true
-            phase = .restarting(reason)
-            return [.log("starting over: \(reason)"), .discard]
+            return restart(reason, now: now)
         }
     }
 
@@ -545,11 +544,10 @@ struct TransferMachine: Sendable {
         var record: Manifest
         if facts.startsOver {
             if let reason = facts.replaces {
-                restarts += 1
-                guard restarts <= settings.maximumRestarts else {
+                // The answer replaces the stored bytes: a restart without a discard.
+                if let tooMany = countRestart(reason) {
                     connections[connection].state = .idle
-                    return [.drop(connection: connection)]
-                        + fail(Self.tooManyRestarts(restarts, reason), now: now)
+                    return [.drop(connection: connection)] + fail(tooMany, now: now)
                 }
                 actions += [.log("starting over: \(reason)"), .report(.restarted(reason))]
             }
@@ -625,9 +623,20 @@ struct TransferMachine: Sendable {
 
     // MARK: Ending
 
-    /// Starts the download over from byte 0, once every connection has stopped.
+    /// Starts the download over from byte 0, once every connection has stopped: its partial data is
+    /// discarded (``Phase/restarting(_:)``), then it asks for the file again.
     mutating func restart(_ reason: RestartReason, now: Moment) -> [TransferAction] {
         stop(then: .restart(reason), now: now)
+    }
+
+    /// Counts a restart from byte 0 against ``Settings/maximumRestarts``: the one place that does.
+    /// Going on to the next mirror is not a restart of the same file from the same server, and does
+    /// not count. Returns the error the download fails with once past the cap.
+    private mutating func countRestart(_ reason: RestartReason) -> HaulError? {
+        if case .mirrorFallback = reason { return nil }
+        restarts += 1
+        guard restarts > settings.maximumRestarts else { return nil }
+        return HaulError(.remoteChanged, "gave up after \(restarts - 1) restarts: \(reason)")
     }
 
     /// Ends the download with `error`, once every connection has stopped and the progress is stored.
@@ -714,6 +723,7 @@ struct TransferMachine: Sendable {
         guard case .stopping(let next) = phase, !connections.contains(where: \.isBusy) else { return [] }
         switch next {
         case .restart(let reason):
+            // The one way into `restarting`.
             phase = .restarting(reason)
             return [.log("starting over: \(reason)"), .discard]
         case .verify:
@@ -755,18 +765,8 @@ struct TransferMachine: Sendable {
             phase = .paused
             return []
         }
-        // Going on to the next mirror is not a restart of the same file from the same server.
-        if case .mirrorFallback = reason {} else { restarts += 1 }
-        guard restarts <= settings.maximumRestarts else {
-            error = Self.tooManyRestarts(restarts, reason)
-            phase = .failed
-            return []
-        }
+        if let tooMany = countRestart(reason) { return fail(tooMany, now: now) }
         return [.report(.restarted(reason))] + probe(now: now)
-    }
-
-    static func tooManyRestarts(_ restarts: Int, _ reason: RestartReason) -> HaulError {
-        HaulError(.remoteChanged, "gave up after \(restarts - 1) restarts: \(reason)")
     }
 
     private mutating func beginVerifying(now: Moment) -> [TransferAction] {
@@ -796,8 +796,7 @@ struct TransferMachine: Sendable {
             return storeLastCheckpoint(durable: false, then: .failing, else: .failed)
         case .digestMismatch(let detail):
             if let check = checkMirrors(detail, now: now) { return check }
-            phase = .restarting(.digestMismatch(detail))
-            return [.log("starting over: the file does not match the server's digest (\(detail))"), .discard]
+            return restart(.digestMismatch(detail), now: now)
         }
     }
 
