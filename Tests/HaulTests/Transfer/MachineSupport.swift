@@ -329,6 +329,16 @@ func describe(_ actions: [TransferAction]) -> [String] {
     }
 }
 
+extension TransferMachine {
+    /// The error the download fails with, once it fails.
+    var error: HaulError? {
+        switch phase {
+        case .stopping(then: .fail(let error)), .failing(let error), .failed(let error): error
+        default: nil
+        }
+    }
+}
+
 extension HTTPHeaders {
     /// These headers and `more`.
     func union(_ more: [(String, String)]) -> HTTPHeaders {

@@ -137,13 +137,13 @@ struct TransferMachineTableTests {
         let written = harness.machine.table?.written ?? 0
         var actions = harness.handle(.cancel)
         actions += harness.endBusyConnections()
-        if harness.machine.phase == .pausing || harness.machine.phase == .failing {
+        if harness.machine.phase.kind == .pausing || harness.machine.phase.kind == .failing {
             actions += harness.handle(.checkpointed(pieces: [:]))
         }
         if case .restarting = harness.machine.phase { actions += harness.handle(.discarded) }
-        if harness.machine.phase == .verifying { actions += harness.handle(.verified(.matches)) }
-        if harness.machine.phase == .pausing { actions += harness.handle(.checkpointed(pieces: [:])) }
-        if harness.machine.phase == .finishing { actions += harness.handle(.finished) }
+        if harness.machine.phase.kind == .verifying { actions += harness.handle(.verified(.matches)) }
+        if harness.machine.phase.kind == .pausing { actions += harness.handle(.checkpointed(pieces: [:])) }
+        if harness.machine.phase.kind == .finishing { actions += harness.handle(.finished) }
         // Nothing written is thrown away, and bytes written while the download ran are stored durably.
         let described = describe(actions)
         #expect(!described.contains("discard") && !described.contains { $0.hasPrefix("cut") }, "\(described)")
@@ -156,14 +156,14 @@ struct TransferMachineTableTests {
         switch phase {
         case .finishing, .completed:
             // A rename under way is not undone.
-            #expect(harness.machine.phase == .completed)
+            #expect(harness.machine.phase.kind == .completed)
             #expect(described.last == (phase == .completed ? nil : "completed"), "\(described)")
         case .failing, .failed:
-            #expect(harness.machine.phase == .failed)
+            #expect(harness.machine.phase.kind == .failed)
             #expect(described.last == (phase == .failed ? nil : "failed"), "\(described)")
         default:
             #expect(described.last == (phase == .paused ? nil : "paused"), "\(described)")
-            #expect(harness.machine.phase == .paused, "\(phase) ended \(harness.machine.phase)")
+            #expect(harness.machine.phase.kind == .paused, "\(phase) ended \(harness.machine.phase)")
             let busy = harness.machine.connections.filter(\.isBusy)
             #expect(busy.isEmpty)
         }
@@ -193,7 +193,7 @@ struct TransferMachineScenarioTests {
         }
         harness.wrote(0, segment: 3, upTo: Harness.total)
         harness.ended(0, .finished(at: Harness.total))
-        #expect(harness.machine.phase == .verifying)
+        #expect(harness.machine.phase.kind == .verifying)
         #expect(harness.machine.connections.map(\.state) == [.idle, .retired, .retired, .retired])
     }
 
@@ -207,13 +207,13 @@ struct TransferMachineScenarioTests {
         let resend = harness.handle(.timer)
         #expect(describe(resend) == ["send 0 bytes=500000-1048575"])
         let actions = harness.answer(0, Harness.status(503, retryAfter: "86400"))
-        #expect(harness.machine.phase == .failing)
+        #expect(harness.machine.phase.kind == .failing)
         #expect(describe(actions).contains("last checkpoint"))
         #expect(describe(harness.handle(.checkpointed(pieces: [:]))) == ["failed"])
         let error = try #require(harness.machine.error)
         #expect(error.code == .httpStatus && error.status == 503)
         #expect(error.message.contains("asked to retry after 86400 s, longer than allowed"))
-        #expect(harness.machine.phase == .failed)
+        #expect(harness.machine.phase.kind == .failed)
     }
 
     @Test func theLastConnectionRetiringFailsTheDownloadWithItsError() throws {
@@ -230,7 +230,7 @@ struct TransferMachineScenarioTests {
             }
             #expect(harness.machine.connections[connection].state == .retired)
         }
-        #expect(harness.machine.phase == .transferring)
+        #expect(harness.machine.phase.kind == .transferring)
         // Connection 0 fails as often: being the last one, its failure is the download's.
         for attempt in 1...3 {
             harness.ended(0, .failed(.retryable(HaulError(.network, "reset"), retryAfter: nil)))
@@ -239,8 +239,27 @@ struct TransferMachineScenarioTests {
                 harness.handle(.timer)
             }
         }
-        #expect(harness.machine.phase == .failed)
+        #expect(harness.machine.phase.kind == .failed)
         #expect(harness.machine.error?.message == "reset (gave up after 2 retries)")
+    }
+
+    @Test func theFirstErrorIsTheOneTheCallerHearsAboutUnlessAPauseWins() throws {
+        // The disk filled up; while the download stops, and while its last checkpoint is stored,
+        // more things fail.
+        var harness = Harness.stoppingToFail()
+        harness.handle(.failed(HaulError(.fileSystem, "cannot write")))
+        harness.endBusyConnections()
+        #expect(harness.machine.phase.kind == .failing)
+        harness.handle(.failed(HaulError(.fileSystem, "cannot store the checkpoint")))
+        #expect(harness.machine.phase.kind == .failed)
+        #expect(harness.machine.error?.message == "disk full")
+        // The caller cancels while it stops: it pauses, and only the pause's own failure is heard.
+        var paused = Harness.stoppingToFail()
+        paused.handle(.cancel)
+        paused.endBusyConnections()
+        #expect(paused.machine.phase.kind == .pausing)
+        paused.handle(.failed(HaulError(.fileSystem, "cannot store the checkpoint")))
+        #expect(paused.machine.error?.message == "cannot store the checkpoint")
     }
 
     @Test func aRestartWaitsForEveryConnectionMidWriteBeforeTheDataIsDiscarded() throws {
@@ -251,8 +270,11 @@ struct TransferMachineScenarioTests {
         harness.handle(.timer)
         let actions = harness.answer(1, Harness.whole(etag: "\"v2\""))
         #expect(describe(actions) == ["drop 1", "abandon 0", "abandon 2", "abandon 3"])
-        #expect(
-            harness.machine.phase == .stopping(then: .restart(.remoteChanged("ETag changed from \"v1\" to \"v2\""))))
+        guard case .stopping(then: .restart(let reason)) = harness.machine.phase else {
+            Issue.record("\(harness.machine.phase)")
+            return
+        }
+        #expect(reason == .remoteChanged("ETag changed from \"v1\" to \"v2\""))
         // Their last writes still land and are counted, and nothing is discarded while one writes.
         harness.wrote(0, segment: 0, upTo: 200_000)
         #expect(describe(harness.ended(0, .failed(.cancelled))).isEmpty)
@@ -288,7 +310,7 @@ struct TransferMachineScenarioTests {
             #expect(harness.machine.restarts == version)
         }
         // The fourth restart is one too many: the download fails, keeping what it has.
-        #expect(harness.machine.phase == .failing)
+        #expect(harness.machine.phase.kind == .failing)
         harness.handle(.checkpointed(pieces: [:]))
         let error = try #require(harness.machine.error)
         #expect(error.code == .remoteChanged && error.message.hasPrefix("gave up after 3 restarts: "))
@@ -406,10 +428,10 @@ struct TransferMachineScenarioTests {
     @Test func aFileWhoseLastBytesFailTheirContentDigestIsNotComplete() throws {
         var harness = Harness.stoppingToVerify()
         // The body's end is awaited before the file counts as complete.
-        #expect(harness.machine.phase == .stopping(then: .verify))
+        #expect(harness.machine.phase.kind == .stoppingToVerify)
         let actions = harness.ended(0, .failed(.bodyDigestMismatch("sha-256 differs", from: 0)))
         #expect(describe(actions).contains("cut 0"))
-        #expect(harness.machine.phase == .transferring && harness.machine.table?.written == 0)
+        #expect(harness.machine.phase.kind == .transferring && harness.machine.table?.written == 0)
     }
 
     @Test(arguments: ["reset", "stall"])
@@ -427,7 +449,7 @@ struct TransferMachineScenarioTests {
         // Not verified and completed on trust: the answer's bytes are forgotten and asked for again.
         #expect(describe(actions).contains("cut 0"), "\(describe(actions))")
         #expect(!describe(actions).contains("verify"))
-        #expect(harness.machine.phase == .transferring && harness.machine.table?.written == 0)
+        #expect(harness.machine.phase.kind == .transferring && harness.machine.table?.written == 0)
         harness.advance(.seconds(1))
         #expect(describe(harness.handle(.timer)) == ["send 0 whole"])
     }

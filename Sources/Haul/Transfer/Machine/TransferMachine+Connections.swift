@@ -126,7 +126,7 @@ extension TransferMachine {
             receiving.progressed = true
             connections[request.connection].state = .receiving(receiving)
         }
-        guard phase == .transferring else { return [] }
+        guard phase.kind == .transferring else { return [] }
         var actions = reportProgress(at: now)
         if table.isComplete { return actions + stop(then: .verify, now: now) }
         ramp.begin(at: now, bytes: table.written)
@@ -165,7 +165,7 @@ extension TransferMachine {
     /// range when no other connection delivers that one, so a download whose other connections are
     /// refused, stalled or told to wait still finishes at the speed of the one that works.
     mutating func reachedLimit(_ connection: Int, at offset: Int64, now: Moment) -> [TransferAction] {
-        guard phase == .transferring, var table, connections.indices.contains(connection),
+        guard phase.kind == .transferring, var table, connections.indices.contains(connection),
             case .receiving(var receiving) = connections[connection].state,
             offset >= table.segments[receiving.segment].end,
             receiving.ask.isOpenEnded || (receiving.ask.to ?? .max) > offset,
@@ -236,12 +236,12 @@ extension TransferMachine {
 
     mutating func ended(_ connection: Int, _ end: ConnectionEnd, now: Moment) -> [TransferAction] {
         guard connections.indices.contains(connection) else { return [] }
-        if phase == .checkingMirrors {
+        if phase.kind == .checkingMirrors {
             if case .finished = end { return mirrorCheckEnded(connection, agrees: true, now: now) }
             return mirrorCheckEnded(connection, agrees: false, now: now)
         }
         var forgotten: [TransferAction] = []
-        if phase == .stopping(then: .verify), case .receiving(let receiving) = connections[connection].state,
+        if phase.kind == .stoppingToVerify, case .receiving(let receiving) = connections[connection].state,
             receiving.checksBody
         {
             switch end {
@@ -254,7 +254,7 @@ extension TransferMachine {
                 forgotten = refetchUnchecked(receiving)
             }
         }
-        guard phase == .probing || phase == .transferring else {
+        guard phase.kind == .probing || phase.kind == .transferring else {
             // The download is stopping (or past it): whatever the request did no longer matters.
             table?.releaseAll(of: connection)
             if connections[connection].state != .retired { connections[connection].state = .idle }
@@ -417,7 +417,7 @@ extension TransferMachine {
 
     /// Whether other connections can finish the download if `connection` leaves.
     private func othersCanContinue(without connection: Int) -> Bool {
-        guard phase == .transferring, rangesAllowed else { return false }
+        guard phase.kind == .transferring, rangesAllowed else { return false }
         return connections.indices.contains { index in
             index != connection && index < ramp.allowed && connections[index].state != .retired
         }
@@ -426,7 +426,7 @@ extension TransferMachine {
     /// After a connection's request ended: finish a stop, or give the freed connection work.
     private mutating func afterConnectionChange(now: Moment) -> [TransferAction] {
         if case .stopping = phase { return finishStopping(now: now) }
-        if phase == .transferring, table?.isComplete == true { return stop(then: .verify, now: now) }
+        if phase.kind == .transferring, table?.isComplete == true { return stop(then: .verify, now: now) }
         return resumeWork(now: now)
     }
 
@@ -441,7 +441,7 @@ extension TransferMachine {
                 actions += [.abandon(connection: index), .log("connection \(index): no answer; stalled")]
             case .receiving(let receiving) where now - receiving.lastByte >= settings.stallTimeout:
                 if receiving.progressed { connections[index].failures = 0 }
-                if phase == .stopping(then: .verify), receiving.checksBody {
+                if phase.kind == .stoppingToVerify, receiving.checksBody {
                     actions += refetchUnchecked(receiving)
                 }
                 connections[index].state = .stopping(.stalled)
@@ -452,7 +452,7 @@ extension TransferMachine {
                 break
             }
         }
-        if phase == .transferring, table != nil {
+        if phase.kind == .transferring, table != nil {
             actions += checkpointIfDue(now: now)
             actions += moveRamp(now: now)
         }
@@ -475,7 +475,8 @@ extension TransferMachine {
 
     /// Whether progress waits to be stored and a checkpoint may be stored now.
     var checkpointWanted: Bool {
-        (phase == .transferring || phase == .probing) && unsavedProgress && !checkpointInFlight && manifest != nil
+        (phase.kind == .transferring || phase.kind == .probing) && unsavedProgress && !checkpointInFlight
+            && manifest != nil
             && table?.isComplete == false
     }
 
@@ -522,7 +523,7 @@ extension TransferMachine {
 
     /// Gives every idle connection the download may use a range to fetch.
     mutating func startConnections(now: Moment) -> [TransferAction] {
-        guard phase == .transferring, rangesAllowed, var table, !table.isComplete, let record = manifest,
+        guard phase.kind == .transferring, rangesAllowed, var table, !table.isComplete, let record = manifest,
             record.validator.ifRangeValue != nil, let total = table.totalLength
         else { return [] }
         let wasSingle = table.isSingle

@@ -10,8 +10,8 @@
 /// (the first request among them, which goes on past its own range when nobody delivers the next)
 /// finish the file. When nothing works, the download fails with the error, its data kept.
 struct TransferMachine: Sendable {
-    /// The phases of a download.
-    enum Phase: Equatable, Sendable {
+    /// The phases of a download, each with what holds only while the download is in it.
+    enum Phase: Sendable {
         /// Nothing has happened yet.
         case created
         /// The stored bytes of a resumed download are being checked.
@@ -35,17 +35,22 @@ struct TransferMachine: Sendable {
         case finishing
         /// The last checkpoint of a cancelled download is being stored.
         case pausing
-        /// The last checkpoint of a failed download is being stored.
-        case failing
+        /// The last checkpoint of a download failing with this error is being stored.
+        case failing(HaulError)
         /// Cancelled; the data and its manifest are kept.
         case paused
-        /// Failed with ``TransferMachine/error``; the data and its manifest are kept.
-        case failed
+        /// Failed with this error; the data and its manifest are kept.
+        case failed(HaulError)
         /// The file is complete under its final name.
         case completed
 
         /// Whether the download is over.
-        var isTerminal: Bool { self == .paused || self == .failed || self == .completed }
+        var isTerminal: Bool {
+            switch self {
+            case .paused, .failed, .completed: true
+            default: false
+            }
+        }
 
         /// A phase without its details, one case for every phase and for every course a stop can
         /// take: what a test goes through to reach every phase there is.
@@ -96,11 +101,27 @@ struct TransferMachine: Sendable {
     }
 
     /// What a download does once its connections have stopped.
-    enum AfterStop: Equatable, Sendable {
+    enum AfterStop: Sendable {
+        /// Discard the partial data and start over, for this reason.
         case restart(RestartReason)
+        /// Check the complete file.
         case verify
+        /// Store the last checkpoint and pause.
         case pause
-        case fail
+        /// Store the last checkpoint and fail with this error.
+        case fail(HaulError)
+
+        /// Which of two stops wins: a pause wins over everything, a failure over a restart, a
+        /// restart over completion. Of two equal ones, the first stays (the first error is the one
+        /// the caller hears about).
+        var rank: Int {
+            switch self {
+            case .verify: 0
+            case .restart: 1
+            case .fail: 2
+            case .pause: 3
+            }
+        }
     }
 
     /// One connection of the download and what it is doing.
@@ -168,8 +189,6 @@ struct TransferMachine: Sendable {
     /// The kernel boot this process runs in (what decides whether written bytes are trusted).
     let bootID: String?
     var phase: Phase = .created
-    /// Why the download failed, once ``phase`` is `failed` (or `failing`).
-    var error: HaulError?
     /// The download's record: validator, length, ranges, piece hashes.
     var manifest: Manifest?
     /// The ranges and who fetches them, once the file is known.
@@ -280,7 +299,7 @@ struct TransferMachine: Sendable {
         case .discarded: return discarded(now: now)
         case .verified(let verification): return verified(verification, now: now)
         case .finished:
-            guard phase == .finishing else { return [] }
+            guard phase.kind == .finishing else { return [] }
             phase = .completed
             return []
         case .failed(let error): return fail(error, now: now)
@@ -299,7 +318,7 @@ struct TransferMachine: Sendable {
             case .idle, .stopping, .retired: break
             }
         }
-        guard phase == .transferring else { return deadlines.min() }
+        guard phase.kind == .transferring else { return deadlines.min() }
         if unsavedProgress && !checkpointInFlight { deadlines.append(lastCheckpoint + settings.checkpointInterval) }
         if let decision = ramp.nextDecision { deadlines.append(decision) }
         if let takeover = nextTakeover { deadlines.append(takeover) }
@@ -314,7 +333,7 @@ struct TransferMachine: Sendable {
                 TransferSummary(
                     totalBytes: table?.totalLength ?? manifest?.totalLength ?? 0, resumedFrom: resumedFrom ?? 0,
                     restarts: restarts, validator: manifest?.validator ?? ResourceValidator()))
-        case .failed: .failed(error ?? HaulError(.fileSystem, "the download failed"))
+        case .failed(let error): .failed(error)
         case .paused: .paused
         default: nil
         }
@@ -323,7 +342,7 @@ struct TransferMachine: Sendable {
     // MARK: Starting and resuming
 
     private mutating func start(_ found: FoundDownload, now: Moment) -> [TransferAction] {
-        guard phase == .created else { return [] }
+        guard phase.kind == .created else { return [] }
         switch found {
         case .nothing:
             destinationKnown = true
@@ -379,7 +398,7 @@ struct TransferMachine: Sendable {
 
     /// Continues a stored download from the bytes that survived the check.
     private mutating func resume(_ data: StoredData, now: Moment) -> [TransferAction] {
-        guard phase == .resuming, var stored = manifest else { return [] }
+        guard phase.kind == .resuming, var stored = manifest else { return [] }
         stored.segments = data.segments
         stored.pieces = data.pieces
         manifest = stored
@@ -519,7 +538,7 @@ struct TransferMachine: Sendable {
     }
 
     private mutating func destinationChosen(_ found: FoundDownload, now: Moment) -> [TransferAction] {
-        guard phase == .choosingDestination, let pending = pendingAnswer else { return [] }
+        guard phase.kind == .choosingDestination, let pending = pendingAnswer else { return [] }
         pendingAnswer = nil
         destinationKnown = true
         switch found {
@@ -644,22 +663,20 @@ struct TransferMachine: Sendable {
         switch phase {
         case .paused, .failed, .completed:
             return []
-        case .pausing:
-            // The last checkpoint of a pause failed: that is what the caller hears about.
-            self.error = error
-            phase = .failed
+        case .pausing, .restarting:
+            // The last checkpoint of a pause, or the discard of a restart, failed: that is what the
+            // caller hears about.
+            phase = .failed(error)
             return []
-        case .failing:
-            phase = .failed
+        case .failing(let first):
+            phase = .failed(first)
             return []
-        case .restarting:
-            self.error = error
-            phase = .failed
-            return []
+        case .stopping(then: .pause), .stopping(then: .fail):
+            // Stopping for good: no other source is tried, and the first error stays.
+            return stop(then: .fail(error), now: now)
         default:
-            if self.error == nil, let next = nextSource(for: error) { return switchSource(to: next, error, now: now) }
-            if self.error == nil { self.error = error }
-            return stop(then: .fail, now: now)
+            if let next = nextSource(for: error) { return switchSource(to: next, error, now: now) }
+            return stop(then: .fail(error), now: now)
         }
     }
 
@@ -693,22 +710,15 @@ struct TransferMachine: Sendable {
     /// over a restart, a restart over completion.
     mutating func stop(then next: AfterStop, now: Moment) -> [TransferAction] {
         if case .stopping(let current) = phase {
-            let rank: (AfterStop) -> Int = {
-                switch $0 {
-                case .verify: 0
-                case .restart: 1
-                case .fail: 2
-                case .pause: 3
-                }
-            }
-            if rank(next) > rank(current) { phase = .stopping(then: next) }
+            if next.rank > current.rank { phase = .stopping(then: next) }
         } else {
             phase = .stopping(then: next)
         }
+        let verifies = if case .verify = next { true } else { false }
         var actions: [TransferAction] = []
         for index in connections.indices {
             switch connections[index].state {
-            case .receiving(let receiving) where receiving.checksBody && next == .verify:
+            case .receiving(let receiving) where receiving.checksBody && verifies:
                 // Its body must still pass its digest: wait for its end.
                 break
             default:
@@ -732,9 +742,9 @@ struct TransferMachine: Sendable {
             // The last report tells what the checkpoint keeps, so a paused download shows it.
             return reportProgress(at: now, force: true)
                 + storeLastCheckpoint(durable: true, then: .pausing, else: .paused)
-        case .fail:
+        case .fail(let error):
             return reportProgress(at: now, force: true)
-                + storeLastCheckpoint(durable: false, then: .failing, else: .failed)
+                + storeLastCheckpoint(durable: false, then: .failing(error), else: .failed(error))
         }
     }
 
@@ -780,7 +790,7 @@ struct TransferMachine: Sendable {
     }
 
     private mutating func verified(_ verification: Verification, now: Moment) -> [TransferAction] {
-        guard phase == .verifying, let total = table?.totalLength ?? manifest?.totalLength else { return [] }
+        guard phase.kind == .verifying, let total = table?.totalLength ?? manifest?.totalLength else { return [] }
         switch verification {
         case .matches:
             if cancelRequested { return storeLastCheckpoint(durable: true, then: .pausing, else: .paused) }
@@ -792,8 +802,7 @@ struct TransferMachine: Sendable {
                 // Mirrors used in turn: the checksum shows this one served other bytes.
                 return switchSource(to: next, error, now: now)
             }
-            self.error = error
-            return storeLastCheckpoint(durable: false, then: .failing, else: .failed)
+            return storeLastCheckpoint(durable: false, then: .failing(error), else: .failed(error))
         case .digestMismatch(let detail):
             if let check = checkMirrors(detail, now: now) { return check }
             return restart(.digestMismatch(detail), now: now)
@@ -807,7 +816,7 @@ struct TransferMachine: Sendable {
         record(pieces)
         switch phase {
         case .pausing: phase = .paused
-        case .failing: phase = .failed
+        case .failing(let error): phase = .failed(error)
         default: break
         }
         return []
