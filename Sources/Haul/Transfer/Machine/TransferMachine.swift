@@ -18,8 +18,8 @@ struct TransferMachine: Sendable {
         case resuming
         /// The first request is out: what the file is, and whether it comes in ranges, is not known.
         case probing
-        /// The first answer arrived; the destination it names is being opened.
-        case choosingDestination
+        /// The first answer arrived; the destination it names is being opened, the answer held.
+        case choosingDestination(FirstAnswer)
         /// Connections fetch the ranges.
         case transferring
         /// Connections are stopping; then the download goes on as `then` says.
@@ -98,6 +98,19 @@ struct TransferMachine: Sendable {
             case .completed: .completed
             }
         }
+    }
+
+    /// The first accepted answer of a download whose destination it names, held while the
+    /// destination is opened.
+    struct FirstAnswer: Sendable {
+        /// The connection the answer came on.
+        let connection: Int
+        /// What the request asked.
+        let ask: RangeAsk
+        /// The answer's head.
+        let head: ResponseHead
+        /// What the classifier found in it.
+        let facts: ResponseFacts
     }
 
     /// What a download does once its connections have stopped.
@@ -221,8 +234,6 @@ struct TransferMachine: Sendable {
     var rangeServed = false
     /// How long the last answer took to arrive after its request: what asking again costs.
     var answerDelay = Duration.zero
-    /// The first answer, while its destination is being opened.
-    var pendingAnswer: (connection: Int, ask: RangeAsk, head: ResponseHead, facts: ResponseFacts)?
     /// A cancellation that arrived while the file was being checked.
     var cancelRequested = false
     var meter: ProgressMeter?
@@ -500,8 +511,7 @@ struct TransferMachine: Sendable {
         switch verdict {
         case .accept(let facts):
             guard destinationKnown else {
-                phase = .choosingDestination
-                pendingAnswer = (connection, ask, head, facts)
+                phase = .choosingDestination(FirstAnswer(connection: connection, ask: ask, head: head, facts: facts))
                 return [.chooseDestination(connection: connection)]
             }
             return beginTransfer(facts, ask: ask, head: head, on: connection, now: now)
@@ -538,8 +548,7 @@ struct TransferMachine: Sendable {
     }
 
     private mutating func destinationChosen(_ found: FoundDownload, now: Moment) -> [TransferAction] {
-        guard phase.kind == .choosingDestination, let pending = pendingAnswer else { return [] }
-        pendingAnswer = nil
+        guard case .choosingDestination(let pending) = phase else { return [] }
         destinationKnown = true
         switch found {
         case .nothing, .unnamed, .untrusted:
@@ -690,9 +699,7 @@ struct TransferMachine: Sendable {
             return []
         case .finishing, .pausing, .failing, .paused, .failed, .completed:
             return []
-        case .choosingDestination:
-            guard let pending = pendingAnswer else { return stop(then: .pause, now: now) }
-            pendingAnswer = nil
+        case .choosingDestination(let pending):
             connections[pending.connection].state = .idle
             return [.drop(connection: pending.connection)] + stop(then: .pause, now: now)
         case .checkingMirrors:
