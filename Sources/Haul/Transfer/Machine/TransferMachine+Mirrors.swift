@@ -283,7 +283,9 @@ extension TransferMachine {
     struct MirrorChecks: Equatable, Sendable {
         /// What the file's check said.
         let detail: String
+        /// The checks no connection makes yet.
         var pending: [MirrorCheck]
+        /// The checks under way, by connection.
         var running: [Int: MirrorCheck] = [:]
         /// Mirrors whose bytes differ from the origin's, or could not be compared.
         var blamed: Set<Int> = []
@@ -321,8 +323,7 @@ extension TransferMachine {
             let to = min(interval.upperBound, interval.lowerBound + record.pieceSize, table.segments[segment].end)
             checks.pending.append(MirrorCheck(source: source, segment: segment, from: interval.lowerBound, to: to))
         }
-        mirrorChecks = checks
-        phase = .checkingMirrors
+        phase = .checkingMirrors(checks)
         for index in connections.indices where connections[index].state != .retired {
             connections[index].state = .idle
         }
@@ -330,19 +331,18 @@ extension TransferMachine {
         if cancelRequested {
             // A pause asked for during the file's check: no time to compare, what every mirror
             // wrote is forgotten before it stops.
-            checks.pending = []
-            mirrorChecks = checks
-            return concludeMirrorChecks(now: now)
+            return concludeMirrorChecks(checks, now: now)
         }
         let log = TransferAction.log(
             "the file failed its check (\(detail)): a piece of what each mirror wrote is compared with \(sources[origin].url)"
         )
-        return [log] + nextMirrorChecks(now: now)
+        return [log] + nextMirrorChecks(checks, now: now)
     }
 
     /// Sends the checks still to make on the connections free for them.
-    private mutating func nextMirrorChecks(now: Moment) -> [TransferAction] {
-        guard var checks = mirrorChecks, let record = manifest, let total = table?.totalLength else { return [] }
+    private mutating func nextMirrorChecks(_ checks: MirrorChecks, now: Moment) -> [TransferAction] {
+        guard let record = manifest, let total = table?.totalLength else { return [] }
+        var checks = checks
         var actions: [TransferAction] = []
         for index in connections.indices where connections[index].state == .idle && !checks.pending.isEmpty {
             let check = checks.pending.removeFirst()
@@ -352,14 +352,15 @@ extension TransferMachine {
                 expected: RangeAsk.Expected(validator: record.validator, totalLength: total))
             actions.append(send(ask, on: index, segment: check.segment, source: origin, now: now))
         }
-        mirrorChecks = checks
-        if checks.running.isEmpty && checks.pending.isEmpty { return concludeMirrorChecks(now: now) }
+        phase = .checkingMirrors(checks)
+        if checks.running.isEmpty && checks.pending.isEmpty { return concludeMirrorChecks(checks, now: now) }
         return actions
     }
 
     /// The origin's answer to a check: its bytes are compared with the disk, none written.
     mutating func mirrorCheckAnswer(_ verdict: ResponseVerdict, on connection: Int, now: Moment) -> [TransferAction] {
-        guard let check = mirrorChecks?.running[connection], case .accept(let facts) = verdict,
+        guard case .checkingMirrors(let checks) = phase, let check = checks.running[connection],
+            case .accept(let facts) = verdict,
             case .requesting(let ask, _, _) = connections[connection].state
         else {
             // The origin cannot show what the bytes should be: the mirror is not trusted.
@@ -378,19 +379,18 @@ extension TransferMachine {
 
     /// A check's request ended: the bytes matched (`agrees`), differed, or could not be compared.
     mutating func mirrorCheckEnded(_ connection: Int, agrees: Bool, now: Moment) -> [TransferAction] {
-        guard var checks = mirrorChecks, let check = checks.running.removeValue(forKey: connection) else { return [] }
+        guard case .checkingMirrors(var checks) = phase, let check = checks.running.removeValue(forKey: connection)
+        else { return [] }
         connections[connection].state = .idle
         if !agrees { checks.blamed.insert(check.source) }
-        mirrorChecks = checks
-        return nextMirrorChecks(now: now)
+        return nextMirrorChecks(checks, now: now)
     }
 
     /// Every check is done: the mirrors whose bytes differ are dropped and what they wrote is
     /// fetched again from the others. When no check told them apart, what every mirror wrote is
     /// fetched again from the origin.
-    mutating func concludeMirrorChecks(now: Moment) -> [TransferAction] {
-        guard let checks = mirrorChecks, var table else { return [] }
-        mirrorChecks = nil
+    mutating func concludeMirrorChecks(_ checks: MirrorChecks, now: Moment) -> [TransferAction] {
+        guard var table else { return [] }
         let contributors = mirrorsThatWrote
         let blamed = checks.blamed.isEmpty ? contributors : contributors.filter { checks.blamed.contains($0) }
         var actions: [TransferAction] = []

@@ -30,7 +30,7 @@ struct TransferMachine: Sendable {
         case verifying
         /// The complete file failed its check: a piece of what each mirror wrote is being fetched
         /// again from the origin and compared with the disk, to tell which mirror served other bytes.
-        case checkingMirrors
+        case checkingMirrors(MirrorChecks)
         /// The complete file is being renamed into place.
         case finishing
         /// The last checkpoint of a cancelled download is being stored.
@@ -254,8 +254,6 @@ struct TransferMachine: Sendable {
     var mirrorUse: MirrorUse?
     /// The source the file comes from in order, and whose validator the manifest keeps.
     var origin = 0
-    /// The checks of the mirrors' bytes under way (``Phase/checkingMirrors``).
-    var mirrorChecks: MirrorChecks?
 
     init(
         settings: Settings, url: String, mirrors: [String] = [], bootID: String?, now: Moment,
@@ -702,12 +700,10 @@ struct TransferMachine: Sendable {
         case .choosingDestination(let pending):
             connections[pending.connection].state = .idle
             return [.drop(connection: pending.connection)] + stop(then: .pause, now: now)
-        case .checkingMirrors:
+        case .checkingMirrors(let checks):
             // What the mirrors wrote is forgotten (the checks are not waited for), then it pauses.
             cancelRequested = true
-            mirrorChecks?.pending = []
-            mirrorChecks?.running = [:]
-            return concludeMirrorChecks(now: now)
+            return concludeMirrorChecks(checks, now: now)
         case .resuming, .probing, .transferring, .stopping:
             return stop(then: .pause, now: now)
         }
