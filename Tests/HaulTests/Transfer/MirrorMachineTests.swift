@@ -172,7 +172,7 @@ struct MirrorMachineTests {
         #expect(harness.machine.phase.kind == .verifying)
         // The file, now all the origin's, still fails: the origin was the one serving other bytes.
         harness.handle(.verified(Harness.mismatch))
-        guard case .restarting(.mirrorFallback) = harness.machine.phase else {
+        guard case .restarting(.mirrorFallback, _) = harness.machine.phase else {
             Issue.record("\(harness.machine.phase)")
             return
         }
@@ -208,7 +208,7 @@ struct MirrorMachineTests {
         harness.ended(0, .finished(at: Harness.total))
         #expect(harness.machine.phase.kind == .verifying)
         harness.handle(.verified(Harness.mismatch))
-        guard case .restarting(.mirrorFallback) = harness.machine.phase else {
+        guard case .restarting(.mirrorFallback, _) = harness.machine.phase else {
             Issue.record("\(harness.machine.phase)")
             return
         }
@@ -230,7 +230,7 @@ struct MirrorMachineTests {
         let refused = harness.answer(1, Harness.status(404))
         #expect(Self.reports(refused).first == .dropped(url: Harness.url, reason: "the server answered 404 Not Found"))
         harness.endBusyConnections()
-        guard case .restarting(.mirrorFallback) = harness.machine.phase else {
+        guard case .restarting(.mirrorFallback, _) = harness.machine.phase else {
             Issue.record("\(harness.machine.phase)")
             return
         }

@@ -270,7 +270,7 @@ struct TransferMachineScenarioTests {
         harness.handle(.timer)
         let actions = harness.answer(1, Harness.whole(etag: "\"v2\""))
         #expect(describe(actions) == ["drop 1", "abandon 0", "abandon 2", "abandon 3"])
-        guard case .stopping(then: .restart(let reason)) = harness.machine.phase else {
+        guard case .stopping(then: .restart(let reason, _)) = harness.machine.phase else {
             Issue.record("\(harness.machine.phase)")
             return
         }
@@ -324,7 +324,7 @@ struct TransferMachineScenarioTests {
         for source in 1...2 {
             harness.answer(0, Harness.status(404))
             harness.endBusyConnections()
-            guard case .restarting(.mirrorFallback) = harness.machine.phase else {
+            guard case .restarting(.mirrorFallback, _) = harness.machine.phase else {
                 Issue.record("\(harness.machine.phase)")
                 return
             }
@@ -332,6 +332,15 @@ struct TransferMachineScenarioTests {
             #expect(describe(probe) == ["restarted", "send 0 whole"])
             #expect(harness.machine.origin == source && harness.machine.restarts == 0)
         }
+    }
+
+    @Test func aCancellationWhileTheFileIsCheckedWaitsForTheCheckAndTheDiscardItLeadsTo() throws {
+        var harness = Harness.verifying()
+        #expect(describe(harness.handle(.cancel)).isEmpty)
+        #expect(describe(harness.handle(.verified(.digestMismatch("sha-256 differs")))) == ["discard"])
+        // The bytes were wrong: they are gone, and the download pauses rather than start over.
+        #expect(describe(harness.handle(.discarded)) == ["paused"])
+        #expect(harness.machine.restarts == 0 && harness.machine.table == nil)
     }
 
     @Test func aStalledConnectionIsAbandonedOnTheClockAndRetried() throws {

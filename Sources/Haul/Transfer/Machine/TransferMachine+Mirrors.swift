@@ -295,7 +295,7 @@ extension TransferMachine {
     /// piece of what each mirror wrote is fetched again from the origin and compared with the disk
     /// (``TransferMachine/Phase/checkingMirrors``). `nil` when no mirror but the origin wrote a byte
     /// (the failure is then the origin's own).
-    mutating func checkMirrors(_ detail: String, now: Moment) -> [TransferAction]? {
+    mutating func checkMirrors(_ detail: String, thenPause: Bool, now: Moment) -> [TransferAction]? {
         guard isMixing, let table, let record = manifest, table.totalLength != nil else { return nil }
         let attributed = sources.reduce(Int64(0)) { sum, source in
             sum + source.wrote.reduce(Int64(0)) { $0 + $1.upperBound - $1.lowerBound }
@@ -328,10 +328,10 @@ extension TransferMachine {
             connections[index].state = .idle
         }
         self.table?.releaseAllOwners()
-        if cancelRequested {
+        if thenPause {
             // A pause asked for during the file's check: no time to compare, what every mirror
             // wrote is forgotten before it stops.
-            return concludeMirrorChecks(checks, now: now)
+            return concludeMirrorChecks(checks, thenPause: true, now: now)
         }
         let log = TransferAction.log(
             "the file failed its check (\(detail)): a piece of what each mirror wrote is compared with \(sources[origin].url)"
@@ -353,7 +353,9 @@ extension TransferMachine {
             actions.append(send(ask, on: index, segment: check.segment, source: origin, now: now))
         }
         phase = .checkingMirrors(checks)
-        if checks.running.isEmpty && checks.pending.isEmpty { return concludeMirrorChecks(checks, now: now) }
+        if checks.running.isEmpty && checks.pending.isEmpty {
+            return concludeMirrorChecks(checks, thenPause: false, now: now)
+        }
         return actions
     }
 
@@ -388,8 +390,9 @@ extension TransferMachine {
 
     /// Every check is done: the mirrors whose bytes differ are dropped and what they wrote is
     /// fetched again from the others. When no check told them apart, what every mirror wrote is
-    /// fetched again from the origin.
-    mutating func concludeMirrorChecks(_ checks: MirrorChecks, now: Moment) -> [TransferAction] {
+    /// fetched again from the origin. With `thenPause` (the caller cancelled), the download pauses
+    /// instead, what it trusts kept.
+    mutating func concludeMirrorChecks(_ checks: MirrorChecks, thenPause: Bool, now: Moment) -> [TransferAction] {
         guard var table else { return [] }
         let contributors = mirrorsThatWrote
         let blamed = checks.blamed.isEmpty ? contributors : contributors.filter { checks.blamed.contains($0) }
@@ -425,7 +428,7 @@ extension TransferMachine {
             .log(
                 "the file failed its check (\(checks.detail)): \(ByteCount.format(forgotten)) from \(urls) fetched again"
             ))
-        if cancelRequested {
+        if thenPause {
             // A pause asked for during the check: it keeps what is trusted, and the refetch waits.
             return actions + stop(then: .pause, now: now)
         }

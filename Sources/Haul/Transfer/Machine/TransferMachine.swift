@@ -24,10 +24,12 @@ struct TransferMachine: Sendable {
         case transferring
         /// Connections are stopping; then the download goes on as `then` says.
         case stopping(then: AfterStop)
-        /// The partial data is being discarded, for this reason.
-        case restarting(RestartReason)
-        /// The complete file is being checked.
-        case verifying
+        /// The partial data is being discarded, for this reason; then the download starts over, or
+        /// pauses when the caller cancelled it while it could not stop (`thenPause`).
+        case restarting(RestartReason, thenPause: Bool)
+        /// The complete file is being checked; with `thenPause`, the caller cancelled meanwhile, and
+        /// the download pauses once the check is over.
+        case verifying(thenPause: Bool)
         /// The complete file failed its check: a piece of what each mirror wrote is being fetched
         /// again from the origin and compared with the disk, to tell which mirror served other bytes.
         case checkingMirrors(MirrorChecks)
@@ -115,8 +117,9 @@ struct TransferMachine: Sendable {
 
     /// What a download does once its connections have stopped.
     enum AfterStop: Sendable {
-        /// Discard the partial data and start over, for this reason.
-        case restart(RestartReason)
+        /// Discard the partial data and start over, for this reason (or pause once it is discarded,
+        /// when the caller cancelled the download while its file was checked).
+        case restart(RestartReason, thenPause: Bool)
         /// Check the complete file.
         case verify
         /// Store the last checkpoint and pause.
@@ -234,8 +237,6 @@ struct TransferMachine: Sendable {
     var rangeServed = false
     /// How long the last answer took to arrive after its request: what asking again costs.
     var answerDelay = Duration.zero
-    /// A cancellation that arrived while the file was being checked.
-    var cancelRequested = false
     var meter: ProgressMeter?
     var lastCheckpoint = Moment.zero
     var lastDurable = Moment.zero
@@ -650,9 +651,11 @@ struct TransferMachine: Sendable {
     // MARK: Ending
 
     /// Starts the download over from byte 0, once every connection has stopped: its partial data is
-    /// discarded (``Phase/restarting(_:)``), then it asks for the file again.
+    /// discarded (``Phase/restarting(_:thenPause:)``), then it asks for the file again.
     mutating func restart(_ reason: RestartReason, now: Moment) -> [TransferAction] {
-        stop(then: .restart(reason), now: now)
+        // A cancellation that came while the file was checked is carried out once the data is gone.
+        let thenPause = if case .verifying(thenPause: true) = phase { true } else { false }
+        return stop(then: .restart(reason, thenPause: thenPause), now: now)
     }
 
     /// Counts a restart from byte 0 against ``Settings/maximumRestarts``: the one place that does.
@@ -692,8 +695,12 @@ struct TransferMachine: Sendable {
         case .created:
             phase = .paused
             return []
-        case .verifying, .restarting:
-            cancelRequested = true
+        case .verifying:
+            // The check cannot be stopped: the download pauses once it is over.
+            phase = .verifying(thenPause: true)
+            return []
+        case .restarting(let reason, _):
+            phase = .restarting(reason, thenPause: true)
             return []
         case .finishing, .pausing, .failing, .paused, .failed, .completed:
             return []
@@ -702,8 +709,7 @@ struct TransferMachine: Sendable {
             return [.drop(connection: pending.connection)] + stop(then: .pause, now: now)
         case .checkingMirrors(let checks):
             // What the mirrors wrote is forgotten (the checks are not waited for), then it pauses.
-            cancelRequested = true
-            return concludeMirrorChecks(checks, now: now)
+            return concludeMirrorChecks(checks, thenPause: true, now: now)
         case .resuming, .probing, .transferring, .stopping:
             return stop(then: .pause, now: now)
         }
@@ -735,9 +741,9 @@ struct TransferMachine: Sendable {
     mutating func finishStopping(now: Moment) -> [TransferAction] {
         guard case .stopping(let next) = phase, !connections.contains(where: \.isBusy) else { return [] }
         switch next {
-        case .restart(let reason):
+        case .restart(let reason, let thenPause):
             // The one way into `restarting`.
-            phase = .restarting(reason)
+            phase = .restarting(reason, thenPause: thenPause)
             return [.log("starting over: \(reason)"), .discard]
         case .verify:
             return beginVerifying(now: now)
@@ -766,7 +772,7 @@ struct TransferMachine: Sendable {
     }
 
     private mutating func discarded(now: Moment) -> [TransferAction] {
-        guard case .restarting(let reason) = phase else { return [] }
+        guard case .restarting(let reason, let thenPause) = phase else { return [] }
         manifest = nil
         table = nil
         resumedFrom = nil
@@ -774,7 +780,7 @@ struct TransferMachine: Sendable {
         rangesAllowed = false
         unsavedProgress = false
         resetSources()
-        if cancelRequested {
+        if thenPause {
             phase = .paused
             return []
         }
@@ -786,28 +792,30 @@ struct TransferMachine: Sendable {
         guard let table, let total = table.totalLength ?? manifest?.totalLength else {
             return fail(HaulError(.protocolViolation, "the file's length is not known"), now: now)
         }
-        phase = .verifying
+        phase = .verifying(thenPause: false)
         return reportProgress(at: now, force: true) + [
             .verify(totalBytes: total, validator: manifest?.validator ?? ResourceValidator())
         ]
     }
 
     private mutating func verified(_ verification: Verification, now: Moment) -> [TransferAction] {
-        guard phase.kind == .verifying, let total = table?.totalLength ?? manifest?.totalLength else { return [] }
+        guard case .verifying(let thenPause) = phase, let total = table?.totalLength ?? manifest?.totalLength else {
+            return []
+        }
         switch verification {
         case .matches:
-            if cancelRequested { return storeLastCheckpoint(durable: true, then: .pausing, else: .paused) }
+            if thenPause { return storeLastCheckpoint(durable: true, then: .pausing, else: .paused) }
             phase = .finishing
             return [.finish(totalBytes: total, manifest: manifest)]
         case .checksumMismatch(let error):
-            if let check = checkMirrors(error.message, now: now) { return check }
+            if let check = checkMirrors(error.message, thenPause: thenPause, now: now) { return check }
             if let next = nextSourceAfterMismatch() {
                 // Mirrors used in turn: the checksum shows this one served other bytes.
                 return switchSource(to: next, error, now: now)
             }
             return storeLastCheckpoint(durable: false, then: .failing(error), else: .failed(error))
         case .digestMismatch(let detail):
-            if let check = checkMirrors(detail, now: now) { return check }
+            if let check = checkMirrors(detail, thenPause: thenPause, now: now) { return check }
             return restart(.digestMismatch(detail), now: now)
         }
     }
