@@ -343,6 +343,25 @@ struct TransferMachineScenarioTests {
         #expect(harness.machine.restarts == 0 && harness.machine.table == nil)
     }
 
+    @Test func progressIsStoredEverySecondAndDurablyEveryFiveOneCheckpointAtATime() throws {
+        var harness = Harness.transferring(connections: 1)
+        var taken: [String] = []
+        for second in 1...5 {
+            harness.advance(.milliseconds(500))
+            harness.wrote(0, segment: 0, upTo: Int64(second) * 100_000)
+            #expect(harness.machine.nextDeadline == .zero + .seconds(second))
+            harness.advance(.milliseconds(500))
+            taken += describe(harness.handle(.timer))
+            // Bytes written while it is stored wait for it: no deadline is set for them.
+            harness.wrote(0, segment: 0, upTo: Int64(second) * 100_000 + 50_000)
+            #expect(harness.machine.nextDeadline == harness.now + .seconds(30), "only the stall timeout")
+            harness.handle(.checkpointed(pieces: [:]))
+        }
+        #expect(taken == ["checkpoint", "checkpoint", "checkpoint", "checkpoint", "checkpoint durable"])
+        // The durable one vouches for the bytes written before it was taken, not for those after.
+        #expect(harness.machine.table?.segments[0].durable == 500_000)
+    }
+
     @Test func aStalledConnectionIsAbandonedOnTheClockAndRetried() throws {
         var harness = MachineHarness(connections: 1) { $0.checkpointInterval = .seconds(3600) }
         harness.handle(.start(.nothing))

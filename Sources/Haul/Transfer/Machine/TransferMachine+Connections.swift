@@ -120,7 +120,7 @@ extension TransferMachine {
         table.advance(segment, to: upTo, now: now)
         self.table = table
         record(pieces)
-        unsavedProgress = true
+        checkpoints.noteProgress()
         if isCurrent(request), case .receiving(var receiving) = connections[request.connection].state {
             receiving.lastByte = max(receiving.lastByte, now)
             receiving.progressed = true
@@ -459,25 +459,14 @@ extension TransferMachine {
         return actions + resumeWork(now: now)
     }
 
-    /// Stores a checkpoint when one is due (or now, when `force`d and there is progress to store).
+    /// Stores a checkpoint when one is due (or now, when `force`d and there is progress to store),
+    /// while the file is fetched and not yet complete.
     mutating func checkpointIfDue(now: Moment, force: Bool = false) -> [TransferAction] {
-        guard checkpointWanted, var record = manifest, let table else { return [] }
-        guard force || now - lastCheckpoint >= settings.checkpointInterval else { return [] }
-        let durable = now - lastDurable >= settings.durableCheckpointInterval
+        guard phase.kind == .transferring || phase.kind == .probing, var record = manifest, let table,
+            !table.isComplete, let durable = checkpoints.takeIfDue(table.segments, now: now, force: force)
+        else { return [] }
         record.segments = table.manifestSegments
-        checkpointInFlight = true
-        durableCapture = durable ? table.segments : nil
-        lastCheckpoint = now
-        if durable { lastDurable = now }
-        unsavedProgress = false
         return [.checkpoint(Checkpoint(manifest: record, durable: durable))]
-    }
-
-    /// Whether progress waits to be stored and a checkpoint may be stored now.
-    var checkpointWanted: Bool {
-        (phase.kind == .transferring || phase.kind == .probing) && unsavedProgress && !checkpointInFlight
-            && manifest != nil
-            && table?.isComplete == false
     }
 
     /// When an idle connection could take over a range that made no progress, if one can.

@@ -238,14 +238,8 @@ struct TransferMachine: Sendable {
     /// How long the last answer took to arrive after its request: what asking again costs.
     var answerDelay = Duration.zero
     var meter: ProgressMeter?
-    var lastCheckpoint = Moment.zero
-    var lastDurable = Moment.zero
-    /// Whether written bytes are not in a stored checkpoint yet.
-    var unsavedProgress = false
-    /// The ranges as a durable checkpoint in flight captured them (`nil` when none is in flight, or
-    /// the one in flight is not durable and `checkpointInFlight` says so).
-    var durableCapture: [RangeTable.Segment]?
-    var checkpointInFlight = false
+    /// When progress is stored, and the checkpoint being stored.
+    var checkpoints: CheckpointSchedule
     var random: SplitMix64
     /// The serial number of the last request sent.
     var lastSerial = 0
@@ -268,8 +262,8 @@ struct TransferMachine: Sendable {
         self.connections = Array(repeating: Connection(), count: max(1, settings.connections))
         self.ramp = ConnectionRamp(
             maximum: settings.connections, adaptive: settings.adaptive, window: settings.rampWindow)
-        self.lastCheckpoint = now
-        self.lastDurable = now
+        self.checkpoints = CheckpointSchedule(
+            interval: settings.checkpointInterval, durableInterval: settings.durableCheckpointInterval, now: now)
         self.random = SplitMix64(seed: seed)
     }
 
@@ -329,7 +323,7 @@ struct TransferMachine: Sendable {
             }
         }
         guard phase.kind == .transferring else { return deadlines.min() }
-        if unsavedProgress && !checkpointInFlight { deadlines.append(lastCheckpoint + settings.checkpointInterval) }
+        if let due = checkpoints.nextDue { deadlines.append(due) }
         if let decision = ramp.nextDecision { deadlines.append(decision) }
         if let takeover = nextTakeover { deadlines.append(takeover) }
         return deadlines.min()
@@ -610,7 +604,7 @@ struct TransferMachine: Sendable {
         manifest = record
         self.table = table
         phase = .transferring
-        unsavedProgress = false
+        checkpoints.forgetProgress()
         meter = ProgressMeter(startingAt: table.written, totalBytes: total, interval: settings.progressInterval)
         connections[connection].state = .receiving(
             .init(ask: ask, segment: 0, lastByte: now, checksBody: !facts.contentDigests.isEmpty))
@@ -766,8 +760,7 @@ struct TransferMachine: Sendable {
         }
         record.segments = table.manifestSegments
         phase = storing
-        checkpointInFlight = true
-        durableCapture = durable ? table.segments : nil
+        checkpoints.takeLast(table.segments, durable: durable)
         return [.lastCheckpoint(Checkpoint(manifest: record, durable: durable))]
     }
 
@@ -778,7 +771,7 @@ struct TransferMachine: Sendable {
         resumedFrom = nil
         meter = nil
         rangesAllowed = false
-        unsavedProgress = false
+        checkpoints.forgetProgress()
         resetSources()
         if thenPause {
             phase = .paused
@@ -821,9 +814,7 @@ struct TransferMachine: Sendable {
     }
 
     private mutating func checkpointed(_ pieces: [Int: String], now: Moment) -> [TransferAction] {
-        checkpointInFlight = false
-        if let captured = durableCapture { table?.markDurable(captured) }
-        durableCapture = nil
+        if let captured = checkpoints.stored() { table?.markDurable(captured) }
         record(pieces)
         switch phase {
         case .pausing: phase = .paused
