@@ -1,3 +1,9 @@
+#if canImport(FoundationEssentials)
+    import FoundationEssentials
+#else
+    import Foundation
+#endif
+
 /// The state of one download, as a plain value: events in (``TransferEvent``), actions out
 /// (``TransferAction``). It does no I/O and reads no clock; its I/O shell (``TransferDriver``)
 /// carries out the actions and reports what happens.
@@ -10,195 +16,6 @@
 /// (the first request among them, which goes on past its own range when nobody delivers the next)
 /// finish the file. When nothing works, the download fails with the error, its data kept.
 struct TransferMachine: Sendable {
-    /// The phases of a download, each with what holds only while the download is in it.
-    enum Phase: Sendable {
-        /// Nothing has happened yet.
-        case created
-        /// The stored bytes of a resumed download are being checked.
-        case resuming
-        /// The first request is out: what the file is, and whether it comes in ranges, is not known.
-        case probing
-        /// The first answer arrived; the destination it names is being opened, the answer held.
-        case choosingDestination(FirstAnswer)
-        /// Connections fetch the ranges.
-        case transferring
-        /// Connections are stopping; then the download goes on as `then` says.
-        case stopping(then: AfterStop)
-        /// The partial data is being discarded, for this reason; then the download starts over, or
-        /// pauses when the caller cancelled it while it could not stop (`thenPause`).
-        case restarting(RestartReason, thenPause: Bool)
-        /// The complete file is being checked; with `thenPause`, the caller cancelled meanwhile, and
-        /// the download pauses once the check is over.
-        case verifying(thenPause: Bool)
-        /// The complete file failed its check: a piece of what each mirror wrote is being fetched
-        /// again from the origin and compared with the disk, to tell which mirror served other bytes.
-        case checkingMirrors(MirrorChecks)
-        /// The complete file is being renamed into place.
-        case finishing
-        /// The last checkpoint of a cancelled download is being stored.
-        case pausing
-        /// The last checkpoint of a download failing with this error is being stored.
-        case failing(HaulError)
-        /// Cancelled; the data and its manifest are kept.
-        case paused
-        /// Failed with this error; the data and its manifest are kept.
-        case failed(HaulError)
-        /// The file is complete under its final name.
-        case completed
-
-        /// Whether the download is over.
-        var isTerminal: Bool {
-            switch self {
-            case .paused, .failed, .completed: true
-            default: false
-            }
-        }
-
-        /// A phase without its details, one case for every phase and for every course a stop can
-        /// take: what a test goes through to reach every phase there is.
-        enum Kind: CaseIterable, Sendable {
-            case created
-            case resuming
-            case probing
-            case choosingDestination
-            case transferring
-            case stoppingToRestart
-            case stoppingToVerify
-            case stoppingToPause
-            case stoppingToFail
-            case restarting
-            case verifying
-            case checkingMirrors
-            case finishing
-            case pausing
-            case failing
-            case paused
-            case failed
-            case completed
-        }
-
-        /// The phase without its details.
-        var kind: Kind {
-            switch self {
-            case .created: .created
-            case .resuming: .resuming
-            case .probing: .probing
-            case .choosingDestination: .choosingDestination
-            case .transferring: .transferring
-            case .stopping(then: .restart): .stoppingToRestart
-            case .stopping(then: .verify): .stoppingToVerify
-            case .stopping(then: .pause): .stoppingToPause
-            case .stopping(then: .fail): .stoppingToFail
-            case .restarting: .restarting
-            case .verifying: .verifying
-            case .checkingMirrors: .checkingMirrors
-            case .finishing: .finishing
-            case .pausing: .pausing
-            case .failing: .failing
-            case .paused: .paused
-            case .failed: .failed
-            case .completed: .completed
-            }
-        }
-    }
-
-    /// The first accepted answer of a download whose destination it names, held while the
-    /// destination is opened.
-    struct FirstAnswer: Sendable {
-        /// The connection the answer came on.
-        let connection: Int
-        /// What the request asked.
-        let ask: RangeAsk
-        /// The answer's head.
-        let head: ResponseHead
-        /// What the classifier found in it.
-        let facts: ResponseFacts
-    }
-
-    /// What a download does once its connections have stopped.
-    enum AfterStop: Sendable {
-        /// Discard the partial data and start over, for this reason (or pause once it is discarded,
-        /// when the caller cancelled the download while its file was checked).
-        case restart(RestartReason, thenPause: Bool)
-        /// Check the complete file.
-        case verify
-        /// Store the last checkpoint and pause.
-        case pause
-        /// Store the last checkpoint and fail with this error.
-        case fail(HaulError)
-
-        /// Which of two stops wins: a pause wins over everything, a failure over a restart, a
-        /// restart over completion. Of two equal ones, the first stays (the first error is the one
-        /// the caller hears about).
-        var rank: Int {
-            switch self {
-            case .verify: 0
-            case .restart: 1
-            case .fail: 2
-            case .pause: 3
-            }
-        }
-    }
-
-    /// One connection of the download and what it is doing.
-    struct Connection: Equatable, Sendable {
-        enum State: Equatable, Sendable {
-            /// Free to take a range.
-            case idle
-            /// `ask` was sent for `segment` (`nil` before the file's ranges are known).
-            case requesting(RangeAsk, segment: Int?, since: Moment)
-            /// Writing the answer's body.
-            case receiving(Receiving)
-            /// Waiting before the next attempt.
-            case waiting(until: Moment)
-            /// Told to stop; its request has not ended yet.
-            case stopping(StopCause)
-            /// Left the download: the server keeps refusing it.
-            case retired
-        }
-
-        /// A connection writing its answer's body.
-        struct Receiving: Equatable, Sendable {
-            let ask: RangeAsk
-            /// The range it writes now.
-            var segment: Int
-            /// When its last bytes were written, or when a rate limit that holds them back lets
-            /// them go, whichever is later: its stall clock runs from there.
-            var lastByte: Moment
-            /// Whether it wrote a byte in this request.
-            var progressed = false
-            /// Whether the body must match a `Content-Digest` when it ends: the file is not complete
-            /// before that is known.
-            var checksBody = false
-        }
-
-        /// Why a connection was told to stop.
-        enum StopCause: Equatable, Sendable {
-            /// Nothing arrived for the stall timeout: the attempt counts as failed.
-            case stalled
-            /// Another connection took its range.
-            case replaced
-            /// The download is pausing, restarting, failing or complete.
-            case shutdown
-        }
-
-        var state: State = .idle
-        /// Failed attempts in a row.
-        var failures = 0
-        /// The serial number of the connection's current request.
-        var serial = 0
-        /// The source (see ``TransferMachine/sources``) of its current request.
-        var source = 0
-
-        /// Whether a request of this connection is under way.
-        var isBusy: Bool {
-            switch state {
-            case .requesting, .receiving, .stopping: true
-            case .idle, .waiting, .retired: false
-            }
-        }
-    }
-
     let settings: Settings
     /// The URL the caller asked for.
     let originalURL: String
@@ -488,11 +305,6 @@ struct TransferMachine: Sendable {
         connections[connection].source = source
         connections[connection].state = .requesting(ask, segment: segment, since: now)
         return .send(RequestTag(connection: connection, serial: lastSerial, source: source), ask)
-    }
-
-    /// Whether `request` is its connection's current request (events of earlier ones are late).
-    func isCurrent(_ request: RequestTag) -> Bool {
-        connections.indices.contains(request.connection) && connections[request.connection].serial == request.serial
     }
 
     // MARK: The first answer
@@ -834,5 +646,819 @@ struct TransferMachine: Sendable {
             record.pieces[index] = hash
         }
         manifest = record
+    }
+
+    // MARK: Answers
+
+    mutating func received(_ head: ResponseHead, on connection: Int, now: Moment) -> [TransferAction] {
+        guard connections.indices.contains(connection),
+            case .requesting(let ask, let segment, let since) = connections[connection].state
+        else { return [.drop(connection: connection)] }
+        answerDelay = now - since
+        let verdict = ResponseClassifier.classify(status: head.status, headers: head.headers, ask: ask, now: head.date)
+        switch phase {
+        case .probing:
+            return firstAnswer(verdict, ask: ask, head: head, on: connection, now: now)
+        case .checkingMirrors:
+            return mirrorCheckAnswer(verdict, on: connection, now: now)
+        case .transferring:
+            guard let segment else {
+                connections[connection].state = .idle
+                return [.drop(connection: connection)] + resumeWork(now: now)
+            }
+            if let actions = mirrorAnswer(verdict, head: head, on: connection, now: now) {
+                return actions + resumeWork(now: now)
+            }
+            return rangeAnswer(verdict, ask: ask, segment: segment, on: connection, now: now)
+        default:
+            connections[connection].state = .idle
+            return [.drop(connection: connection)] + finishStopping(now: now)
+        }
+    }
+
+    /// Handles the answer to a range request of a file fetched in ranges.
+    private mutating func rangeAnswer(
+        _ verdict: ResponseVerdict, ask: RangeAsk, segment: Int, on connection: Int, now: Moment
+    ) -> [TransferAction] {
+        switch verdict {
+        case .accept(let facts):
+            guard let table, table.owner(of: segment) == connection, !table.segments[segment].isComplete,
+                table.segments[segment].position == ask.writeStart
+            else {
+                // Another connection took the range, or wrote into it, while the request was out: the
+                // answer no longer fits, and the range goes back to whoever claims it next.
+                table?.releaseAll(of: connection)
+                connections[connection].state = .idle
+                return [.drop(connection: connection)] + resumeWork(now: now)
+            }
+            rangeServed = true
+            connections[connection].state = .receiving(
+                .init(ask: ask, segment: segment, lastByte: now, checksBody: !facts.contentDigests.isEmpty))
+            return [
+                .receive(
+                    connection: connection,
+                    ReceivePlan(
+                        segment: segment, bodyStart: facts.bodyStart, writeStart: facts.writeStart,
+                        limit: table.segments[segment].end, answerEnd: ask.to ?? facts.totalLength,
+                        contentDigests: facts.contentDigests, pieceSize: manifest?.pieceSize ?? settings.pieceSize))
+            ]
+        case .restart, .retry, .fail:
+            return refused(verdict, on: connection, now: now)
+        case .alreadyComplete, .probeRefused:
+            // Never an answer to a range: the classifier restarts those.
+            connections[connection].state = .idle
+            return [.drop(connection: connection)]
+                + restart(.rangeNotSatisfiable("416 to bytes \(ask.from)-"), now: now)
+        }
+    }
+
+    /// Drops an answer that ends its request the same way whatever the request asked: the file
+    /// changed (start over), the server asks to come back (retry), or a failure no retry mends.
+    mutating func refused(_ verdict: ResponseVerdict, on connection: Int, now: Moment) -> [TransferAction] {
+        switch verdict {
+        case .restart(let reason):
+            connections[connection].state = .idle
+            return [.drop(connection: connection)] + restart(reason, now: now)
+        case .retry(let status, let retryAfter):
+            return [.drop(connection: connection)]
+                + failed(connection, Self.retryable(status: status, retryAfter: retryAfter), now: now)
+        case .fail(let code, let message, let status):
+            connections[connection].state = .idle
+            return [.drop(connection: connection)] + fail(HaulError(code, message, status: status), now: now)
+        case .accept, .alreadyComplete, .probeRefused:
+            connections[connection].state = .idle
+            return [.drop(connection: connection)]
+        }
+    }
+
+    // MARK: Progress
+
+    /// A rate limit holds the request's bytes back until `until`: neither its stall clock nor a
+    /// take-over of its range runs before then.
+    mutating func throttled(_ request: RequestTag, until: Moment) {
+        guard isCurrent(request), case .receiving(var receiving) = connections[request.connection].state else {
+            return
+        }
+        receiving.lastByte = max(receiving.lastByte, until)
+        connections[request.connection].state = .receiving(receiving)
+        table?.hold(receiving.segment, until: until)
+    }
+
+    mutating func wrote(_ request: RequestTag, segment: Int, upTo: Int64, pieces: [Int: String], now: Moment)
+        -> [TransferAction]
+    {
+        // Bytes written are bytes stored, even when they come from a request that is no longer current.
+        guard var table, table.segments.indices.contains(segment) else { return [] }
+        let from = table.segments[segment].position
+        noteWritten(by: request.source, from: from, upTo: min(upTo, table.segments[segment].end))
+        table.advance(segment, to: upTo, now: now)
+        self.table = table
+        record(pieces)
+        checkpoints.noteProgress()
+        if isCurrent(request), case .receiving(var receiving) = connections[request.connection].state {
+            receiving.lastByte = max(receiving.lastByte, now)
+            receiving.progressed = true
+            connections[request.connection].state = .receiving(receiving)
+        }
+        guard phase.kind == .transferring else { return [] }
+        var actions = reportProgress(at: now)
+        if table.isComplete { return actions + stop(then: .verify, now: now) }
+        ramp.begin(at: now, bytes: table.written)
+        if ramp.isSettling, (0..<ramp.allowed).allSatisfy({ delivers(connections[$0]) }) {
+            ramp.settled(at: now, bytes: table.written)
+        }
+        actions += checkpointIfDue(now: now)
+        return actions + moveRamp(now: now)
+    }
+
+    /// Moves the connection ramp on: more connections start, or the ones the last step added leave
+    /// and their ranges go back to the others.
+    mutating func moveRamp(now: Moment) -> [TransferAction] {
+        guard let written = table?.written else { return [] }
+        let rate: (Double) -> String = { "\(ByteCount.format(Int64($0)))/s" }
+        switch ramp.update(now: now, bytes: written) {
+        case nil:
+            return []
+        case .up(let allowed, let measured):
+            return [.log("\(rate(measured)) so far; trying up to \(allowed) connections")] + startConnections(now: now)
+        case .back(let allowed, let more, let measured, let before):
+            var actions: [TransferAction] = [
+                .log(
+                    "\(more) connections gave \(rate(measured)) against \(rate(before)) with \(allowed): back to \(allowed)"
+                )
+            ]
+            for index in connections.indices where index >= allowed {
+                table?.releaseAll(of: index)
+                actions += stopConnection(index, .replaced)
+            }
+            return actions
+        }
+    }
+
+    /// A connection reached the end of its range while its answer goes on: it continues into the next
+    /// range when no other connection delivers that one, so a download whose other connections are
+    /// refused, stalled or told to wait still finishes at the speed of the one that works.
+    mutating func reachedLimit(_ connection: Int, at offset: Int64, now: Moment) -> [TransferAction] {
+        guard phase.kind == .transferring, var table, connections.indices.contains(connection),
+            case .receiving(var receiving) = connections[connection].state,
+            offset >= table.segments[receiving.segment].end,
+            receiving.ask.isOpenEnded || (receiving.ask.to ?? .max) > offset,
+            let next = table.successor(of: receiving.segment)
+        else { return [.proceed(connection: connection, nil)] }
+        if let owner = table.owner(of: next), owner != connection, case .receiving = connections[owner].state,
+            now - table.segments[next].lastProgress < settings.stallTakeover
+        {
+            // Its connection delivers it: stop here and take other work.
+            return [.proceed(connection: connection, nil)]
+        }
+        let skipped = table.segments[next].position - offset
+        if rangeServed, table.owner(of: next) == nil, skipped > skipAllowance {
+            // A connection that left wrote much of it (a step back of the ramp, a failure): asking
+            // for the rest where it stands costs less than reading those bytes again.
+            return [
+                .proceed(connection: connection, nil),
+                .log(
+                    "connection \(connection) asks for bytes \(table.segments[next].position)- rather than read \(ByteCount.format(skipped)) again"
+                ),
+            ]
+        }
+        let displaced = table.handOver(next, to: connection, now: now)
+        self.table = table
+        receiving.segment = next
+        receiving.lastByte = max(receiving.lastByte, now)
+        connections[connection].state = .receiving(receiving)
+        let range = table.segments[next]
+        var actions: [TransferAction] = [
+            .proceed(connection: connection, Continuation(segment: next, skipTo: range.position, limit: range.end)),
+            .log(
+                "connection \(connection) goes on into bytes \(range.position)-\(range.end - 1): no other delivers them"
+            ),
+        ]
+        if let displaced { actions += stopConnection(displaced, .replaced) }
+        return actions
+    }
+
+    /// A progress report, when one is due (always with `force`): counting the open connections only
+    /// then, not for every block written.
+    mutating func reportProgress(at now: Moment, force: Bool = false) -> [TransferAction] {
+        guard let written = table?.written, meter?.record(written, at: now, force: force) == true,
+            let progress = meter?.report(connections: openConnections)
+        else { return [] }
+        return [.report(.progress(progress))]
+    }
+
+    // MARK: Ends and failures
+
+    mutating func ended(_ connection: Int, _ end: ConnectionEnd, now: Moment) -> [TransferAction] {
+        guard connections.indices.contains(connection) else { return [] }
+        if phase.kind == .checkingMirrors {
+            if case .finished = end { return mirrorCheckEnded(connection, agrees: true, now: now) }
+            return mirrorCheckEnded(connection, agrees: false, now: now)
+        }
+        var forgotten: [TransferAction] = []
+        if phase.kind == .stoppingToVerify, case .receiving(let receiving) = connections[connection].state,
+            receiving.checksBody
+        {
+            switch end {
+            case .finished:
+                break
+            case .failed(.bodyDigestMismatch):
+                // The bytes that completed the file failed their digest: they are fetched again.
+                phase = .transferring
+            case .failed, .dropped:
+                forgotten = refetchUnchecked(receiving)
+            }
+        }
+        guard phase.kind == .probing || phase.kind == .transferring else {
+            // The download is stopping (or past it): whatever the request did no longer matters.
+            table?.releaseAll(of: connection)
+            if connections[connection].state != .retired { connections[connection].state = .idle }
+            return finishStopping(now: now)
+        }
+        var actions: [TransferAction] = []
+        switch (connections[connection].state, end) {
+        case (.stopping(.stalled), _):
+            let seconds = Int(settings.stallTimeout.seconds)
+            let host = URL(string: finalURL)?.host.map { " from \($0)" } ?? ""
+            actions = failed(
+                connection, .retryable(HaulError(.timedOut, "no data\(host) for \(seconds) s"), retryAfter: nil),
+                now: now)
+        case (.stopping, _):
+            connections[connection].state = .idle
+        case (.receiving(let receiving), .finished(let offset)):
+            actions = finishedReceiving(connection, segment: receiving.segment, at: offset, now: now)
+        case (.receiving, .failed(let failure)), (.requesting, .failed(let failure)):
+            actions = failed(connection, failure, now: now)
+        case (.receiving, _), (.requesting, _):
+            table?.releaseAll(of: connection)
+            connections[connection].state = .idle
+        case (.idle, _), (.waiting, _), (.retired, _):
+            break
+        }
+        return forgotten + actions + afterConnectionChange(now: now)
+    }
+
+    /// Stops connection `index` for `cause`: a request out or an answer being written is abandoned,
+    /// a wait ends. One already stopping keeps its cause (a stall still counts as a failed attempt).
+    mutating func stopConnection(_ index: Int, _ cause: Connection.StopCause) -> [TransferAction] {
+        switch connections[index].state {
+        case .requesting, .receiving:
+            connections[index].state = .stopping(cause)
+            return [.abandon(connection: index)]
+        case .waiting:
+            connections[index].state = .idle
+            return []
+        case .idle, .stopping, .retired:
+            return []
+        }
+    }
+
+    /// The answer that completed the file ended, or stalled, before its Content-Digest could be
+    /// checked: the download goes back to transferring, and its bytes are fetched again rather than
+    /// trusted unchecked.
+    private mutating func refetchUnchecked(_ receiving: Connection.Receiving) -> [TransferAction] {
+        phase = .transferring
+        return forget(segment: receiving.segment, from: receiving.ask.writeStart)
+    }
+
+    /// Forgets what one answer wrote, from `from` up to where it now writes in range `segment` (it
+    /// may have gone on through several ranges), to fetch it again: the ranges' progress and piece
+    /// hashes, and with one range the file's bytes past `from`.
+    private mutating func forget(segment: Int, from: Int64) -> [TransferAction] {
+        guard var table else { return [] }
+        let upTo = table.segments[segment].position
+        for index in table.segments.indices
+        where table.segments[index].start < upTo && table.segments[index].position > from {
+            table.cut(index, to: max(from, table.segments[index].start))
+        }
+        self.table = table
+        manifest?.forgetPieces(from: from, to: max(upTo, table.segments[segment].end))
+        return table.isSingle ? [.cut(to: from)] : [.forgetHashes(from: from)]
+    }
+
+    private mutating func finishedReceiving(_ connection: Int, segment: Int, at offset: Int64, now: Moment)
+        -> [TransferAction]
+    {
+        guard var table else {
+            connections[connection].state = .idle
+            return []
+        }
+        if table.segments[segment].end == RangeTable.unknownEnd, offset >= table.segments[segment].position {
+            // A body of unknown length ends where the file does.
+            table.setLength(offset)
+            manifest?.totalLength = offset
+            self.table = table
+        }
+        if table.segments[segment].isComplete || table.owner(of: segment) != connection {
+            connections[connection].failures = 0
+            connections[connection].state = .idle
+            return []
+        }
+        let end = table.segments[segment].end
+        let message =
+            table.isSingle
+            ? "the connection ended after \(ByteCount.format(offset)) of \(ByteCount.format(end))"
+            : "a connection ended at byte \(offset) of a range that runs to \(end)"
+        return failed(connection, .retryable(HaulError(.network, message), retryAfter: nil), now: now)
+    }
+
+    /// A connection's attempt failed: retry it after a delay, retire it when the others can go on
+    /// without it, or end the download.
+    mutating func failed(_ connection: Int, _ failure: TransferFailure, now: Moment) -> [TransferAction] {
+        var progressed = false
+        var segment: Int?
+        if case .receiving(let receiving) = connections[connection].state {
+            progressed = receiving.progressed
+            segment = receiving.segment
+        }
+        table?.releaseAll(of: connection)
+        if let actions = mirrorFailure(failure, on: connection) {
+            connections[connection].state = .idle
+            return actions
+        }
+        connections[connection].state = .idle
+        switch failure {
+        case .fatal(let error):
+            return fail(error, now: now)
+        case .cancelled:
+            return []
+        case .overlapMismatch:
+            return restart(.remoteChanged("the bytes before the resume point differ from the partial file"), now: now)
+        case .bodyDigestMismatch(let detail, let from):
+            // The body is not what the server says it sent: what it added is fetched again.
+            let actions = segment.map { forget(segment: $0, from: from) } ?? []
+            let error = HaulError(.checksumMismatch, "the response body failed its Content-Digest (\(detail))")
+            return actions + retry(connection, error, retryAfter: nil, progressed: false, now: now)
+        case .retryable(let error, let retryAfter):
+            return retry(connection, error, retryAfter: retryAfter, progressed: progressed, now: now)
+        }
+    }
+
+    private mutating func retry(
+        _ connection: Int, _ error: HaulError, retryAfter: Duration?, progressed: Bool, now: Moment
+    ) -> [TransferAction] {
+        if progressed { connections[connection].failures = 0 }
+        connections[connection].failures += 1
+        let failures = connections[connection].failures
+        let decision = settings.retry.decide(failures: failures, retryAfter: retryAfter, random: random.nextUnit())
+        // What arrived before the failure is stored now.
+        var actions = checkpointIfDue(now: now, force: true)
+        let exhausted = if case .retry = decision { false } else { true }
+        if let moved = sourceFailed(connection, error, exhausted: exhausted, now: now) { return actions + moved }
+        switch decision {
+        case .retry(let delay):
+            connections[connection].state = .waiting(until: now + delay)
+            actions += [
+                .report(.retrying(attempt: failures, delay: delay, error: error)),
+                .log("connection \(connection): \(error.message); retry \(failures) in \(delay)"),
+            ]
+        case .exhausted, .waitTooLong:
+            let final = RetryPolicy.finalError(error, decision)
+            guard othersCanContinue(without: connection) else { return actions + fail(final, now: now) }
+            connections[connection].state = .retired
+            actions.append(.log("connection \(connection) retires (\(final.message)); the others fetch its ranges"))
+        }
+        return actions
+    }
+
+    /// After a connection's request ended: finish a stop, or give the freed connection work.
+    private mutating func afterConnectionChange(now: Moment) -> [TransferAction] {
+        if case .stopping = phase { return finishStopping(now: now) }
+        if phase.kind == .transferring, table?.isComplete == true { return stop(then: .verify, now: now) }
+        return resumeWork(now: now)
+    }
+
+    // MARK: Time
+
+    mutating func timer(now: Moment) -> [TransferAction] {
+        var actions: [TransferAction] = []
+        for index in connections.indices {
+            switch connections[index].state {
+            case .requesting(_, _, let since) where now - since >= settings.stallTimeout:
+                connections[index].state = .stopping(.stalled)
+                actions += [.abandon(connection: index), .log("connection \(index): no answer; stalled")]
+            case .receiving(let receiving) where now - receiving.lastByte >= settings.stallTimeout:
+                if receiving.progressed { connections[index].failures = 0 }
+                if phase.kind == .stoppingToVerify, receiving.checksBody {
+                    actions += refetchUnchecked(receiving)
+                }
+                connections[index].state = .stopping(.stalled)
+                actions += [.abandon(connection: index), .log("connection \(index): no data; stalled")]
+            case .waiting(let until) where now >= until:
+                connections[index].state = .idle
+            default:
+                break
+            }
+        }
+        if phase.kind == .transferring, table != nil {
+            actions += checkpointIfDue(now: now)
+            actions += moveRamp(now: now)
+        }
+        return actions + resumeWork(now: now)
+    }
+
+    /// Stores a checkpoint when one is due (or now, when `force`d and there is progress to store),
+    /// while the file is fetched and not yet complete.
+    mutating func checkpointIfDue(now: Moment, force: Bool = false) -> [TransferAction] {
+        guard phase.kind == .transferring || phase.kind == .probing, var record = manifest, let table,
+            !table.isComplete, let durable = checkpoints.takeIfDue(table.segments, now: now, force: force)
+        else { return [] }
+        record.segments = table.manifestSegments
+        return [.checkpoint(Checkpoint(manifest: record, durable: durable))]
+    }
+
+    // MARK: Giving connections work
+
+    /// Gives idle connections work: the next request of a file written in order, or ranges to fetch.
+    mutating func resumeWork(now: Moment) -> [TransferAction] {
+        switch phase {
+        case .probing:
+            // The first request failed, and its wait is over: ask again.
+            guard !connections.contains(where: { $0.isBusy || $0.isWaiting }),
+                connections.contains(where: { $0.state == .idle })
+            else { return [] }
+            return probe(now: now)
+        case .transferring:
+            guard let table else { return [] }
+            if table.isSingle, !table.segments[0].isComplete, table.owner(of: 0) == nil {
+                // The file is written in order: the next request asks for the rest, as the first did,
+                // once the wait after the last failure is over.
+                guard !connections.contains(where: { $0.isBusy || $0.isWaiting }),
+                    connections.contains(where: { $0.state == .idle })
+                else { return [] }
+                return probe(now: now)
+            }
+            return startConnections(now: now)
+        default:
+            return []
+        }
+    }
+
+    /// Gives every idle connection the download may use a range to fetch.
+    mutating func startConnections(now: Moment) -> [TransferAction] {
+        guard phase.kind == .transferring, rangesAllowed, var table, !table.isComplete, let record = manifest,
+            record.validator.ifRangeValue != nil, let total = table.totalLength
+        else { return [] }
+        let wasSingle = table.isSingle
+        let endsBefore = table.segments.map(\.end)
+        var sends: [TransferAction] = []
+        var stops: [TransferAction] = []
+        for index in connections.indices where index < ramp.allowed && connections[index].state == .idle {
+            guard let claim = table.claim(connection: index, now: now, stallTakeover: settings.stallTakeover) else {
+                continue
+            }
+            if let displaced = claim.displaced {
+                stops.append(
+                    .log(
+                        "connection \(index) takes over bytes \(claim.from)-\(claim.to - 1) from stalled connection \(displaced)"
+                    ))
+                stops += stopConnection(displaced, .replaced)
+            }
+            let source = source(for: index)
+            let ask = rangeAsk(
+                from: claim.from, to: claim.to, source: source, validator: record.validator, total: total)
+            sends.append(send(ask, on: index, segment: claim.segment, source: source, now: now))
+        }
+        self.table = table
+        var actions: [TransferAction] = []
+        if wasSingle && !table.isSingle {
+            // The manifest records the ranges before any byte is written out of order: one range
+            // means "the file's size is what is kept", which holds only for a file written in order.
+            var layout = record
+            layout.segments = table.manifestSegments
+            manifest = layout
+            actions.append(
+                .prepareFile(
+                    FilePreparation(
+                        manifest: layout, startsOver: false, storesLayout: true, neededBytes: nil,
+                        reservation: (total, 0, table.segments.count))))
+        }
+        for (index, end) in endsBefore.enumerated() where table.segments[index].end != end {
+            if let owner = table.owner(of: index), case .receiving = connections[owner].state {
+                actions.append(.setLimit(connection: owner, table.segments[index].end))
+            }
+        }
+        return actions + stops + sends
+    }
+
+    // MARK: Mirrors
+
+    /// Decides how the mirrors are used, from what the origin's answer (or the stored manifest) shows:
+    /// returns the report for the caller.
+    mutating func decideMirrorUse(validator: ResourceValidator, rangesAllowed: Bool) -> [TransferAction] {
+        guard hasMirrors, mirrorUse == nil else { return [] }
+        let report: MirrorReport
+        if !rangesAllowed {
+            mirrorUse = .inTurn
+            report = .inTurn(reason: "the file comes over one connection")
+        } else if settings.checksumGiven {
+            mirrorUse = .mixed(digests: [])
+            report = .mixed(proof: "the file's checksum is checked at the end, and every mirror must give its length")
+        } else if !validator.digests.isEmpty {
+            mirrorUse = .mixed(digests: validator.digests)
+            report = .mixed(proof: "every mirror must send the Repr-Digest \(sources[origin].url) sends")
+        } else {
+            mirrorUse = .inTurn
+            report = .inTurn(
+                reason:
+                    "no checksum was given and \(sources[origin].url) sends no Repr-Digest, so nothing shows they hold the same bytes"
+            )
+        }
+        return [.report(.mirror(report)), .log(report.description)]
+    }
+
+    /// A mirror's answer to a range, when the mirrors are mixed: the mirror is dropped when the
+    /// answer does not fit (another length, version or digest, the whole file for a range, a status
+    /// no retry mends), and its first accepted answer gives the validator of its later requests.
+    /// `nil` when the answer goes the usual way.
+    mutating func mirrorAnswer(
+        _ verdict: ResponseVerdict, head: ResponseHead, on connection: Int, now: Moment
+    ) -> [TransferAction]? {
+        let source = connections[connection].source
+        guard isMixing, othersActive(besides: source) else { return nil }
+        let reason: String
+        switch verdict {
+        case .accept:
+            guard let refusal = mirrorRefusal(head) else {
+                if sources[source].validator == nil {
+                    sources[source].validator = ResourceValidator(headers: head.headers)
+                }
+                return nil
+            }
+            reason = refusal
+        case .restart(let why): reason = why.description
+        case .fail(_, let message, _): reason = message
+        case .alreadyComplete, .probeRefused: reason = "it refused the range"
+        case .retry: return nil
+        }
+        table?.releaseAll(of: connection)
+        connections[connection].state = .idle
+        return [.drop(connection: connection)] + dropSource(source, reason)
+    }
+
+    /// A failure on a connection to a mixed mirror that drops the mirror rather than the download:
+    /// one about the server, not the disk. `nil` when the failure goes the usual way.
+    mutating func mirrorFailure(_ failure: TransferFailure, on connection: Int) -> [TransferAction]? {
+        let source = connections[connection].source
+        guard isMixing, sources[source].isActive, othersActive(besides: source),
+            case .fatal(let error) = failure, Self.isAboutTheServer(error)
+        else { return nil }
+        return dropSource(source, error.message)
+    }
+
+    /// Counts a failed attempt against the connection's source: past ``sourceFailureLimit`` in a
+    /// row, mixed mirrors drop it (the connection takes a range from another at once), and mirrors
+    /// used in turn go on to the next one. `nil` when the attempt is retried as usual.
+    mutating func sourceFailed(_ connection: Int, _ error: HaulError, exhausted: Bool, now: Moment)
+        -> [TransferAction]?
+    {
+        guard hasMirrors else { return nil }
+        let source = connections[connection].source
+        // A server that delivers on another connection works: this connection's failures are its
+        // own (one connection per client, say), and it retires as without mirrors.
+        let delivering = connections.indices.contains { index in
+            guard index != connection, connections[index].source == source,
+                case .receiving(let receiving) = connections[index].state
+            else { return false }
+            return receiving.progressed
+        }
+        guard !delivering else { return nil }
+        sources[source].failures += 1
+        guard exhausted || sources[source].failures >= Self.sourceFailureLimit else { return nil }
+        if isMixing {
+            guard sources[source].isActive, othersActive(besides: source) else { return nil }
+            connections[connection].failures = 0
+            connections[connection].state = .idle
+            return dropSource(source, error.message) + startConnections(now: now)
+        }
+        guard source == origin, let next = nextSource(for: error) else { return nil }
+        return switchSource(to: next, error, now: now)
+    }
+
+    /// Stops using `source`: its connections stop and their ranges go to the others.
+    mutating func dropSource(_ source: Int, _ reason: String) -> [TransferAction] {
+        guard sources[source].isActive else { return [] }
+        sources[source].dropped = reason
+        let url = sources[source].url
+        var actions: [TransferAction] = [
+            .report(.mirror(.dropped(url: url, reason: reason))), .log("mirror \(url) dropped: \(reason)"),
+        ]
+        for index in connections.indices where connections[index].source == source {
+            connections[index].failures = 0
+            guard connections[index].isBusy else { continue }
+            table?.releaseAll(of: index)
+            actions += stopConnection(index, .replaced)
+        }
+        return actions
+    }
+
+    /// The next source to fetch the file from when the file fails the caller's checksum and all of
+    /// it came from the origin (mirrors used in turn, or mixed mirrors whose bytes were all fetched
+    /// again from it): the checksum shows the origin serves other bytes.
+    ///
+    /// The mirrors dropped for differing from this origin come back first: it was the one wrong.
+    mutating func nextSourceAfterMismatch() -> Int? {
+        guard hasMirrors, !isMixing || mirrorsThatWrote.isEmpty else { return nil }
+        for index in sources.indices where sources[index].droppedAgainst == origin {
+            sources[index].dropped = nil
+            sources[index].droppedAgainst = nil
+        }
+        return nextActiveSource
+    }
+
+    /// Leaves the origin for source `next`: the download starts over from it (nothing shows the two
+    /// hold the same bytes).
+    mutating func switchSource(to next: Int, _ error: HaulError, now: Moment) -> [TransferAction] {
+        let failed = sources[origin].url
+        // The restart's discard resets what the sources showed (``resetSources()``).
+        let actions = dropSource(origin, error.message)
+        origin = next
+        return actions
+            + restart(.mirrorFallback("\(failed) failed: \(error.message); next: \(sources[next].url)"), now: now)
+    }
+
+    /// Forgets what the mirrors showed of the bytes a restart discards: who wrote what, their
+    /// validators and failures, and how they are used (the next origin's answer decides again). A
+    /// dropped origin gives way to the first mirror still in use.
+    mutating func resetSources() {
+        guard hasMirrors else { return }
+        for index in sources.indices {
+            sources[index].wrote = []
+            sources[index].failures = 0
+            sources[index].validator = nil
+        }
+        mirrorUse = nil
+        if !sources[origin].isActive, let next = nextActiveSource { origin = next }
+    }
+
+    /// The source a stored download's bytes came from (see ``Manifest/source``), when it is one of
+    /// this request's.
+    mutating func resumeFrom(_ stored: Manifest) {
+        guard let source = stored.source, let index = sources.firstIndex(where: { $0.url == source }) else { return }
+        origin = index
+    }
+
+    /// Records that `source` wrote `from..<upTo`.
+    mutating func noteWritten(by source: Int, from: Int64, upTo: Int64) {
+        guard hasMirrors, sources.indices.contains(source), from < upTo else { return }
+        sources[source].failures = 0
+        if let last = sources[source].wrote.last, last.upperBound == from {
+            sources[source].wrote[sources[source].wrote.count - 1] = last.lowerBound..<upTo
+        } else {
+            sources[source].wrote.append(from..<upTo)
+        }
+    }
+
+    // MARK: Checking the mirrors' bytes
+
+    /// The complete file failed its checksum or digest while mixed mirrors wrote part of it: a
+    /// piece of what each mirror wrote is fetched again from the origin and compared with the disk
+    /// (``TransferMachine/Phase/checkingMirrors``). `nil` when no mirror but the origin wrote a byte
+    /// (the failure is then the origin's own).
+    mutating func checkMirrors(_ detail: String, thenPause: Bool, now: Moment) -> [TransferAction]? {
+        guard isMixing, let table, let record = manifest, table.totalLength != nil else { return nil }
+        let attributed = sources.reduce(Int64(0)) { sum, source in
+            sum + source.wrote.reduce(Int64(0)) { $0 + $1.upperBound - $1.lowerBound }
+        }
+        if attributed < table.written {
+            // Bytes stored by an earlier session may come from any mirror: nobody can be blamed,
+            // and nothing of them can be trusted.
+            return restart(
+                .untrustedPartial("the file failed its check (\(detail)) and mirrors wrote part of it earlier"),
+                now: now)
+        }
+        let contributors = mirrorsThatWrote
+        guard !contributors.isEmpty, sources[origin].isActive else { return nil }
+        var checks = MirrorChecks(detail: detail, pending: [])
+        for source in contributors {
+            // The longest stretch it wrote, its first piece's worth.
+            guard let interval = sources[source].wrote.max(by: { $0.count < $1.count }),
+                let segment = table.segments.firstIndex(where: {
+                    $0.start <= interval.lowerBound && interval.lowerBound < $0.end
+                })
+            else {
+                checks.blamed.insert(source)
+                continue
+            }
+            let to = min(interval.upperBound, interval.lowerBound + record.pieceSize, table.segments[segment].end)
+            checks.pending.append(MirrorCheck(source: source, segment: segment, from: interval.lowerBound, to: to))
+        }
+        phase = .checkingMirrors(checks)
+        for index in connections.indices where connections[index].state != .retired {
+            connections[index].state = .idle
+        }
+        self.table?.releaseAllOwners()
+        if thenPause {
+            // A pause asked for during the file's check: no time to compare, what every mirror
+            // wrote is forgotten before it stops.
+            return concludeMirrorChecks(checks, thenPause: true, now: now)
+        }
+        let log = TransferAction.log(
+            "the file failed its check (\(detail)): a piece of what each mirror wrote is compared with \(sources[origin].url)"
+        )
+        return [log] + nextMirrorChecks(checks, now: now)
+    }
+
+    /// Sends the checks still to make on the connections free for them.
+    private mutating func nextMirrorChecks(_ checks: MirrorChecks, now: Moment) -> [TransferAction] {
+        guard let record = manifest, let total = table?.totalLength else { return [] }
+        var checks = checks
+        var actions: [TransferAction] = []
+        for index in connections.indices where connections[index].state == .idle && !checks.pending.isEmpty {
+            let check = checks.pending.removeFirst()
+            checks.running[index] = check
+            let ask = RangeAsk.compare(
+                from: check.from, to: check.to, ifRange: record.validator.ifRangeValue,
+                expected: RangeAsk.Expected(validator: record.validator, totalLength: total))
+            actions.append(send(ask, on: index, segment: check.segment, source: origin, now: now))
+        }
+        phase = .checkingMirrors(checks)
+        if checks.running.isEmpty && checks.pending.isEmpty {
+            return concludeMirrorChecks(checks, thenPause: false, now: now)
+        }
+        return actions
+    }
+
+    /// The origin's answer to a check: its bytes are compared with the disk, none written.
+    mutating func mirrorCheckAnswer(_ verdict: ResponseVerdict, on connection: Int, now: Moment) -> [TransferAction] {
+        guard case .checkingMirrors(let checks) = phase, let check = checks.running[connection],
+            case .accept(let facts) = verdict,
+            case .requesting(let ask, _, _) = connections[connection].state
+        else {
+            // The origin cannot show what the bytes should be: the mirror is not trusted.
+            connections[connection].state = .idle
+            return [.drop(connection: connection)] + mirrorCheckEnded(connection, agrees: false, now: now)
+        }
+        connections[connection].state = .receiving(.init(ask: ask, segment: check.segment, lastByte: now))
+        return [
+            .receive(
+                connection: connection,
+                ReceivePlan(
+                    segment: check.segment, bodyStart: facts.bodyStart, writeStart: check.to, limit: check.to,
+                    answerEnd: check.to, contentDigests: [], pieceSize: manifest?.pieceSize ?? settings.pieceSize))
+        ]
+    }
+
+    /// A check's request ended: the bytes matched (`agrees`), differed, or could not be compared.
+    mutating func mirrorCheckEnded(_ connection: Int, agrees: Bool, now: Moment) -> [TransferAction] {
+        guard case .checkingMirrors(var checks) = phase, let check = checks.running.removeValue(forKey: connection)
+        else { return [] }
+        connections[connection].state = .idle
+        if !agrees { checks.blamed.insert(check.source) }
+        return nextMirrorChecks(checks, now: now)
+    }
+
+    /// Every check is done: the mirrors whose bytes differ are dropped and what they wrote is
+    /// fetched again from the others. When no check told them apart, what every mirror wrote is
+    /// fetched again from the origin. With `thenPause` (the caller cancelled), the download pauses
+    /// instead, what it trusts kept.
+    mutating func concludeMirrorChecks(_ checks: MirrorChecks, thenPause: Bool, now: Moment) -> [TransferAction] {
+        guard var table else { return [] }
+        let contributors = mirrorsThatWrote
+        let blamed = checks.blamed.isEmpty ? contributors : contributors.filter { checks.blamed.contains($0) }
+        var actions: [TransferAction] = []
+        var forgotten: Int64 = 0
+        let firstForgotten = blamed.compactMap { sources[$0].wrote.map(\.lowerBound).min() }.min() ?? 0
+        // The hash kept of the file's first bytes no longer holds from there.
+        actions.append(.forgetHashes(from: firstForgotten))
+        for source in blamed {
+            for interval in sources[source].wrote {
+                forgotten += interval.upperBound - interval.lowerBound
+                for index in table.segments.indices
+                where table.segments[index].start < interval.upperBound
+                    && table.segments[index].position > interval.lowerBound
+                {
+                    table.cut(index, to: max(interval.lowerBound, table.segments[index].start))
+                }
+                manifest?.forgetPieces(from: interval.lowerBound, to: interval.upperBound)
+            }
+            sources[source].wrote = []
+            let reason =
+                checks.blamed.contains(source)
+                ? "its bytes differ from \(sources[origin].url)'s" : "the complete file failed its check"
+            actions += dropSource(source, reason)
+            sources[source].droppedAgainst = origin
+        }
+        self.table = table
+        phase = .transferring
+        meter = ProgressMeter(
+            startingAt: table.written, totalBytes: table.totalLength, interval: settings.progressInterval)
+        let urls = blamed.map { sources[$0].url }.joined(separator: ", ")
+        actions.append(
+            .log(
+                "the file failed its check (\(checks.detail)): \(ByteCount.format(forgotten)) from \(urls) fetched again"
+            ))
+        if thenPause {
+            // A pause asked for during the check: it keeps what is trusted, and the refetch waits.
+            return actions + stop(then: .pause, now: now)
+        }
+        if let record = manifest {
+            actions.append(
+                .started(
+                    StartFacts(
+                        url: finalURL, totalBytes: table.totalLength, resumedFrom: table.written, resumable: true,
+                        validator: record.validator)))
+        }
+        return actions + startConnections(now: now)
     }
 }
