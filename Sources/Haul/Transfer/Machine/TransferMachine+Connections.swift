@@ -2,8 +2,20 @@ import NIOHTTP1
 
 /// A download's connections, and what the machine's rules ask of them.
 extension TransferMachine {
+    /// How a fresh request asks for the file.
+    enum RangeProbe: Equatable, Sendable {
+        /// With `bytes=0-`, to learn whether ranges are served.
+        case ask
+        /// Without a range, once: `bytes=0-` was told to come back, and the plain request tells
+        /// whether the range or the server's load was the reason.
+        case deferred
+        /// Without a range: the server refused `bytes=0-`.
+        case refused
+    }
+
     /// One connection of the download and what it is doing.
     struct Connection: Equatable, Sendable {
+        /// What a connection is doing.
         enum State: Equatable, Sendable {
             /// Free to take a range.
             case idle
@@ -21,6 +33,7 @@ extension TransferMachine {
 
         /// A connection writing its answer's body.
         struct Receiving: Equatable, Sendable {
+            /// What its request asked.
             let ask: RangeAsk
             /// The range it writes now.
             var segment: Int
@@ -66,6 +79,7 @@ extension TransferMachine {
         connections.indices.contains(request.connection) && connections[request.connection].serial == request.serial
     }
 
+    /// The failure of a request the server told to come back (after `retryAfter` seconds, if given).
     static func retryable(status: Int, retryAfter: Int64?) -> TransferFailure {
         let phrase = HTTPResponseStatus(statusCode: status).reasonPhrase
         return .retryable(
@@ -125,6 +139,7 @@ extension TransferMachine {
 }
 
 extension TransferMachine.Connection {
+    /// Whether the connection waits before its next attempt.
     var isWaiting: Bool {
         if case .waiting = state { true } else { false }
     }

@@ -43,6 +43,7 @@ extension TransferMachine {
     /// Whether the download has mirrors.
     var hasMirrors: Bool { sources.count > 1 }
 
+    /// Whether ranges come from every mirror.
     var isMixing: Bool {
         if case .mixed = mirrorUse { true } else { false }
     }

@@ -1,3 +1,4 @@
+/// The phases a download goes through, and what each holds.
 extension TransferMachine {
     /// The phases of a download, each with what holds only while the download is in it.
     enum Phase: Sendable {
@@ -43,26 +44,44 @@ extension TransferMachine {
             }
         }
 
-        /// A phase without its details, one case for every phase and for every course a stop can
-        /// take: what a test goes through to reach every phase there is.
+        /// A phase without its details: one case for every phase, and for every course a stop can
+        /// take. Iterable, so that a test can go through every phase there is.
         enum Kind: CaseIterable, Sendable {
+            /// ``Phase/created``.
             case created
+            /// ``Phase/resuming``.
             case resuming
+            /// ``Phase/probing``.
             case probing
+            /// ``Phase/choosingDestination(_:)``.
             case choosingDestination
+            /// ``Phase/transferring``.
             case transferring
+            /// ``Phase/stopping(then:)`` to restart.
             case stoppingToRestart
+            /// ``Phase/stopping(then:)`` to verify.
             case stoppingToVerify
+            /// ``Phase/stopping(then:)`` to pause.
             case stoppingToPause
+            /// ``Phase/stopping(then:)`` to fail.
             case stoppingToFail
+            /// ``Phase/restarting(_:thenPause:)``.
             case restarting
+            /// ``Phase/verifying(thenPause:)``.
             case verifying
+            /// ``Phase/checkingMirrors(_:)``.
             case checkingMirrors
+            /// ``Phase/finishing``.
             case finishing
+            /// ``Phase/pausing``.
             case pausing
+            /// ``Phase/failing(_:)``.
             case failing
+            /// ``Phase/paused``.
             case paused
+            /// ``Phase/failed(_:)``.
             case failed
+            /// ``Phase/completed``.
             case completed
         }
 

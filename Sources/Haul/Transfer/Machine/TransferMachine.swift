@@ -16,57 +16,56 @@
 /// (the first request among them, which goes on past its own range when nobody delivers the next)
 /// finish the file. When nothing works, the download fails with the error, its data kept.
 struct TransferMachine: Sendable {
+    /// The rules' parameters.
     let settings: Settings
     /// The URL the caller asked for.
-    let originalURL: String
+    private let originalURL: String
     /// The kernel boot this process runs in (what decides whether written bytes are trusted).
-    let bootID: String?
-    var phase: Phase = .created
+    private let bootID: String?
+    /// Where the download stands, with what holds only there.
+    private(set) var phase: Phase = .created
     /// The download's record: validator, length, ranges, piece hashes.
-    var manifest: Manifest?
+    private var manifest: Manifest?
     /// The ranges and who fetches them, once the file is known.
-    var table: RangeTable?
-    var connections: [Connection]
-    var ramp: ConnectionRamp
+    private(set) var table: RangeTable?
+    /// The download's connections, by number, and what each does.
+    private(set) var connections: [Connection]
+    /// How many connections the download may use now.
+    private(set) var ramp: ConnectionRamp
     /// Restarts from byte 0 in this call.
-    var restarts = 0
+    private(set) var restarts = 0
     /// The bytes kept from earlier sessions, once known.
-    var resumedFrom: Int64?
+    private var resumedFrom: Int64?
     /// The URL the bytes come from, after redirects.
-    var finalURL: String
+    private var finalURL: String
     /// Whether the destination is known (a directory download names it from the first answer).
-    var destinationKnown = false
-    /// How a fresh request asks for the file.
-    enum RangeProbe: Equatable, Sendable {
-        /// With `bytes=0-`, to learn whether ranges are served.
-        case ask
-        /// Without a range, once: `bytes=0-` was told to come back, and the plain request tells
-        /// whether the range or the server's load was the reason.
-        case deferred
-        /// Without a range: the server refused `bytes=0-`.
-        case refused
-    }
-    var rangeProbe = RangeProbe.ask
+    private var destinationKnown = false
+    /// How a fresh request asks for the file, as the server's answers to `bytes=0-` showed.
+    private var rangeProbe = RangeProbe.ask
     /// Whether the file may be fetched in ranges by several connections.
-    var rangesAllowed = false
+    private(set) var rangesAllowed = false
     /// Whether the server answered a request for a range with its bytes in this call: a range whose
     /// connection left can then be asked for where it stands.
-    var rangeServed = false
+    private var rangeServed = false
     /// How long the last answer took to arrive after its request: what asking again costs.
-    var answerDelay = Duration.zero
-    var meter: ProgressMeter?
+    private(set) var answerDelay = Duration.zero
+    /// What progress reports say and when they are due, once the file's transfer started.
+    private(set) var meter: ProgressMeter?
     /// When progress is stored, and the checkpoint being stored.
-    var checkpoints: CheckpointSchedule
-    var random: SplitMix64
+    private var checkpoints: CheckpointSchedule
+    /// The randomness of retry delays.
+    private var random: SplitMix64
     /// The serial number of the last request sent.
-    var lastSerial = 0
+    private(set) var lastSerial = 0
     /// The URLs the file may come from: the request's own, then its mirrors.
-    var sources: [Source]
+    private(set) var sources: [Source]
     /// How the mirrors are used, once the origin's answer has shown it (`nil` before, and without mirrors).
-    var mirrorUse: MirrorUse?
+    private(set) var mirrorUse: MirrorUse?
     /// The source the file comes from in order, and whose validator the manifest keeps.
-    var origin = 0
+    private(set) var origin = 0
 
+    /// A download of `url` (and its `mirrors`) that has not started, its clocks counting from `now`;
+    /// `seed` makes its retry delays repeatable.
     init(
         settings: Settings, url: String, mirrors: [String] = [], bootID: String?, now: Moment,
         seed: UInt64 = .random(in: 0...UInt64.max)
@@ -162,6 +161,7 @@ struct TransferMachine: Sendable {
 
     // MARK: Starting and resuming
 
+    /// Starts the download from what opening its destination found.
     private mutating func start(_ found: FoundDownload, now: Moment) -> [TransferAction] {
         guard phase.kind == .created else { return [] }
         switch found {
@@ -270,7 +270,7 @@ struct TransferMachine: Sendable {
     }
 
     /// Sends the first request of an attempt in order: the rest of the stored bytes, or the file.
-    mutating func probe(now: Moment) -> [TransferAction] {
+    private mutating func probe(now: Moment) -> [TransferAction] {
         phase = .probing
         let ask: RangeAsk
         let stored = manifest
@@ -296,7 +296,7 @@ struct TransferMachine: Sendable {
 
     /// Sends `ask` on `connection` for range `segment`, as its next request, to `source` (the origin
     /// unless given).
-    mutating func send(_ ask: RangeAsk, on connection: Int, segment: Int?, source: Int? = nil, now: Moment)
+    private mutating func send(_ ask: RangeAsk, on connection: Int, segment: Int?, source: Int? = nil, now: Moment)
         -> TransferAction
     {
         lastSerial += 1
@@ -310,7 +310,7 @@ struct TransferMachine: Sendable {
     // MARK: The first answer
 
     /// Handles the answer to the first request of an attempt.
-    mutating func firstAnswer(
+    private mutating func firstAnswer(
         _ verdict: ResponseVerdict, ask: RangeAsk, head: ResponseHead, on connection: Int, now: Moment
     ) -> [TransferAction] {
         switch verdict {
@@ -352,6 +352,8 @@ struct TransferMachine: Sendable {
         }
     }
 
+    /// The destination the first answer names is open: the answer is written, or a download found
+    /// stored there resumes.
     private mutating func destinationChosen(_ found: FoundDownload, now: Moment) -> [TransferAction] {
         guard case .choosingDestination(let pending) = phase else { return [] }
         destinationKnown = true
@@ -458,7 +460,7 @@ struct TransferMachine: Sendable {
 
     /// Starts the download over from byte 0, once every connection has stopped: its partial data is
     /// discarded (``Phase/restarting(_:thenPause:)``), then it asks for the file again.
-    mutating func restart(_ reason: RestartReason, now: Moment) -> [TransferAction] {
+    private mutating func restart(_ reason: RestartReason, now: Moment) -> [TransferAction] {
         // A cancellation that came while the file was checked is carried out once the data is gone.
         let thenPause = if case .verifying(thenPause: true) = phase { true } else { false }
         return stop(then: .restart(reason, thenPause: thenPause), now: now)
@@ -475,7 +477,7 @@ struct TransferMachine: Sendable {
     }
 
     /// Ends the download with `error`, once every connection has stopped and the progress is stored.
-    mutating func fail(_ error: HaulError, now: Moment) -> [TransferAction] {
+    private mutating func fail(_ error: HaulError, now: Moment) -> [TransferAction] {
         switch phase {
         case .paused, .failed, .completed:
             return []
@@ -496,6 +498,7 @@ struct TransferMachine: Sendable {
         }
     }
 
+    /// The caller cancelled: the download pauses as soon as it can, its data kept.
     private mutating func cancel(now: Moment) -> [TransferAction] {
         switch phase {
         case .created:
@@ -523,7 +526,7 @@ struct TransferMachine: Sendable {
 
     /// Stops every connection, then goes on as `next` says. A pause wins over everything, a failure
     /// over a restart, a restart over completion.
-    mutating func stop(then next: AfterStop, now: Moment) -> [TransferAction] {
+    private mutating func stop(then next: AfterStop, now: Moment) -> [TransferAction] {
         if case .stopping(let current) = phase {
             if next.rank > current.rank { phase = .stopping(then: next) }
         } else {
@@ -544,7 +547,7 @@ struct TransferMachine: Sendable {
     }
 
     /// Once no connection is busy, does what the stop was for.
-    mutating func finishStopping(now: Moment) -> [TransferAction] {
+    private mutating func finishStopping(now: Moment) -> [TransferAction] {
         guard case .stopping(let next) = phase, !connections.contains(where: \.isBusy) else { return [] }
         switch next {
         case .restart(let reason, let thenPause):
@@ -563,6 +566,8 @@ struct TransferMachine: Sendable {
         }
     }
 
+    /// Stores the last checkpoint of a download that stops, entering `storing` until it is stored,
+    /// or `done` at once when no byte was written.
     private mutating func storeLastCheckpoint(durable: Bool, then storing: Phase, else done: Phase) -> [TransferAction]
     {
         // With no byte written there is nothing to keep (a manifest already stored stays as it is).
@@ -576,6 +581,7 @@ struct TransferMachine: Sendable {
         return [.lastCheckpoint(Checkpoint(manifest: record, durable: durable))]
     }
 
+    /// The partial data is gone: the download starts over (or pauses, or fails past the cap).
     private mutating func discarded(now: Moment) -> [TransferAction] {
         guard case .restarting(let reason, let thenPause) = phase else { return [] }
         manifest = nil
@@ -593,6 +599,7 @@ struct TransferMachine: Sendable {
         return [.report(.restarted(reason))] + probe(now: now)
     }
 
+    /// Every byte is there: the complete file is checked.
     private mutating func beginVerifying(now: Moment) -> [TransferAction] {
         guard let table, let total = table.totalLength ?? manifest?.totalLength else {
             return fail(HaulError(.protocolViolation, "the file's length is not known"), now: now)
@@ -603,6 +610,7 @@ struct TransferMachine: Sendable {
         ]
     }
 
+    /// The complete file was checked: it is finished, or what failed the check is fetched again.
     private mutating func verified(_ verification: Verification, now: Moment) -> [TransferAction] {
         guard case .verifying(let thenPause) = phase, let total = table?.totalLength ?? manifest?.totalLength else {
             return []
@@ -625,6 +633,7 @@ struct TransferMachine: Sendable {
         }
     }
 
+    /// A checkpoint was stored: what it captured is durable, and a stopping download is over.
     private mutating func checkpointed(_ pieces: [Int: String], now: Moment) -> [TransferAction] {
         if let captured = checkpoints.stored() { table?.markDurable(captured) }
         record(pieces)
@@ -637,7 +646,7 @@ struct TransferMachine: Sendable {
     }
 
     /// Records piece hashes in the manifest.
-    mutating func record(_ pieces: [Int: String]) {
+    private mutating func record(_ pieces: [Int: String]) {
         guard !pieces.isEmpty, var record = manifest else { return }
         for (index, hash) in pieces {
             if record.pieces.count <= index {
@@ -650,7 +659,9 @@ struct TransferMachine: Sendable {
 
     // MARK: Answers
 
-    mutating func received(_ head: ResponseHead, on connection: Int, now: Moment) -> [TransferAction] {
+    /// A connection received the head of its answer: the answer is judged by what its request asked
+    /// and what the download is doing.
+    private mutating func received(_ head: ResponseHead, on connection: Int, now: Moment) -> [TransferAction] {
         guard connections.indices.contains(connection),
             case .requesting(let ask, let segment, let since) = connections[connection].state
         else { return [.drop(connection: connection)] }
@@ -714,7 +725,7 @@ struct TransferMachine: Sendable {
 
     /// Drops an answer that ends its request the same way whatever the request asked: the file
     /// changed (start over), the server asks to come back (retry), or a failure no retry mends.
-    mutating func refused(_ verdict: ResponseVerdict, on connection: Int, now: Moment) -> [TransferAction] {
+    private mutating func refused(_ verdict: ResponseVerdict, on connection: Int, now: Moment) -> [TransferAction] {
         switch verdict {
         case .restart(let reason):
             connections[connection].state = .idle
@@ -735,7 +746,7 @@ struct TransferMachine: Sendable {
 
     /// A rate limit holds the request's bytes back until `until`: neither its stall clock nor a
     /// take-over of its range runs before then.
-    mutating func throttled(_ request: RequestTag, until: Moment) {
+    private mutating func throttled(_ request: RequestTag, until: Moment) {
         guard isCurrent(request), case .receiving(var receiving) = connections[request.connection].state else {
             return
         }
@@ -744,7 +755,9 @@ struct TransferMachine: Sendable {
         table?.hold(receiving.segment, until: until)
     }
 
-    mutating func wrote(_ request: RequestTag, segment: Int, upTo: Int64, pieces: [Int: String], now: Moment)
+    /// A connection wrote bytes of a range: progress, the end of the file, checkpoints and the ramp
+    /// follow.
+    private mutating func wrote(_ request: RequestTag, segment: Int, upTo: Int64, pieces: [Int: String], now: Moment)
         -> [TransferAction]
     {
         // Bytes written are bytes stored, even when they come from a request that is no longer current.
@@ -773,7 +786,7 @@ struct TransferMachine: Sendable {
 
     /// Moves the connection ramp on: more connections start, or the ones the last step added leave
     /// and their ranges go back to the others.
-    mutating func moveRamp(now: Moment) -> [TransferAction] {
+    private mutating func moveRamp(now: Moment) -> [TransferAction] {
         guard let written = table?.written else { return [] }
         let rate: (Double) -> String = { "\(ByteCount.format(Int64($0)))/s" }
         switch ramp.update(now: now, bytes: written) {
@@ -798,7 +811,7 @@ struct TransferMachine: Sendable {
     /// A connection reached the end of its range while its answer goes on: it continues into the next
     /// range when no other connection delivers that one, so a download whose other connections are
     /// refused, stalled or told to wait still finishes at the speed of the one that works.
-    mutating func reachedLimit(_ connection: Int, at offset: Int64, now: Moment) -> [TransferAction] {
+    private mutating func reachedLimit(_ connection: Int, at offset: Int64, now: Moment) -> [TransferAction] {
         guard phase.kind == .transferring, var table, connections.indices.contains(connection),
             case .receiving(var receiving) = connections[connection].state,
             offset >= table.segments[receiving.segment].end,
@@ -840,7 +853,7 @@ struct TransferMachine: Sendable {
 
     /// A progress report, when one is due (always with `force`): counting the open connections only
     /// then, not for every block written.
-    mutating func reportProgress(at now: Moment, force: Bool = false) -> [TransferAction] {
+    private mutating func reportProgress(at now: Moment, force: Bool = false) -> [TransferAction] {
         guard let written = table?.written, meter?.record(written, at: now, force: force) == true,
             let progress = meter?.report(connections: openConnections)
         else { return [] }
@@ -849,7 +862,9 @@ struct TransferMachine: Sendable {
 
     // MARK: Ends and failures
 
-    mutating func ended(_ connection: Int, _ end: ConnectionEnd, now: Moment) -> [TransferAction] {
+    /// A connection's request is over: what it wrote is judged, and the connection takes other work
+    /// or waits.
+    private mutating func ended(_ connection: Int, _ end: ConnectionEnd, now: Moment) -> [TransferAction] {
         guard connections.indices.contains(connection) else { return [] }
         if phase.kind == .checkingMirrors {
             if case .finished = end { return mirrorCheckEnded(connection, agrees: true, now: now) }
@@ -900,7 +915,7 @@ struct TransferMachine: Sendable {
 
     /// Stops connection `index` for `cause`: a request out or an answer being written is abandoned,
     /// a wait ends. One already stopping keeps its cause (a stall still counts as a failed attempt).
-    mutating func stopConnection(_ index: Int, _ cause: Connection.StopCause) -> [TransferAction] {
+    private mutating func stopConnection(_ index: Int, _ cause: Connection.StopCause) -> [TransferAction] {
         switch connections[index].state {
         case .requesting, .receiving:
             connections[index].state = .stopping(cause)
@@ -936,6 +951,8 @@ struct TransferMachine: Sendable {
         return table.isSingle ? [.cut(to: from)] : [.forgetHashes(from: from)]
     }
 
+    /// A connection's answer ended: where its range is complete, the connection is free; where not,
+    /// the attempt failed.
     private mutating func finishedReceiving(_ connection: Int, segment: Int, at offset: Int64, now: Moment)
         -> [TransferAction]
     {
@@ -964,7 +981,7 @@ struct TransferMachine: Sendable {
 
     /// A connection's attempt failed: retry it after a delay, retire it when the others can go on
     /// without it, or end the download.
-    mutating func failed(_ connection: Int, _ failure: TransferFailure, now: Moment) -> [TransferAction] {
+    private mutating func failed(_ connection: Int, _ failure: TransferFailure, now: Moment) -> [TransferAction] {
         var progressed = false
         var segment: Int?
         if case .receiving(let receiving) = connections[connection].state {
@@ -994,6 +1011,8 @@ struct TransferMachine: Sendable {
         }
     }
 
+    /// Schedules another attempt of `connection` after a failure, or retires it, or fails the
+    /// download, as the retry policy decides.
     private mutating func retry(
         _ connection: Int, _ error: HaulError, retryAfter: Duration?, progressed: Bool, now: Moment
     ) -> [TransferAction] {
@@ -1030,7 +1049,8 @@ struct TransferMachine: Sendable {
 
     // MARK: Time
 
-    mutating func timer(now: Moment) -> [TransferAction] {
+    /// Time passed: stalled connections are abandoned, waits end, checkpoints and the ramp move on.
+    private mutating func timer(now: Moment) -> [TransferAction] {
         var actions: [TransferAction] = []
         for index in connections.indices {
             switch connections[index].state {
@@ -1059,7 +1079,7 @@ struct TransferMachine: Sendable {
 
     /// Stores a checkpoint when one is due (or now, when `force`d and there is progress to store),
     /// while the file is fetched and not yet complete.
-    mutating func checkpointIfDue(now: Moment, force: Bool = false) -> [TransferAction] {
+    private mutating func checkpointIfDue(now: Moment, force: Bool = false) -> [TransferAction] {
         guard phase.kind == .transferring || phase.kind == .probing, var record = manifest, let table,
             !table.isComplete, let durable = checkpoints.takeIfDue(table.segments, now: now, force: force)
         else { return [] }
@@ -1070,7 +1090,7 @@ struct TransferMachine: Sendable {
     // MARK: Giving connections work
 
     /// Gives idle connections work: the next request of a file written in order, or ranges to fetch.
-    mutating func resumeWork(now: Moment) -> [TransferAction] {
+    private mutating func resumeWork(now: Moment) -> [TransferAction] {
         switch phase {
         case .probing:
             // The first request failed, and its wait is over: ask again.
@@ -1095,7 +1115,7 @@ struct TransferMachine: Sendable {
     }
 
     /// Gives every idle connection the download may use a range to fetch.
-    mutating func startConnections(now: Moment) -> [TransferAction] {
+    private mutating func startConnections(now: Moment) -> [TransferAction] {
         guard phase.kind == .transferring, rangesAllowed, var table, !table.isComplete, let record = manifest,
             record.validator.ifRangeValue != nil, let total = table.totalLength
         else { return [] }
@@ -1145,7 +1165,7 @@ struct TransferMachine: Sendable {
 
     /// Decides how the mirrors are used, from what the origin's answer (or the stored manifest) shows:
     /// returns the report for the caller.
-    mutating func decideMirrorUse(validator: ResourceValidator, rangesAllowed: Bool) -> [TransferAction] {
+    private mutating func decideMirrorUse(validator: ResourceValidator, rangesAllowed: Bool) -> [TransferAction] {
         guard hasMirrors, mirrorUse == nil else { return [] }
         let report: MirrorReport
         if !rangesAllowed {
@@ -1171,7 +1191,7 @@ struct TransferMachine: Sendable {
     /// answer does not fit (another length, version or digest, the whole file for a range, a status
     /// no retry mends), and its first accepted answer gives the validator of its later requests.
     /// `nil` when the answer goes the usual way.
-    mutating func mirrorAnswer(
+    private mutating func mirrorAnswer(
         _ verdict: ResponseVerdict, head: ResponseHead, on connection: Int, now: Moment
     ) -> [TransferAction]? {
         let source = connections[connection].source
@@ -1198,7 +1218,7 @@ struct TransferMachine: Sendable {
 
     /// A failure on a connection to a mixed mirror that drops the mirror rather than the download:
     /// one about the server, not the disk. `nil` when the failure goes the usual way.
-    mutating func mirrorFailure(_ failure: TransferFailure, on connection: Int) -> [TransferAction]? {
+    private mutating func mirrorFailure(_ failure: TransferFailure, on connection: Int) -> [TransferAction]? {
         let source = connections[connection].source
         guard isMixing, sources[source].isActive, othersActive(besides: source),
             case .fatal(let error) = failure, Self.isAboutTheServer(error)
@@ -1209,7 +1229,7 @@ struct TransferMachine: Sendable {
     /// Counts a failed attempt against the connection's source: past ``sourceFailureLimit`` in a
     /// row, mixed mirrors drop it (the connection takes a range from another at once), and mirrors
     /// used in turn go on to the next one. `nil` when the attempt is retried as usual.
-    mutating func sourceFailed(_ connection: Int, _ error: HaulError, exhausted: Bool, now: Moment)
+    private mutating func sourceFailed(_ connection: Int, _ error: HaulError, exhausted: Bool, now: Moment)
         -> [TransferAction]?
     {
         guard hasMirrors else { return nil }
@@ -1236,7 +1256,7 @@ struct TransferMachine: Sendable {
     }
 
     /// Stops using `source`: its connections stop and their ranges go to the others.
-    mutating func dropSource(_ source: Int, _ reason: String) -> [TransferAction] {
+    private mutating func dropSource(_ source: Int, _ reason: String) -> [TransferAction] {
         guard sources[source].isActive else { return [] }
         sources[source].dropped = reason
         let url = sources[source].url
@@ -1257,7 +1277,7 @@ struct TransferMachine: Sendable {
     /// again from it): the checksum shows the origin serves other bytes.
     ///
     /// The mirrors dropped for differing from this origin come back first: it was the one wrong.
-    mutating func nextSourceAfterMismatch() -> Int? {
+    private mutating func nextSourceAfterMismatch() -> Int? {
         guard hasMirrors, !isMixing || mirrorsThatWrote.isEmpty else { return nil }
         for index in sources.indices where sources[index].droppedAgainst == origin {
             sources[index].dropped = nil
@@ -1268,7 +1288,7 @@ struct TransferMachine: Sendable {
 
     /// Leaves the origin for source `next`: the download starts over from it (nothing shows the two
     /// hold the same bytes).
-    mutating func switchSource(to next: Int, _ error: HaulError, now: Moment) -> [TransferAction] {
+    private mutating func switchSource(to next: Int, _ error: HaulError, now: Moment) -> [TransferAction] {
         let failed = sources[origin].url
         // The restart's discard resets what the sources showed (``resetSources()``).
         let actions = dropSource(origin, error.message)
@@ -1280,7 +1300,7 @@ struct TransferMachine: Sendable {
     /// Forgets what the mirrors showed of the bytes a restart discards: who wrote what, their
     /// validators and failures, and how they are used (the next origin's answer decides again). A
     /// dropped origin gives way to the first mirror still in use.
-    mutating func resetSources() {
+    private mutating func resetSources() {
         guard hasMirrors else { return }
         for index in sources.indices {
             sources[index].wrote = []
@@ -1293,13 +1313,13 @@ struct TransferMachine: Sendable {
 
     /// The source a stored download's bytes came from (see ``Manifest/source``), when it is one of
     /// this request's.
-    mutating func resumeFrom(_ stored: Manifest) {
+    private mutating func resumeFrom(_ stored: Manifest) {
         guard let source = stored.source, let index = sources.firstIndex(where: { $0.url == source }) else { return }
         origin = index
     }
 
     /// Records that `source` wrote `from..<upTo`.
-    mutating func noteWritten(by source: Int, from: Int64, upTo: Int64) {
+    private mutating func noteWritten(by source: Int, from: Int64, upTo: Int64) {
         guard hasMirrors, sources.indices.contains(source), from < upTo else { return }
         sources[source].failures = 0
         if let last = sources[source].wrote.last, last.upperBound == from {
@@ -1315,7 +1335,7 @@ struct TransferMachine: Sendable {
     /// piece of what each mirror wrote is fetched again from the origin and compared with the disk
     /// (``TransferMachine/Phase/checkingMirrors``). `nil` when no mirror but the origin wrote a byte
     /// (the failure is then the origin's own).
-    mutating func checkMirrors(_ detail: String, thenPause: Bool, now: Moment) -> [TransferAction]? {
+    private mutating func checkMirrors(_ detail: String, thenPause: Bool, now: Moment) -> [TransferAction]? {
         guard isMixing, let table, let record = manifest, table.totalLength != nil else { return nil }
         let attributed = sources.reduce(Int64(0)) { sum, source in
             sum + source.wrote.reduce(Int64(0)) { $0 + $1.upperBound - $1.lowerBound }
@@ -1380,7 +1400,9 @@ struct TransferMachine: Sendable {
     }
 
     /// The origin's answer to a check: its bytes are compared with the disk, none written.
-    mutating func mirrorCheckAnswer(_ verdict: ResponseVerdict, on connection: Int, now: Moment) -> [TransferAction] {
+    private mutating func mirrorCheckAnswer(_ verdict: ResponseVerdict, on connection: Int, now: Moment)
+        -> [TransferAction]
+    {
         guard case .checkingMirrors(let checks) = phase, let check = checks.running[connection],
             case .accept(let facts) = verdict,
             case .requesting(let ask, _, _) = connections[connection].state
@@ -1400,7 +1422,7 @@ struct TransferMachine: Sendable {
     }
 
     /// A check's request ended: the bytes matched (`agrees`), differed, or could not be compared.
-    mutating func mirrorCheckEnded(_ connection: Int, agrees: Bool, now: Moment) -> [TransferAction] {
+    private mutating func mirrorCheckEnded(_ connection: Int, agrees: Bool, now: Moment) -> [TransferAction] {
         guard case .checkingMirrors(var checks) = phase, let check = checks.running.removeValue(forKey: connection)
         else { return [] }
         connections[connection].state = .idle
@@ -1412,7 +1434,8 @@ struct TransferMachine: Sendable {
     /// fetched again from the others. When no check told them apart, what every mirror wrote is
     /// fetched again from the origin. With `thenPause` (the caller cancelled), the download pauses
     /// instead, what it trusts kept.
-    mutating func concludeMirrorChecks(_ checks: MirrorChecks, thenPause: Bool, now: Moment) -> [TransferAction] {
+    private mutating func concludeMirrorChecks(_ checks: MirrorChecks, thenPause: Bool, now: Moment) -> [TransferAction]
+    {
         guard var table else { return [] }
         let contributors = mirrorsThatWrote
         let blamed = checks.blamed.isEmpty ? contributors : contributors.filter { checks.blamed.contains($0) }
