@@ -156,13 +156,13 @@ final class SQLiteQueueStore: QueueStore {
             ).map { (name: $0["name"] as String, value: $0["value"] as String) }
             let directory: String? = row["directory"]
             let destination: String? = row["destination"]
-            let mirrors: String? = row["mirrors"]
+            let mirrorLines: String? = row["mirrors"]
             let request = DownloadRequest(
                 url: row["url"], destination: directory.map { .directory($0) } ?? .file(destination ?? ""),
                 headers: headers, overwrite: row["overwrite"],
                 checksum: (row["checksum"] as String?).flatMap { try? Checksum(parsing: $0) },
                 bytesPerSecondLimit: row["rateLimit"], connections: row["connections"],
-                mirrors: mirrors.map { $0.split(separator: "\n").map(String.init) } ?? [])
+                mirrors: mirrorLines.map { $0.split(separator: "\n").map(String.init) } ?? [])
             let definition = String(decoding: try encoder.encode(request), as: UTF8.self)
             try db.execute(
                 sql: """

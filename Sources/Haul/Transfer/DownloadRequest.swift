@@ -215,6 +215,12 @@ public struct DownloadRequest: Sendable {
         return parsed
     }
 
+    /// Where the file may come from, parsed: ``url``, then ``mirrors``; throws as ``check()`` does.
+    package func sources() throws -> [DownloadURL] {
+        let parsed = try DownloadURL(url)
+        return [parsed] + (try checkMirrors(of: parsed))
+    }
+
     /// The mirrors, parsed; throws for one that is not an http or https URL, or that names the
     /// same URL as ``url`` or another mirror.
     package func checkMirrors(of parsed: DownloadURL) throws -> [DownloadURL] {

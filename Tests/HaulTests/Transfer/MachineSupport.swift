@@ -33,7 +33,7 @@ struct MachineHarness {
         settings.retry = RetryPolicy(retry)
         settings.maximumRestarts = 3
         configure(&settings)
-        machine = TransferMachine(settings: settings, url: Self.url, bootID: Self.boot, now: .zero, seed: 7)
+        machine = TransferMachine(settings: settings, sources: [Self.url], bootID: Self.boot, now: .zero, seed: 7)
     }
 
     // MARK: Feeding events
@@ -249,7 +249,7 @@ struct MachineHarness {
             configure(&settings)
         }
         harness.machine = TransferMachine(
-            settings: harness.machine.settings, url: url, mirrors: mirrors, bootID: boot, now: .zero, seed: 7)
+            settings: harness.machine.settings, sources: [url] + mirrors, bootID: boot, now: .zero, seed: 7)
         return harness
     }
 

@@ -20,12 +20,15 @@ struct HTTPFetcher: Sendable {
     let configuration: DownloaderConfiguration
     let logger: Logger
 
+    /// A fetcher of `request` from `sources` (its URL, then its mirrors: see
+    /// ``DownloadRequest/sources()``).
     init(
-        url: DownloadURL, mirrors: [DownloadURL] = [], request: DownloadRequest, clients: ProxiedLanes,
+        sources: [DownloadURL], request: DownloadRequest, clients: ProxiedLanes,
         configuration: DownloaderConfiguration, logger: Logger
     ) {
-        self.url = url
-        self.sources = [url] + mirrors
+        precondition(!sources.isEmpty, "a download has a URL")
+        self.url = sources[0]
+        self.sources = sources
         self.request = request
         self.clients = clients
         self.configuration = configuration

@@ -67,13 +67,13 @@ final class TransferDriver {
     ) {
         let configuration = downloader.configuration
         // The request was checked before the download started: its mirrors parse.
-        let mirrors = (try? request.checkMirrors(of: url)) ?? []
+        let sources = (try? request.sources()) ?? [url]
         self.machine = TransferMachine(
-            settings: TransferMachine.Settings(configuration, request: request), url: url.string,
-            mirrors: mirrors.map(\.string), bootID: BootIdentity.current, now: downloader.clock.now)
+            settings: TransferMachine.Settings(configuration, request: request), sources: sources.map(\.string),
+            bootID: BootIdentity.current, now: downloader.clock.now)
         self.files = files
         self.fetcher = HTTPFetcher(
-            url: url, mirrors: mirrors, request: request, clients: downloader.lanes, configuration: configuration,
+            sources: sources, request: request, clients: downloader.lanes, configuration: configuration,
             logger: downloader.logger)
         self.clock = downloader.clock
         self.observe = observe

@@ -64,16 +64,17 @@ struct TransferMachine: Sendable {
     /// The source the file comes from in order, and whose validator the manifest keeps.
     private(set) var origin = 0
 
-    /// A download of `url` (and its `mirrors`) that has not started, its clocks counting from `now`;
-    /// `seed` makes its retry delays repeatable.
+    /// A download from `sources` (the request's URL, then its mirrors: see
+    /// ``DownloadRequest/sources()``) that has not started, its clocks counting from `now`; `seed`
+    /// makes its retry delays repeatable.
     init(
-        settings: Settings, url: String, mirrors: [String] = [], bootID: String?, now: Moment,
-        seed: UInt64 = .random(in: 0...UInt64.max)
+        settings: Settings, sources: [String], bootID: String?, now: Moment, seed: UInt64 = .random(in: 0...UInt64.max)
     ) {
+        precondition(!sources.isEmpty, "a download has a URL")
         self.settings = settings
-        self.originalURL = url
-        self.sources = ([url] + mirrors).map { Source(url: $0) }
-        self.finalURL = url
+        self.originalURL = sources[0]
+        self.sources = sources.map { Source(url: $0) }
+        self.finalURL = sources[0]
         self.bootID = bootID
         self.connections = Array(repeating: Connection(), count: max(1, settings.connections))
         self.ramp = ConnectionRamp(
