@@ -64,7 +64,9 @@ func expectHTTP2OverTLS(_ server: HaulTestServer, sourceLocation: SourceLocation
                 let requests = server.requests(for: "/multiplexed")
                 #expect(requests.count >= 4)
                 #expect(requests.first?.header("Range") == "bytes=0-")
-                for request in requests.dropFirst() {
+                // Every range after the first answer carries the validator; a first request sent again
+                // (its TLS handshake timed out on a loaded machine) asks for the whole file anew.
+                for request in requests.dropFirst() where request.header("Range") != "bytes=0-" {
                     #expect(request.header("If-Range") == resource.entityTagValue)
                 }
                 // Four connections are four TCP connections (not four streams sharing one congestion
