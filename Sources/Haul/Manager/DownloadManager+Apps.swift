@@ -14,12 +14,12 @@ extension DownloadManager {
     /// stop is over, when it is still under way). Does nothing while the queue already runs (from
     /// here or from a caller's ``run()``) and after ``close()``.
     public func start() {
-        guard owned == nil, starter == nil || stopping != nil, !closed else { return }
-        let previous = stopping
-        owned = Task {
-            await previous?.value
-            self.takeBackInterrupted()
-            await self.run()
+        lifecycle.start { previous in
+            Task {
+                await previous?.value
+                self.takeBackInterrupted()
+                await self.run(stoppingWhenIdle: false, owned: true)
+            }
         }
     }
 
@@ -27,13 +27,10 @@ extension DownloadManager {
     /// queued again, to go on at the next ``start()`` (or in the next manager on this state). Returns
     /// once they have stopped.
     public func stop() async {
-        guard let task = owned else { return }
-        // A start() from now on begins once this stop is over.
-        owned = nil
-        stopping = task
+        guard let task = lifecycle.beginStop() else { return }
         task.cancel()
         await task.value
-        if stopping == task { stopping = nil }
+        lifecycle.endStop(task)
     }
 
     /// Queues again what a stop interrupted, as ``resume(_:url:headers:secretHeaders:credentials:cookies:)`` would

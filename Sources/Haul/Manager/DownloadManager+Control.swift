@@ -101,7 +101,7 @@ extension DownloadManager {
     /// `nil` when it would take them all. Nothing changes: a caller that must add all or nothing
     /// (the daemon's API) asks first.
     package func refusal(of requests: [DownloadRequest]) -> (index: Int, error: HaulError)? {
-        guard !closed else { return (0, HaulError(.invalidState, "the download manager is closed")) }
+        guard !lifecycle.isClosed else { return (0, HaulError(.invalidState, "the download manager is closed")) }
         for (position, request) in requests.enumerated() {
             do {
                 try request.check()

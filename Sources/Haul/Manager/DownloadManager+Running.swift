@@ -42,22 +42,22 @@ extension DownloadManager {
     /// Starts queued downloads, at most ``Configuration/maxConcurrentDownloads`` at once, until the
     /// calling task is cancelled. Cancellation stops every running download with a durable checkpoint;
     /// they are queued again, so the next manager on this state continues them. Returns once they have stopped.
+    /// Returns at once while the queue already runs or a ``stop()`` is under way, and after ``close()``.
     public func run() async {
-        await run(stoppingWhenIdle: false)
+        await run(stoppingWhenIdle: false, owned: false)
     }
 
     /// Like ``run()``, but returns as soon as no download of this manager is running, queued or
     /// waiting for disk space.
     public func runUntilIdle() async {
-        await run(stoppingWhenIdle: true)
+        await run(stoppingWhenIdle: true, owned: false)
     }
 
-    private func run(stoppingWhenIdle: Bool) async {
-        guard starter == nil, !closed else { return }
-        let (starts, starter) = AsyncStream<DownloadID>.makeStream()
-        self.starter = starter
-        self.stopsWhenIdle = stoppingWhenIdle
-        defer { self.starter = nil }
+    /// Runs the queue until it is idle (when `stoppingWhenIdle`), cancelled, stopped or closed;
+    /// `owned`: the run of the task ``start()`` made. Returns at once when the lifecycle does not
+    /// let this run begin (see ``Lifecycle/beginRun(stopsWhenIdle:owned:)``).
+    func run(stoppingWhenIdle: Bool, owned: Bool) async {
+        guard let starts = lifecycle.beginRun(stopsWhenIdle: stoppingWhenIdle, owned: owned) else { return }
         schedule()
         let rings = mailbox.rings()
         await withTaskGroup(of: Void.self) { group in
@@ -71,7 +71,7 @@ extension DownloadManager {
             // Idle, or cancelled: nothing more starts (a download that ends now must not hand its
             // slot to one that would never run), the ticker ends, and on cancellation so do the
             // downloads.
-            self.starter = nil
+            self.lifecycle.endRun()
             group.cancelAll()
         }
         persistProgress()
@@ -79,7 +79,7 @@ extension DownloadManager {
 
     /// Starts waiting downloads while there are free slots; ends an idle `runUntilIdle`.
     func schedule() {
-        guard let starter else { return }
+        guard let run = lifecycle.run else { return }
         var starting: [Entry] = []
         while jobs.count < configuration.maxConcurrentDownloads, let next = waiting.popMax() {
             guard var entry = entries[next.id], entry.state == .queued, entry.record.owner == claim.name,
@@ -106,9 +106,9 @@ extension DownloadManager {
         for entry in starting {
             entries[entry.id] = entry
             publish(.stateChanged, entry)
-            starter.yield(entry.id)
+            run.starter.yield(entry.id)
         }
-        if stopsWhenIdle && isIdle { starter.finish() }
+        if run.stopsWhenIdle && isIdle { run.starter.finish() }
     }
 
     /// Whether nothing of this manager runs, waits, or waits for disk space.

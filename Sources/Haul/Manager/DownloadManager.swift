@@ -104,21 +104,14 @@ public actor DownloadManager {
     let mailbox = EventMailbox()
     /// Finds downloads by key and destination, so the same file is never enqueued twice.
     var index = DestinationIndex()
-    /// Receives the downloads to start while ``run()`` runs.
-    var starter: AsyncStream<DownloadID>.Continuation?
-    var stopsWhenIdle = false
+    /// Whether the queue runs, is being stopped or is closed (see ``Lifecycle``).
+    var lifecycle = Lifecycle.idle
     var lastSpaceCheck: Moment
     /// Where the manager's ticks read time (and its downloads' rules, through its downloader).
     let clock: TransferClock
     /// Record changes not written yet (see ``writeSoon(_:)``).
     var unwritten: [DownloadID: StoredDownload] = [:]
     var flushScheduled = false
-    /// The queue ``start()`` runs.
-    var owned: Task<Void, Never>?
-    /// The queue a ``stop()`` is stopping.
-    var stopping: Task<Void, Never>?
-    /// Set by ``close()``: nothing runs or is added any more.
-    var closed = false
     /// Downloads a stop of the queue left queued and unowned, for the next ``start()`` to take back.
     var interrupted: Set<DownloadID> = []
 
@@ -188,11 +181,10 @@ public actor DownloadManager {
     /// Closes the connections and ends every event stream. Call it after ``run()`` has returned; a
     /// queue ``start()`` runs is stopped first. The downloads this manager had claimed are let go, so
     /// another manager (in this process or another) takes them on; this one runs and adds nothing
-    /// more.
+    /// more (a ``run()`` still under way starts nothing more and returns once its downloads stopped).
     public func close() async {
         await stop()
-        guard !closed else { return }
-        closed = true
+        guard lifecycle.close() else { return }
         releaseClaims()
         flushUnwritten()
         subscribers.finishAll()

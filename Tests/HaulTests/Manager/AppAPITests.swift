@@ -186,7 +186,7 @@ struct AppAPITests {
                     // Caught while the stop waits for the download to checkpoint.
                     var chained = false
                     for _ in 0..<100_000 {
-                        let underWay = await manager.stopping != nil
+                        let underWay = await manager.lifecycle.stopping != nil
                         if underWay {
                             await manager.start()
                             chained = true
@@ -200,7 +200,7 @@ struct AppAPITests {
                     try await waitFor(manager, id) { $0.state == .completed }
                     await manager.close()
                     await manager.start()
-                    #expect(await manager.owned == nil, "a closed manager runs nothing")
+                    #expect(await manager.lifecycle.owned == nil, "a closed manager runs nothing")
                     await expectHaulError(.invalidState) {
                         try await manager.download(url, to: .directory(URL(fileURLWithPath: directory + "/other")))
                     }
