@@ -373,7 +373,7 @@ extension DownloadManager {
     func learn(_ id: DownloadID) throws {
         // What this manager runs, or has changes for still to write, it knows best; anything else
         // another process may have changed since it was read.
-        if let entry = entries[id], entry.record.owner == claim.name || unwritten[id] != nil { return }
+        if let entry = entries[id], entry.record.owner == claim.name || unwritten.holds(id) { return }
         try reload(id)
         if let entry = entries[id] { index.add(entry.record) }
     }
@@ -402,7 +402,7 @@ extension DownloadManager {
     }
 
     func deleteRecord(_ entry: Entry) throws {
-        dropUnwritten(entry.id)
+        unwritten.drop(entry.id)
         try store.delete(entry.id)
         entries[entry.id] = nil
         index.remove(entry.record)

@@ -110,8 +110,7 @@ public actor DownloadManager {
     /// Where the manager's ticks read time (and its downloads' rules, through its downloader).
     let clock: TransferClock
     /// Record changes not written yet (see ``writeSoon(_:)``).
-    var unwritten: [DownloadID: StoredDownload] = [:]
-    var flushScheduled = false
+    var unwritten = WriteBehind()
     /// Downloads a stop of the queue left queued and unowned, for the next ``start()`` to take back.
     var interrupted: Set<DownloadID> = []
 
