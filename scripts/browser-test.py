@@ -47,6 +47,19 @@ def wait_for(what, condition, timeout=DEADLINE):
     fail(f"timed out waiting until {what}")
 
 
+def wait_for_quietly(condition, timeout=DEADLINE):
+    """Whether `condition` held within `timeout`, for a caller that says more when it did not."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            if condition():
+                return True
+        except Exception:  # the element may be re-rendered while it is read
+            pass
+        time.sleep(0.05)
+    return False
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--bin", default=".build/debug")
@@ -180,7 +193,10 @@ def main():
             fail("dataset.tar differs from the server's file")
 
         # 3. Filters.
-        wait_for("notes.txt completes", lambda: state_of("notes.txt") == "completed")
+        if not wait_for_quietly(lambda: state_of("notes.txt") == "completed"):
+            shown = {d["name"]: (d["state"], d["bytes"], d.get("error")) for d in api("/downloads")["downloads"]}
+            fail(f"timed out waiting until notes.txt completes; the page shows {state_of('notes.txt')!r}, "
+                 f"the API {shown}")
         driver.find_element(By.CSS_SELECTOR, '#filters [data-state="failed"]').click()
         wait_for("the failed filter is empty", lambda: driver.find_element(By.ID, "empty").is_displayed())
         driver.find_element(By.CSS_SELECTOR, '#filters [data-state="completed"]').click()
