@@ -3,6 +3,16 @@
 
 const API = "/api/v1";
 const downloads = new Map();
+// Events counted as they arrive, and for each download the count at its last event: an answer to a
+// request sent before that event is older than what the event showed, and is not applied.
+let eventCount = 0;
+const lastEvent = new Map();
+
+// Shows `d` as an answer to a request sent when `eventCount` was `sentAt`, unless an event about it
+// arrived since.
+function applyAnswer(d, sentAt) {
+  if ((lastEvent.get(d.id) ?? -1) <= sentAt) downloads.set(d.id, d);
+}
 const rows = new Map();
 let token = sessionStorage.getItem("haul.token");
 let filter = "";
@@ -196,6 +206,7 @@ function handleEvent(name, data) {
   const payload = JSON.parse(data);
   const d = payload.download;
   if (!d) return;
+  lastEvent.set(d.id, ++eventCount);
   if (name === "removed") {
     downloads.delete(d.id);
   } else {
@@ -311,8 +322,9 @@ $("add-form").addEventListener("submit", async (event) => {
   });
   const error = $("add-error");
   try {
+    const sentAt = eventCount;
     const added = await call("POST", "/downloads", { downloads: items });
-    for (const d of added.downloads) downloads.set(d.id, d);
+    for (const d of added.downloads) applyAnswer(d, sentAt);
     $("urls").value = "";
     error.hidden = true;
     scheduleRender();
@@ -336,7 +348,8 @@ $("downloads").addEventListener("click", async (event) => {
       await call("DELETE", `/downloads/${id}?deleteFiles=${deleteFiles}`);
       downloads.delete(id);
     } else {
-      downloads.set(id, await call("POST", `/downloads/${id}/${action}`));
+      const sentAt = eventCount;
+      applyAnswer(await call("POST", `/downloads/${id}/${action}`), sentAt);
     }
     scheduleRender();
   } catch (failure) {
