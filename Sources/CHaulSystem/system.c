@@ -6,6 +6,7 @@
 #include <unistd.h>
 #endif
 #include "CHaulSystem.h"
+#include <signal.h>
 #include <spawn.h>
 
 int haul_fallocate(int descriptor, int keep_size, off_t offset, off_t length) {
@@ -54,6 +55,20 @@ int haul_spawn_standard_descriptors_only(posix_spawn_file_actions_t *actions, sh
     (void)flags;
     return ENOSYS;
 #endif
+}
+
+void haul_spawn_default_signals(posix_spawnattr_t *attributes, short *flags) {
+    sigset_t defaults;
+    sigemptyset(&defaults);
+    sigaddset(&defaults, SIGTERM);
+    sigaddset(&defaults, SIGINT);
+    sigaddset(&defaults, SIGPIPE);
+    sigaddset(&defaults, SIGHUP);
+    posix_spawnattr_setsigdefault(attributes, &defaults);
+    sigset_t unblocked;
+    sigemptyset(&unblocked);
+    posix_spawnattr_setsigmask(attributes, &unblocked);
+    *flags |= POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK;
 }
 
 int haul_spawn_change_directory(posix_spawn_file_actions_t *actions, const char *path) {

@@ -105,15 +105,9 @@ struct HookRunner: Sendable {
                 // group of its own, so that the time limit ends whatever it started too.
                 posix_spawnattr_init(&attributes)
                 defer { posix_spawnattr_destroy(&attributes) }
-                var defaults = sigset_t()
-                sigemptyset(&defaults)
-                for signal in [SIGTERM, SIGINT, SIGPIPE, SIGHUP] { sigaddset(&defaults, signal) }
-                posix_spawnattr_setsigdefault(&attributes, &defaults)
-                var unblocked = sigset_t()
-                sigemptyset(&unblocked)
-                posix_spawnattr_setsigmask(&attributes, &unblocked)
                 posix_spawnattr_setpgroup(&attributes, 0)
-                var flags = Int16(POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETPGROUP)
+                var flags = Int16(POSIX_SPAWN_SETPGROUP)
+                haul_spawn_default_signals(&attributes, &flags)
                 // The daemon's sockets (its listener, its clients' connections) and files stay
                 // with it: a connection it closes must close, whatever the program does meanwhile.
                 let closing = haul_spawn_standard_descriptors_only(&actions, &flags)

@@ -79,14 +79,8 @@ final class HaulProcess: Sendable {
                 // here (Apple platforms close them by a flag, not a file action).
                 posix_spawnattr_init(&attributes)
                 defer { posix_spawnattr_destroy(&attributes) }
-                var defaults = sigset_t()
-                sigemptyset(&defaults)
-                for signal in [SIGTERM, SIGINT, SIGPIPE, SIGHUP] { sigaddset(&defaults, signal) }
-                posix_spawnattr_setsigdefault(&attributes, &defaults)
-                var unblocked = sigset_t()
-                sigemptyset(&unblocked)
-                posix_spawnattr_setsigmask(&attributes, &unblocked)
-                var flags = Int16(POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK)
+                var flags: Int16 = 0
+                haul_spawn_default_signals(&attributes, &flags)
                 var result = haul_spawn_standard_descriptors_only(&actions, &flags)
                 if result == 0, let directory { result = haul_spawn_change_directory(&actions, directory) }
                 guard result == 0 else { return result }

@@ -24,6 +24,11 @@ int haul_open_beneath(int directory, const char *path, int flags, mode_t mode);
 /// (ENOSYS where neither exists).
 int haul_spawn_standard_descriptors_only(posix_spawn_file_actions_t *actions, short *flags);
 
+/// Makes a program spawned with `attributes` start with SIGTERM, SIGINT, SIGPIPE and SIGHUP at
+/// their default action and no signal blocked, whatever the spawning process ignores or blocks;
+/// adds the flags that take effect to `flags` (give them to posix_spawnattr_setflags last).
+void haul_spawn_default_signals(posix_spawnattr_t *attributes, short *flags);
+
 /// Makes a program spawned with `actions` start in the directory `path`. Returns 0, or an errno
 /// value (ENOSYS where the C library has no such action).
 int haul_spawn_change_directory(posix_spawn_file_actions_t *actions, const char *path);
