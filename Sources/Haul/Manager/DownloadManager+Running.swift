@@ -80,30 +80,16 @@ extension DownloadManager {
     /// Starts waiting downloads while there are free slots; ends an idle `runUntilIdle`.
     func schedule() {
         guard let run = lifecycle.run else { return }
-        var starting: [Entry] = []
         while jobs.count < configuration.maxConcurrentDownloads, let next = waiting.popMax() {
             guard var entry = entries[next.id], entry.state == .queued, entry.record.owner == claim.name,
                 entry.record.priority == next.priority, jobs[next.id] == nil
             else { continue }
             jobs[next.id] = Job()
             entry.move(to: .running)
-            starting.append(entry)
-        }
-        // One transaction for all of them (and the changes waiting to be written, such as the
-        // downloads that just ended).
-        if !starting.isEmpty {
-            do {
-                try write(starting.map(\.record))
-            } catch {
-                // The database refused: leave the downloads queued rather than run them unrecorded.
-                for entry in starting {
-                    jobs[entry.id] = nil
-                    waiting.insert(WaitingDownload(priority: entry.record.priority, id: entry.id))
-                }
-                starting = []
-            }
-        }
-        for entry in starting {
+            // Written with the next group commit: the download is this manager's already (its owner
+            // is stored), so a process that dies before the commit leaves it queued under a dead
+            // owner, which the next manager takes back.
+            writeSoon(entry.record)
             entries[entry.id] = entry
             publish(.stateChanged, entry)
             run.starter.yield(entry.id)

@@ -76,10 +76,19 @@ extension DownloadManager {
         return ids
     }
 
-    /// Notes a change to write with the next transaction; that follows at the latest once the work
-    /// already queued on the manager is done.
+    /// Notes a change to write with the next transaction: the group commit that follows
+    /// ``Configuration/commitInterval`` after the first change waiting, unless another write
+    /// carries it before.
     func writeSoon(_ record: StoredDownload) {
-        unwritten.add(record) { Task { self.flushUnwritten() } }
+        unwritten.add(record) {
+            let interval = configuration.commitInterval
+            Task {
+                // Real time, not the manager's clock: a batch must be written even while a test's
+                // clock stands still.
+                if interval > .zero { try? await Task.sleep(for: interval) }
+                self.flushUnwritten()
+            }
+        }
     }
 
     /// Writes the changes still waiting. On failure they stay waiting for the next write.

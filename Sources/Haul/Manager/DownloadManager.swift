@@ -49,6 +49,10 @@ public actor DownloadManager {
         public var bytesPerSecondLimit: Int64?
         /// How often the progress of running downloads is written to the database.
         public var stateUpdateInterval: Duration = .seconds(1)
+        /// How long changes made while downloads run (a start, an end, a file name learned) wait to be
+        /// written together in one transaction (a group commit). Other processes see them that much
+        /// later; a finished file is durable before its download is reported complete either way.
+        public var commitInterval: Duration = .milliseconds(50)
         /// How often a download paused by a full disk checks whether there is room again.
         public var spaceCheckInterval: Duration = .seconds(5)
         /// The least time between two progress events of one download.
