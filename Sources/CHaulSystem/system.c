@@ -9,6 +9,16 @@
 #include <signal.h>
 #include <spawn.h>
 
+int haul_syncfs(int descriptor) {
+#ifdef __linux__
+    return syncfs(descriptor);
+#else
+    (void)descriptor;
+    errno = ENOSYS;
+    return -1;
+#endif
+}
+
 int haul_fallocate(int descriptor, int keep_size, off_t offset, off_t length) {
 #ifdef __linux__
     return fallocate(descriptor, keep_size ? FALLOC_FL_KEEP_SIZE : 0, offset, length);

@@ -73,6 +73,13 @@
             fcntl(descriptor, F_FULLFSYNC) == 0 ? 0 : fsync(descriptor)
         }
 
+        /// Flushes every file of a file system in one call: Apple platforms have none that also
+        /// empties the drive's cache, so this answers `nil` and each file is flushed with
+        /// ``syncData(_:)``.
+        package static func syncFileSystem(_ descriptor: Int32) -> Int32? {
+            nil
+        }
+
         /// Flushes the file, data and metadata, to stable storage: `F_FULLFSYNC`, else `fsync`.
         /// Returns 0, or -1 with `errno` set.
         package static func syncAll(_ descriptor: Int32) -> Int32 {

@@ -71,6 +71,13 @@
             fdatasync(descriptor)
         }
 
+        /// Flushes every file of the file system holding the open file (`syncfs`): one call makes the
+        /// data of many files durable. Returns 0, or -1 with `errno` set; `nil` where the platform
+        /// has no such call.
+        package static func syncFileSystem(_ descriptor: Int32) -> Int32? {
+            haul_syncfs(descriptor)
+        }
+
         /// Flushes the file, data and metadata, to stable storage (`fsync`). Returns 0, or -1 with
         /// `errno` set.
         package static func syncAll(_ descriptor: Int32) -> Int32 {

@@ -35,8 +35,9 @@ public final class Downloader: Sendable {
     let io: BlockingIO
     /// The unfinished downloads in the directories this downloader has saved into.
     let partials = PartialIndex()
-    /// Shares directory flushes among downloads finishing in the same directory.
-    let directoryFlusher = DirectoryFlusher()
+    /// Makes finished files durable and renames them in batches, with the downloads finishing beside
+    /// each other.
+    let finisher = FileFinisher()
     /// Where downloads may write (``DownloaderConfiguration/downloadRoots``).
     let confinement: DownloadConfinement
 

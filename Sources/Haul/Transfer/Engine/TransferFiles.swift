@@ -376,28 +376,16 @@ final class TransferFiles {
             }
             try await store(manifest, durable: false)
         }
-        // One trip to the thread pool for all of it: for a small file, the trips cost more than the work.
-        // The directory flush is shared with downloads finishing beside this one; the manifest goes only
-        // after it, so a crash never leaves the partial data without its manifest.
-        let flusher = downloader.directoryFlusher
-        let confinement = downloader.confinement
-        let hasManifest = manifestOnDisk
-        let inPlace = completeInPlace
-        let queued = try await downloader.io.run { [file] () throws -> UInt64? in
-            if !inPlace, let file, paths.folder.exists(paths.partialName) {
-                try file.syncDataNow()
-                // The directory was opened beneath its root; it must still lie there.
-                try confinement.check(paths.folder)
-                try paths.folder.rename(paths.partialName, to: paths.fileName)
-                if let ticket = try flusher.flushOrQueue(paths.folder) { return ticket }
-            }
-            if hasManifest { try ManifestStore.remove(paths) }
-            return nil
+        // The data is flushed, the file renamed and the directory flushed together with the files
+        // finishing beside this one; the manifest goes only after that, so a crash never leaves the
+        // partial data without its manifest.
+        if !completeInPlace, let file {
+            let handover = FileFinisher.Handover(
+                file: file, folder: paths.folder, partialName: paths.partialName, fileName: paths.fileName,
+                confinement: downloader.confinement)
+            try await downloader.finisher.finish(handover, io: downloader.io)
         }
-        if let queued {
-            try await flusher.waitForFlush(of: paths.folder, ticket: queued, io: downloader.io)
-            if hasManifest { try await downloader.io.run { try ManifestStore.remove(paths) } }
-        }
+        if manifestOnDisk { try await downloader.io.run { try ManifestStore.remove(paths) } }
         manifestOnDisk = false
         // A session that found the file already complete created an empty partial file to lock.
         if completeInPlace, let lock, lock.created { lock.removePartial() }

@@ -1,0 +1,172 @@
+import Synchronization
+
+/// Makes finished downloads durable and gives them their final names, many at once (a group commit).
+///
+/// A download hands over its partial file once every byte is written and checked. A batch takes every
+/// file handed over by the time it begins and, in this order: flushes their data (one `syncfs` per
+/// file system on Linux; `F_FULLFSYNC` per file on Apple platforms, and `fdatasync` for a batch of
+/// one), renames each to its final name, then flushes each of their directories once. A final name
+/// therefore never becomes durable before its data, and a batch of small files costs a few flushes
+/// rather than two per file. (`syncfs` flushes whatever else is waiting on that file system too: it
+/// is work the kernel would do anyway, done sooner.)
+///
+/// Nobody waits on a thread of their own: the download that finds no batch running runs one on its
+/// I/O thread; when it ends, the first download that handed over a file meanwhile runs the next,
+/// which covers every file waiting by then. A failure fails only the files it concerns: a data flush
+/// its whole batch (whose files keep their partial names), a rename its file, a directory flush
+/// the files renamed in that directory.
+final class FileFinisher: Sendable {
+    /// A file to finish: its partial name and final name in `folder`.
+    struct Handover: Sendable {
+        let file: PartialFile
+        let folder: DirectoryHandle
+        let partialName: String
+        let fileName: String
+        /// Checks, right before the rename, that `folder` still lies beneath the download roots.
+        let confinement: DownloadConfinement
+    }
+
+    /// What a download that handed over a file is told: to run the next batch, or how its file ended.
+    private enum Turn: Sendable {
+        case lead
+        case done(Result<Void, HaulError>)
+    }
+
+    private struct Waiter {
+        let number: UInt64
+        let handover: Handover
+        let turn: CheckedContinuation<Turn, Never>
+    }
+
+    private struct State {
+        var running = false
+        var handed: UInt64 = 0
+        var waiting: [Waiter] = []
+    }
+
+    private let state = Mutex(State())
+    /// Flushes the data of the files of one batch.
+    private let flushData: @Sendable ([PartialFile]) throws -> Void
+    /// Flushes a directory, making the renames in it durable.
+    private let flushDirectory: @Sendable (DirectoryHandle) throws -> Void
+
+    /// - Parameters:
+    ///   - flushData: makes the data of a batch's files durable (``flushDataOfBatch(_:)`` unless a
+    ///     test holds or counts it).
+    ///   - flushDirectory: makes the renames in a directory durable.
+    init(
+        flushData: @escaping @Sendable ([PartialFile]) throws -> Void = { try FileFinisher.flushDataOfBatch($0) },
+        flushDirectory: @escaping @Sendable (DirectoryHandle) throws -> Void = { try $0.sync() }
+    ) {
+        self.flushData = flushData
+        self.flushDirectory = flushDirectory
+    }
+
+    /// How many downloads wait for a batch (for tests).
+    var waitingCount: Int { state.withLock { $0.waiting.count } }
+
+    /// Makes the files' data durable: a lone file with `fdatasync`; several with one flush of each
+    /// file system they lie on where the platform has one, else each file by itself.
+    static func flushDataOfBatch(_ files: [PartialFile]) throws {
+        guard files.count > 1 else {
+            try files.first?.syncDataNow()
+            return
+        }
+        var flushed: Set<UInt64> = []
+        for file in files {
+            let device = try file.identity()[0]
+            guard !flushed.contains(device) else { continue }
+            guard try file.syncFileSystemNow() else {
+                // No call flushes a whole file system here: every file flushes by itself.
+                for file in files { try file.syncDataNow() }
+                return
+            }
+            flushed.insert(device)
+        }
+    }
+
+    /// Makes `handover`'s data durable and gives it its final name, with the files handed over beside
+    /// it. Returns once the rename is durable; throws when the file could not be finished (it then
+    /// keeps its partial name, unless only the directory flush failed).
+    func finish(_ handover: Handover, io: BlockingIO) async throws {
+        var number: UInt64 = 0
+        let turn = await withCheckedContinuation { (turn: CheckedContinuation<Turn, Never>) in
+            let leads = state.withLock { state -> Bool in
+                state.handed += 1
+                number = state.handed
+                guard state.running else {
+                    state.running = true
+                    return true
+                }
+                state.waiting.append(Waiter(number: state.handed, handover: handover, turn: turn))
+                return false
+            }
+            if leads { turn.resume(returning: .lead) }
+        }
+        let outcome: Result<Void, HaulError>
+        switch turn {
+        case .done(let result):
+            outcome = result
+        case .lead:
+            let own = number
+            outcome = try await io.run { self.lead(own, handover) }
+        }
+        try outcome.get()
+    }
+
+    /// Runs one batch: this download's file (handed over as `number`) and every file waiting, then
+    /// hands the next batch to the first download waiting. Returns this download's outcome.
+    private func lead(_ number: UInt64, _ own: Handover) -> Result<Void, HaulError> {
+        let others = state.withLock { state in
+            defer { state.waiting = [] }
+            return state.waiting.filter { $0.number != number }
+        }
+        let outcomes = run([own] + others.map(\.handover))
+        let next = state.withLock { state -> CheckedContinuation<Turn, Never>? in
+            guard let first = state.waiting.first else {
+                state.running = false
+                return nil
+            }
+            return first.turn
+        }
+        for (waiter, outcome) in zip(others, outcomes.dropFirst()) { waiter.turn.resume(returning: .done(outcome)) }
+        next?.resume(returning: .lead)
+        return outcomes[0]
+    }
+
+    /// Finishes `batch`: data, renames, directories, in that order.
+    private func run(_ batch: [Handover]) -> [Result<Void, HaulError>] {
+        var outcomes = [Result<Void, HaulError>](repeating: .success(()), count: batch.count)
+        do {
+            try flushData(batch.map(\.file))
+        } catch {
+            return outcomes.map { _ in .failure(Self.haulError(error)) }
+        }
+        // The directories renamed into, by identity (handles of one directory share a flush).
+        var renamed: [[UInt64]: (folder: DirectoryHandle, files: [Int])] = [:]
+        for (index, handover) in batch.enumerated() {
+            do {
+                let folder = handover.folder
+                guard folder.exists(handover.partialName) else { continue }
+                // The directory was opened beneath its root; it must still lie there.
+                try handover.confinement.check(folder)
+                try folder.rename(handover.partialName, to: handover.fileName)
+                renamed[try folder.identity(), default: (folder, [])].files.append(index)
+            } catch {
+                outcomes[index] = .failure(Self.haulError(error))
+            }
+        }
+        for (folder, files) in renamed.values {
+            do {
+                try flushDirectory(folder)
+            } catch {
+                for index in files { outcomes[index] = .failure(Self.haulError(error)) }
+            }
+        }
+        return outcomes
+    }
+
+    private static func haulError(_ error: any Error) -> HaulError {
+        error as? HaulError ?? HaulError(.fileSystem, "\(error)", underlying: error)
+    }
+}

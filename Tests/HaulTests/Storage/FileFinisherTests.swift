@@ -1,0 +1,158 @@
+import Dispatch
+import Synchronization
+import Testing
+
+@testable import Haul
+
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Darwin)
+    import Darwin
+#endif
+
+@Suite("Finished files made durable and renamed in batches", .timeLimit(.minutes(1)))
+struct FileFinisherTests {
+    /// Flushes for real, holding the first data flush until `release()`, failing the data flushes
+    /// listed in `failing` (counting from 1), and recording each batch and whether any of its files
+    /// had its final name before its data was flushed.
+    final class Flushes: Sendable {
+        let gate = DispatchSemaphore(value: 0)
+        let dataCalls = Atomic<Int>(0)
+        let directoryCalls = Atomic<Int>(0)
+        let batches = Mutex<[Int]>([])
+        let namedBeforeFlush = Atomic<Int>(0)
+        let failing: Set<Int>
+
+        init(failing: Set<Int> = []) { self.failing = failing }
+
+        func flushData(_ files: [PartialFile]) throws {
+            let call = dataCalls.add(1, ordering: .relaxed).newValue
+            if call == 1 { gate.wait() }
+            batches.withLock { $0.append(files.count) }
+            for file in files where POSIX.exists(String(file.path.dropLast(".part".count))) {
+                namedBeforeFlush.add(1, ordering: .relaxed)
+            }
+            if failing.contains(call) { throw HaulError(.fileSystem, "data flush \(call) failed") }
+            try FileFinisher.flushDataOfBatch(files)
+        }
+
+        func flushDirectory(_ folder: DirectoryHandle) throws {
+            directoryCalls.add(1, ordering: .relaxed)
+            try folder.sync()
+        }
+
+        func release() { gate.signal() }
+    }
+
+    /// A partial file `NAME.part` in `folder` holding `NAME`'s own bytes, handed over as `NAME`.
+    static func handover(_ name: String, in folder: DirectoryHandle) throws -> FileFinisher.Handover {
+        let descriptor = try folder.openFile(name + ".part", flags: O_RDWR | O_CREAT)
+        let bytes = Array(name.utf8)
+        #expect(pwrite(descriptor, bytes, bytes.count, 0) == bytes.count)
+        let file = PartialFile(in: folder, name: name + ".part", descriptor: descriptor, io: .shared)
+        return FileFinisher.Handover(
+            file: file, folder: folder, partialName: name + ".part", fileName: name,
+            confinement: DownloadConfinement(roots: []))
+    }
+
+    /// Finishes `first` while its data flush is held, hands over `others` behind it, then lets it
+    /// go; returns each of the others' outcome (`nil`: finished).
+    static func finishBehindAHeldBatch(
+        _ finisher: FileFinisher, _ flushes: Flushes, first: FileFinisher.Handover, others: [FileFinisher.Handover]
+    ) async throws -> [String?] {
+        let leader = Task { try await finisher.finish(first, io: .shared) }
+        while flushes.dataCalls.load(ordering: .relaxed) == 0 { try await Task.sleep(for: .milliseconds(1)) }
+        return try await withThrowingTaskGroup(of: (Int, String?).self) { group in
+            for (index, handover) in others.enumerated() {
+                group.addTask {
+                    do {
+                        try await finisher.finish(handover, io: .shared)
+                        return (index, nil)
+                    } catch let error as HaulError {
+                        return (index, error.message)
+                    }
+                }
+            }
+            while finisher.waitingCount < others.count { try await Task.sleep(for: .milliseconds(1)) }
+            flushes.release()
+            try await leader.value
+            var outcomes = [String?](repeating: nil, count: others.count)
+            for try await (index, outcome) in group { outcomes[index] = outcome }
+            return outcomes
+        }
+    }
+
+    static func contents(_ path: String) throws -> String {
+        String(decoding: try POSIX.readWholeFile(path, limit: 1 << 20), as: UTF8.self)
+    }
+
+    @Test("files handed over during a batch share the next one; data is flushed before any name changes")
+    func filesHandedOverDuringABatchShareTheNext() async throws {
+        try await withTemporaryDirectory { path in
+            let folder = try DirectoryHandle.open(path)
+            let flushes = Flushes()
+            let finisher = FileFinisher(
+                flushData: { try flushes.flushData($0) }, flushDirectory: { try flushes.flushDirectory($0) })
+            let names = (0..<7).map { "file\($0)" }
+            let outcomes = try await Self.finishBehindAHeldBatch(
+                finisher, flushes, first: try Self.handover(names[0], in: folder),
+                others: try names.dropFirst().map { try Self.handover($0, in: folder) })
+            #expect(outcomes.allSatisfy { $0 == nil })
+            #expect(flushes.batches.withLock { $0 } == [1, 6])
+            #expect(flushes.directoryCalls.load(ordering: .relaxed) == 2)
+            #expect(flushes.namedBeforeFlush.load(ordering: .relaxed) == 0)
+            for name in names {
+                #expect(try Self.contents(path + "/" + name) == name)
+                #expect(!POSIX.exists(path + "/" + name + ".part"))
+            }
+
+            // Nothing running: a lone file is finished on the spot, in a batch of its own.
+            try await finisher.finish(try Self.handover("lone", in: folder), io: .shared)
+            #expect(flushes.batches.withLock { $0 } == [1, 6, 1])
+            #expect(try Self.contents(path + "/lone") == "lone")
+        }
+    }
+
+    @Test("a failed data flush fails its whole batch, whose files keep their partial names")
+    func aFailedDataFlushFailsItsBatch() async throws {
+        try await withTemporaryDirectory { path in
+            let folder = try DirectoryHandle.open(path)
+            let flushes = Flushes(failing: [2])
+            let finisher = FileFinisher(
+                flushData: { try flushes.flushData($0) }, flushDirectory: { try flushes.flushDirectory($0) })
+            let others = (1..<5).map { "file\($0)" }
+            let outcomes = try await Self.finishBehindAHeldBatch(
+                finisher, flushes, first: try Self.handover("file0", in: folder),
+                others: try others.map { try Self.handover($0, in: folder) })
+            #expect(outcomes.allSatisfy { $0 == "data flush 2 failed" })
+            #expect(try Self.contents(path + "/file0") == "file0")
+            for name in others {
+                #expect(!POSIX.exists(path + "/" + name))
+                #expect(try Self.contents(path + "/" + name + ".part") == name)
+            }
+            // The finisher goes on: the next file is finished.
+            try await finisher.finish(try Self.handover("after", in: folder), io: .shared)
+            #expect(try Self.contents(path + "/after") == "after")
+        }
+    }
+
+    @Test("a rename that fails fails its own file only")
+    func aFailedRenameFailsItsFileOnly() async throws {
+        try await withTemporaryDirectory { path in
+            let folder = try DirectoryHandle.open(path)
+            let flushes = Flushes()
+            let finisher = FileFinisher(
+                flushData: { try flushes.flushData($0) }, flushDirectory: { try flushes.flushDirectory($0) })
+            // A directory with a file in it stands where one file's final name would go.
+            #expect(mkdir(path + "/blocked", 0o755) == 0)
+            #expect(close(try POSIX.open(path + "/blocked/inside", flags: O_RDWR | O_CREAT)) == 0)
+            let outcomes = try await Self.finishBehindAHeldBatch(
+                finisher, flushes, first: try Self.handover("file0", in: folder),
+                others: [try Self.handover("blocked", in: folder), try Self.handover("file2", in: folder)])
+            #expect(outcomes[0]?.contains("rename") == true)
+            #expect(outcomes[1] == nil)
+            #expect(try Self.contents(path + "/file2") == "file2")
+            #expect(try Self.contents(path + "/blocked.part") == "blocked")
+        }
+    }
+}
