@@ -9,9 +9,9 @@
 #include <signal.h>
 #include <spawn.h>
 
-int haul_syncfs(int descriptor) {
+int haul_start_writeback(int descriptor) {
 #ifdef __linux__
-    return syncfs(descriptor);
+    return sync_file_range(descriptor, 0, 0, SYNC_FILE_RANGE_WRITE);
 #else
     (void)descriptor;
     errno = ENOSYS;

@@ -6,9 +6,10 @@
 #include <spawn.h>
 #include <sys/types.h>
 
-/// Flushes every file of the file system holding the open file `descriptor` (Linux `syncfs`).
-/// Returns 0, or -1 with errno set (ENOSYS where the platform has no such call).
-int haul_syncfs(int descriptor);
+/// Starts writing the open file's dirty pages to the device without waiting for them (Linux
+/// `sync_file_range` with SYNC_FILE_RANGE_WRITE). Returns 0, or -1 with errno set (ENOSYS where the
+/// platform has no such call).
+int haul_start_writeback(int descriptor);
 
 /// Reserves disk space for bytes [offset, offset + length) of the open file `descriptor`. With
 /// `keep_size` the file's size stays as it is (the space lies beyond its end until written). Returns

@@ -73,12 +73,9 @@
             fcntl(descriptor, F_FULLFSYNC) == 0 ? 0 : fsync(descriptor)
         }
 
-        /// Flushes every file of a file system in one call: Apple platforms have none that also
-        /// empties the drive's cache, so this answers `nil` and each file is flushed with
-        /// ``syncData(_:)``.
-        package static func syncFileSystem(_ descriptor: Int32) -> Int32? {
-            nil
-        }
+        /// Starts writing the file's data to the device without waiting: Apple platforms have no such
+        /// call, so this does nothing and ``syncData(_:)`` writes and flushes each file.
+        package static func startWriteback(_ descriptor: Int32) {}
 
         /// Flushes the file, data and metadata, to stable storage: `F_FULLFSYNC`, else `fsync`.
         /// Returns 0, or -1 with `errno` set.

@@ -3,12 +3,10 @@ import Synchronization
 /// Makes finished downloads durable and gives them their final names, many at once (a group commit).
 ///
 /// A download hands over its partial file once every byte is written and checked. A batch takes every
-/// file handed over by the time it begins and, in this order: flushes their data (one `syncfs` per
-/// file system on Linux; `F_FULLFSYNC` per file on Apple platforms, and `fdatasync` for a batch of
-/// one), renames each to its final name, then flushes each of their directories once. A final name
-/// therefore never becomes durable before its data, and a batch of small files costs a few flushes
-/// rather than two per file. (`syncfs` flushes whatever else is waiting on that file system too: it
-/// is work the kernel would do anyway, done sooner.)
+/// file handed over by the time it begins and, in this order: flushes their data (see
+/// ``flushDataOfBatch(_:)``), renames each to its final name, then flushes each of their directories
+/// once. A final name therefore never becomes durable before its data, and a batch of small files
+/// shares its directory flushes and its trips to the I/O threads.
 ///
 /// Nobody waits on a thread of their own: the download that finds no batch running runs one on its
 /// I/O thread; when it ends, the first download that handed over a file meanwhile runs the next,
@@ -65,24 +63,18 @@ final class FileFinisher: Sendable {
     /// How many downloads wait for a batch (for tests).
     var waitingCount: Int { state.withLock { $0.waiting.count } }
 
-    /// Makes the files' data durable: a lone file with `fdatasync`; several with one flush of each
-    /// file system they lie on where the platform has one, else each file by itself.
+    /// Makes the files' data durable: the writes of all of them are started first, then each is
+    /// flushed, so the device takes their data together and most flushes find it written.
+    ///
+    /// Measured on 2 cores under other writers' load (batches of 16 files of 16 KiB, then renames and
+    /// a directory flush; 800 files, 2026-11-25): 0.10–0.11 s, against 0.16–0.18 s flushing each
+    /// file by itself, and 0.24–0.46 s with one `syncfs` per batch, which waits for every other
+    /// writer's data on the file system too.
     static func flushDataOfBatch(_ files: [PartialFile]) throws {
-        guard files.count > 1 else {
-            try files.first?.syncDataNow()
-            return
+        if files.count > 1 {
+            for file in files { file.startWriteback() }
         }
-        var flushed: Set<UInt64> = []
-        for file in files {
-            let device = try file.identity()[0]
-            guard !flushed.contains(device) else { continue }
-            guard try file.syncFileSystemNow() else {
-                // No call flushes a whole file system here: every file flushes by itself.
-                for file in files { try file.syncDataNow() }
-                return
-            }
-            flushed.insert(device)
-        }
+        for file in files { try file.syncDataNow() }
     }
 
     /// Makes `handover`'s data durable and gives it its final name, with the files handed over beside

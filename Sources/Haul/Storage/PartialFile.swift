@@ -117,17 +117,9 @@ final class PartialFile: Sendable {
     /// Flushes the data on the calling thread (which must be one that may block).
     func syncDataNow() throws { try POSIX.syncData(descriptor, path: path) }
 
-    /// The file's device and inode numbers.
-    func identity() throws -> [UInt64] { try POSIX.identity(descriptor) }
-
-    /// Flushes every file of the file system this one lies on, on the calling thread (see
-    /// ``Platform/syncFileSystem(_:)``); returns false, having flushed nothing, where the platform
-    /// has no such call.
-    func syncFileSystemNow() throws -> Bool {
-        guard let result = Platform.syncFileSystem(descriptor) else { return false }
-        if result != 0 { throw POSIX.error("sync the file system of", path: path) }
-        return true
-    }
+    /// Starts writing the file's data to the device without waiting for it (see
+    /// ``Platform/startWriteback(_:)``), ahead of a ``syncDataNow()``.
+    func startWriteback() { Platform.startWriteback(descriptor) }
 
     /// Reserves disk space for the bytes from `offset` up to `length`; with `keepingSize` the file's
     /// length stays as it is. Returns false where the file system or the platform cannot reserve
