@@ -327,8 +327,52 @@ extension StoredDownload: FetchableRecord, MutablePersistableRecord {
     /// Takes the ID SQLite gave the new row.
     mutating func didInsert(_ inserted: InsertionSuccess) { id = inserted.rowID }
 
-    /// Writes every managed column (see ``Columns/managed``); throws `RecordError` when the row is gone.
-    func updateManagedColumns(_ db: Database) throws {
-        try update(db, columns: Columns.managed)
+    /// The statement that writes every managed column (see ``Columns/managed``) of one row.
+    static let updateManagedColumnsSQL =
+        "UPDATE download SET "
+        + Columns.managed.map { "\"\($0.rawValue)\" = ?" }.joined(separator: ", ") + " WHERE id = ?"
+
+    /// The request as the `definition` column holds it: JSON with sorted keys, without secrets.
+    static func encodeDefinition(_ definition: DownloadRequest) throws -> String {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = .sortedKeys
+        return String(decoding: try encoder.encode(definition), as: UTF8.self)
     }
+
+    /// Writes every managed column (see ``Columns/managed``) with one cached statement whose values
+    /// are bound in place (a progress write of many downloads builds no SQL and encodes no record);
+    /// throws `RecordError` when the row is gone.
+    func updateManagedColumns(_ db: Database) throws {
+        guard let id else { throw RecordError.recordNotFound(databaseTableName: Self.databaseTableName, key: [:]) }
+        var values: [any DatabaseValueConvertible & Sendable] = []
+        values.reserveCapacity(Columns.managed.count + 1)
+        for column in Columns.managed {
+            switch column {
+            case .key: values.append(key)
+            case .definition: values.append(try Self.encodeDefinition(definition))
+            case .destination: values.append(destination.databaseValue)
+            case .priority: values.append(priority)
+            case .state: values.append(state.rawValue)
+            case .errorCode: values.append(errorCode.databaseValue)
+            case .errorMessage: values.append(errorMessage.databaseValue)
+            case .errorStatus: values.append(errorStatus.databaseValue)
+            case .bytes: values.append(bytes)
+            case .totalBytes: values.append(totalBytes.databaseValue)
+            case .bytesPerSecond: values.append(bytesPerSecond.databaseValue)
+            case .owner: values.append(owner.databaseValue)
+            case .hook: values.append(hook.databaseValue)
+            case .createdAt: values.append(createdAt)
+            case .startedAt: values.append(startedAt.databaseValue)
+            case .finishedAt: values.append(finishedAt.databaseValue)
+            case .updatedAt: values.append(updatedAt)
+            case .id, .request: continue
+            }
+        }
+        values.append(id)
+        try db.cachedStatement(sql: Self.updateManagedColumnsSQL).execute(arguments: StatementArguments(values))
+        if db.changesCount == 0 {
+            throw RecordError.recordNotFound(databaseTableName: Self.databaseTableName, key: ["id": id.databaseValue])
+        }
+    }
+
 }
