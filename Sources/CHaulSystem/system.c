@@ -9,16 +9,6 @@
 #include <signal.h>
 #include <spawn.h>
 
-int haul_start_writeback(int descriptor) {
-#ifdef __linux__
-    return sync_file_range(descriptor, 0, 0, SYNC_FILE_RANGE_WRITE);
-#else
-    (void)descriptor;
-    errno = ENOSYS;
-    return -1;
-#endif
-}
-
 int haul_fallocate(int descriptor, int keep_size, off_t offset, off_t length) {
 #ifdef __linux__
     return fallocate(descriptor, keep_size ? FALLOC_FL_KEEP_SIZE : 0, offset, length);

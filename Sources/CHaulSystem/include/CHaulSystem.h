@@ -6,11 +6,6 @@
 #include <spawn.h>
 #include <sys/types.h>
 
-/// Starts writing the open file's dirty pages to the device without waiting for them (Linux
-/// `sync_file_range` with SYNC_FILE_RANGE_WRITE). Returns 0, or -1 with errno set (ENOSYS where the
-/// platform has no such call).
-int haul_start_writeback(int descriptor);
-
 /// Reserves disk space for bytes [offset, offset + length) of the open file `descriptor`. With
 /// `keep_size` the file's size stays as it is (the space lies beyond its end until written). Returns
 /// 0, or -1 with errno set (EOPNOTSUPP where the file system or the platform cannot do it).

@@ -73,10 +73,6 @@
             fcntl(descriptor, F_FULLFSYNC) == 0 ? 0 : fsync(descriptor)
         }
 
-        /// Starts writing the file's data to the device without waiting: Apple platforms have no such
-        /// call, so this does nothing and ``syncData(_:)`` writes and flushes each file.
-        package static func startWriteback(_ descriptor: Int32) {}
-
         /// Flushes the file, data and metadata, to stable storage: `F_FULLFSYNC`, else `fsync`.
         /// Returns 0, or -1 with `errno` set.
         package static func syncAll(_ descriptor: Int32) -> Int32 {

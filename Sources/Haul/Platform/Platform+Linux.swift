@@ -71,13 +71,6 @@
             fdatasync(descriptor)
         }
 
-        /// Starts writing the file's data to the device without waiting (`sync_file_range` with
-        /// `SYNC_FILE_RANGE_WRITE`), so that the flushes of many files that follow find their data
-        /// under way together. A hint: a failure changes nothing (the flush reports errors).
-        package static func startWriteback(_ descriptor: Int32) {
-            _ = haul_start_writeback(descriptor)
-        }
-
         /// Flushes the file, data and metadata, to stable storage (`fsync`). Returns 0, or -1 with
         /// `errno` set.
         package static func syncAll(_ descriptor: Int32) -> Int32 {

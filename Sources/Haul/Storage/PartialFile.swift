@@ -117,10 +117,6 @@ final class PartialFile: Sendable {
     /// Flushes the data on the calling thread (which must be one that may block).
     func syncDataNow() throws { try POSIX.syncData(descriptor, path: path) }
 
-    /// Starts writing the file's data to the device without waiting for it (see
-    /// ``Platform/startWriteback(_:)``), ahead of a ``syncDataNow()``.
-    func startWriteback() { Platform.startWriteback(descriptor) }
-
     /// Reserves disk space for the bytes from `offset` up to `length`; with `keepingSize` the file's
     /// length stays as it is. Returns false where the file system or the platform cannot reserve
     /// space; a full disk throws ``HaulError/Code/diskFull``.

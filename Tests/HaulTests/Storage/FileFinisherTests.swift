@@ -12,32 +12,30 @@ import Testing
 
 @Suite("Finished files made durable and renamed in batches", .timeLimit(.minutes(1)))
 struct FileFinisherTests {
-    /// Flushes for real, holding the first data flush until `release()`, failing the data flushes
-    /// listed in `failing` (counting from 1), and recording each batch and whether any of its files
-    /// had its final name before its data was flushed.
+    /// Flushes for real, holding the first directory flush until `release()`, failing the data
+    /// flushes of the files named in `failing`, and recording whether any file had its final name
+    /// before its data was flushed.
     final class Flushes: Sendable {
         let gate = DispatchSemaphore(value: 0)
         let dataCalls = Atomic<Int>(0)
         let directoryCalls = Atomic<Int>(0)
-        let batches = Mutex<[Int]>([])
         let namedBeforeFlush = Atomic<Int>(0)
-        let failing: Set<Int>
+        let failing: Set<String>
 
-        init(failing: Set<Int> = []) { self.failing = failing }
+        init(failing: Set<String> = []) { self.failing = failing }
 
-        func flushData(_ files: [PartialFile]) throws {
-            let call = dataCalls.add(1, ordering: .relaxed).newValue
-            if call == 1 { gate.wait() }
-            batches.withLock { $0.append(files.count) }
-            for file in files where POSIX.exists(String(file.path.dropLast(".part".count))) {
-                namedBeforeFlush.add(1, ordering: .relaxed)
+        func flushData(_ file: PartialFile) throws {
+            dataCalls.add(1, ordering: .relaxed)
+            let name = String(file.path.dropLast(".part".count))
+            if POSIX.exists(name) { namedBeforeFlush.add(1, ordering: .relaxed) }
+            if failing.contains(String(name.split(separator: "/").last ?? "")) {
+                throw HaulError(.fileSystem, "data flush of \(name) failed")
             }
-            if failing.contains(call) { throw HaulError(.fileSystem, "data flush \(call) failed") }
-            try FileFinisher.flushDataOfBatch(files)
+            try file.syncDataNow()
         }
 
         func flushDirectory(_ folder: DirectoryHandle) throws {
-            directoryCalls.add(1, ordering: .relaxed)
+            if directoryCalls.add(1, ordering: .relaxed).newValue == 1 { gate.wait() }
             try folder.sync()
         }
 
@@ -55,13 +53,13 @@ struct FileFinisherTests {
             confinement: DownloadConfinement(roots: []))
     }
 
-    /// Finishes `first` while its data flush is held, hands over `others` behind it, then lets it
-    /// go; returns each of the others' outcome (`nil`: finished).
+    /// Finishes `first` while its directory flush is held, hands over `others` behind it, then lets
+    /// it go; returns each of the others' outcome (`nil`: finished).
     static func finishBehindAHeldBatch(
         _ finisher: FileFinisher, _ flushes: Flushes, first: FileFinisher.Handover, others: [FileFinisher.Handover]
     ) async throws -> [String?] {
         let leader = Task { try await finisher.finish(first, io: .shared) }
-        while flushes.dataCalls.load(ordering: .relaxed) == 0 { try await Task.sleep(for: .milliseconds(1)) }
+        while flushes.directoryCalls.load(ordering: .relaxed) == 0 { try await Task.sleep(for: .milliseconds(1)) }
         return try await withThrowingTaskGroup(of: (Int, String?).self) { group in
             for (index, handover) in others.enumerated() {
                 group.addTask {
@@ -86,7 +84,7 @@ struct FileFinisherTests {
         String(decoding: try POSIX.readWholeFile(path, limit: 1 << 20), as: UTF8.self)
     }
 
-    @Test("files handed over during a batch share the next one; data is flushed before any name changes")
+    @Test("files handed over during a batch share the next one; data is flushed before the name changes")
     func filesHandedOverDuringABatchShareTheNext() async throws {
         try await withTemporaryDirectory { path in
             let folder = try DirectoryHandle.open(path)
@@ -98,7 +96,8 @@ struct FileFinisherTests {
                 finisher, flushes, first: try Self.handover(names[0], in: folder),
                 others: try names.dropFirst().map { try Self.handover($0, in: folder) })
             #expect(outcomes.allSatisfy { $0 == nil })
-            #expect(flushes.batches.withLock { $0 } == [1, 6])
+            #expect(flushes.dataCalls.load(ordering: .relaxed) == 7)
+            // The first file's batch, then one for the six handed over while it ran.
             #expect(flushes.directoryCalls.load(ordering: .relaxed) == 2)
             #expect(flushes.namedBeforeFlush.load(ordering: .relaxed) == 0)
             for name in names {
@@ -108,31 +107,29 @@ struct FileFinisherTests {
 
             // Nothing running: a lone file is finished on the spot, in a batch of its own.
             try await finisher.finish(try Self.handover("lone", in: folder), io: .shared)
-            #expect(flushes.batches.withLock { $0 } == [1, 6, 1])
+            #expect(flushes.directoryCalls.load(ordering: .relaxed) == 3)
             #expect(try Self.contents(path + "/lone") == "lone")
         }
     }
 
-    @Test("a failed data flush fails its whole batch, whose files keep their partial names")
-    func aFailedDataFlushFailsItsBatch() async throws {
+    @Test("a failed data flush fails its own file, which keeps its partial name")
+    func aFailedDataFlushFailsItsFile() async throws {
         try await withTemporaryDirectory { path in
             let folder = try DirectoryHandle.open(path)
-            let flushes = Flushes(failing: [2])
+            let flushes = Flushes(failing: ["file2"])
             let finisher = FileFinisher(
                 flushData: { try flushes.flushData($0) }, flushDirectory: { try flushes.flushDirectory($0) })
-            let others = (1..<5).map { "file\($0)" }
             let outcomes = try await Self.finishBehindAHeldBatch(
                 finisher, flushes, first: try Self.handover("file0", in: folder),
-                others: try others.map { try Self.handover($0, in: folder) })
-            #expect(outcomes.allSatisfy { $0 == "data flush 2 failed" })
-            #expect(try Self.contents(path + "/file0") == "file0")
-            for name in others {
-                #expect(!POSIX.exists(path + "/" + name))
-                #expect(try Self.contents(path + "/" + name + ".part") == name)
+                others: [try Self.handover("file1", in: folder)])
+            #expect(outcomes == [nil])
+            let failed = await #expect(throws: HaulError.self) {
+                try await finisher.finish(try Self.handover("file2", in: folder), io: .shared)
             }
-            // The finisher goes on: the next file is finished.
-            try await finisher.finish(try Self.handover("after", in: folder), io: .shared)
-            #expect(try Self.contents(path + "/after") == "after")
+            #expect(failed?.message == "data flush of \(path)/file2 failed")
+            #expect(!POSIX.exists(path + "/file2"))
+            #expect(try Self.contents(path + "/file2.part") == "file2")
+            for name in ["file0", "file1"] { #expect(try Self.contents(path + "/" + name) == name) }
         }
     }
 
