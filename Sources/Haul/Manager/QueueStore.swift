@@ -37,6 +37,54 @@ protocol QueueStore: Sendable {
 
     /// The downloads `owner` owns that another process asked something of, in ID order.
     func pendingRequests(for owner: String) throws -> [(id: DownloadID, request: OwnerRequest)]
+
+    // MARK: Reading a queue of any size
+
+    /// At most `limit` records in `states` (any state when `nil`) whose ID is greater than `after`
+    /// (from the first when `nil`), in ID order: a page that stays right while records are added or
+    /// removed before it.
+    func downloads(in states: Set<DownloadState>?, after: DownloadID?, limit: Int) throws -> [StoredDownload]
+
+    /// At most `limit` records in `states` (any state when `nil`), in ID order, skipping the first
+    /// `offset` of them.
+    func downloads(in states: Set<DownloadState>?, offset: Int, limit: Int) throws -> [StoredDownload]
+
+    /// How many records there are in each state, in one read; a state without records is absent.
+    func counts() throws -> [DownloadState: Int]
+
+    /// The record with this key (``StoredDownload/key``, unique); `nil` when there is none.
+    func download(key: String) throws -> StoredDownload?
+
+    /// The records whose file is `destination`, in ID order.
+    func downloads(destination: String) throws -> [StoredDownload]
+
+    /// At most `limit` queued records `owner` owns, in the order they start: higher priority first,
+    /// then lower ID.
+    func nextQueued(ownedBy owner: String, limit: Int) throws -> [StoredDownload]
+
+    /// The owners records name (each once, in no particular order): few, since an owner is a live
+    /// or dead manager.
+    func owners() throws -> [String]
+
+    /// At most `limit` records `owner` owns (ownerless ones when `nil`) in `states` (any state when
+    /// `nil`), whose ID is greater than `after`, in ID order.
+    func downloads(
+        ownedBy owner: String?, in states: Set<DownloadState>?, after: DownloadID?, limit: Int
+    ) throws -> [StoredDownload]
+
+    /// Gives every queued record that one of `owners` owns (or nobody, when `includingUnowned`) to
+    /// `newOwner` (nobody when `nil`), in one transaction, without reading them; returns how many
+    /// changed. Each changed record's ``StoredDownload/bytesPerSecond`` is cleared and its
+    /// ``StoredDownload/updatedAt`` set to `now`.
+    @discardableResult
+    func reassignQueued(
+        from owners: [String], includingUnowned: Bool, to newOwner: String?, now: Double
+    ) throws -> Int
+
+    /// Lets go of every record `owner` owns but those in `keeping` (nobody owns them afterwards),
+    /// in one transaction; returns how many changed. ``StoredDownload/updatedAt`` is set to `now`.
+    @discardableResult
+    func release(ownedBy owner: String, keeping: Set<DownloadID>, now: Double) throws -> Int
 }
 
 extension QueueStore {

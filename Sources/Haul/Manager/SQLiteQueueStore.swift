@@ -116,6 +116,14 @@ final class SQLiteQueueStore: QueueStore {
         migrator.registerMigration("6: one JSON description of each download") { db in
             try describeEachDownloadInJSON(db)
         }
+        migrator.registerMigration("7: indexes for reading a queue of any size by pages") { db in
+            // A narrow copy of the IDs with their state: skipping to a page's offset reads it
+            // instead of whole records.
+            try db.execute(sql: "CREATE INDEX download_on_id_state ON download (id, state)")
+            // An owner's queued downloads in the order they start; an owner's downloads of a state.
+            try db.execute(
+                sql: "CREATE INDEX download_on_owner_state_priority ON download (owner, state, priority DESC, id)")
+        }
         return migrator
     }
 
@@ -254,6 +262,138 @@ final class SQLiteQueueStore: QueueStore {
             ).compactMap { row in
                 OwnerRequest(rawValue: row["request"] as String).map { (DownloadID(row["id"]), $0) }
             }
+        }
+    }
+
+    // MARK: Reading a queue of any size
+
+    /// The SQL condition on `state` for `states` (`1` when `nil`), and its arguments.
+    private static func stateCondition(_ states: Set<DownloadState>?) -> (sql: String, arguments: StatementArguments) {
+        guard let states else { return ("1", []) }
+        let names = states.map(\.rawValue).sorted()
+        guard !names.isEmpty else { return ("0", []) }
+        return ("state IN (" + names.map { _ in "?" }.joined(separator: ",") + ")", StatementArguments(names))
+    }
+
+    /// A page of records after an ID (see ``QueueStore/downloads(in:after:limit:)``).
+    func downloads(in states: Set<DownloadState>?, after: DownloadID?, limit: Int) throws -> [StoredDownload] {
+        guard limit > 0 else { return [] }
+        let condition = Self.stateCondition(states)
+        return try read { db in
+            try StoredDownload.fetchAll(
+                db, sql: "SELECT * FROM download WHERE \(condition.sql) AND id > ? ORDER BY id LIMIT ?",
+                arguments: condition.arguments + [after?.rawValue ?? 0, limit])
+        }
+    }
+
+    /// A page of records at an offset (see ``QueueStore/downloads(in:offset:limit:)``): the IDs
+    /// skipped are read from a narrow index, not from the records.
+    func downloads(in states: Set<DownloadState>?, offset: Int, limit: Int) throws -> [StoredDownload] {
+        guard limit > 0 else { return [] }
+        let condition = Self.stateCondition(states)
+        return try read { db in
+            try StoredDownload.fetchAll(
+                db,
+                sql: """
+                    SELECT * FROM download WHERE \(condition.sql) AND id >= (
+                        SELECT id FROM download INDEXED BY download_on_id_state WHERE \(condition.sql)
+                        ORDER BY id LIMIT 1 OFFSET ?)
+                    ORDER BY id LIMIT ?
+                    """,
+                arguments: condition.arguments + condition.arguments + [max(0, offset), limit])
+        }
+    }
+
+    /// How many records each state has (see ``QueueStore/counts()``).
+    func counts() throws -> [DownloadState: Int] {
+        try read { db in
+            var counts: [DownloadState: Int] = [:]
+            for row in try Row.fetchAll(db, sql: "SELECT state, count(*) AS n FROM download GROUP BY state") {
+                if let state = DownloadState(rawValue: row["state"]) { counts[state] = row["n"] }
+            }
+            return counts
+        }
+    }
+
+    /// The record with this key (see ``QueueStore/download(key:)``).
+    func download(key: String) throws -> StoredDownload? {
+        try read { db in
+            try StoredDownload.fetchOne(db, sql: "SELECT * FROM download WHERE key = ?", arguments: [key])
+        }
+    }
+
+    /// The records of a file (see ``QueueStore/downloads(destination:)``).
+    func downloads(destination: String) throws -> [StoredDownload] {
+        try read { db in
+            try StoredDownload.fetchAll(
+                db, sql: "SELECT * FROM download WHERE destination = ? ORDER BY id", arguments: [destination])
+        }
+    }
+
+    /// An owner's next queued records (see ``QueueStore/nextQueued(ownedBy:limit:)``).
+    func nextQueued(ownedBy owner: String, limit: Int) throws -> [StoredDownload] {
+        guard limit > 0 else { return [] }
+        return try read { db in
+            try StoredDownload.fetchAll(
+                db,
+                sql: """
+                    SELECT * FROM download WHERE owner = ? AND state = 'queued'
+                    ORDER BY priority DESC, id LIMIT ?
+                    """,
+                arguments: [owner, limit])
+        }
+    }
+
+    /// The owners records name (see ``QueueStore/owners()``).
+    func owners() throws -> [String] {
+        try read { db in
+            try String.fetchAll(db, sql: "SELECT DISTINCT owner FROM download WHERE owner IS NOT NULL")
+        }
+    }
+
+    /// A page of an owner's records (see ``QueueStore/downloads(ownedBy:in:after:limit:)``).
+    func downloads(
+        ownedBy owner: String?, in states: Set<DownloadState>?, after: DownloadID?, limit: Int
+    ) throws -> [StoredDownload] {
+        guard limit > 0 else { return [] }
+        let condition = Self.stateCondition(states)
+        return try read { db in
+            try StoredDownload.fetchAll(
+                db,
+                sql: "SELECT * FROM download WHERE owner IS ? AND \(condition.sql) AND id > ? ORDER BY id LIMIT ?",
+                arguments: StatementArguments([owner]) + condition.arguments + [after?.rawValue ?? 0, limit])
+        }
+    }
+
+    /// Gives queued records to another owner (see
+    /// ``QueueStore/reassignQueued(from:includingUnowned:to:now:)``).
+    func reassignQueued(from owners: [String], includingUnowned: Bool, to newOwner: String?, now: Double) throws -> Int
+    {
+        var conditions = owners.isEmpty ? [] : ["owner IN (" + owners.map { _ in "?" }.joined(separator: ",") + ")"]
+        if includingUnowned { conditions.append("owner IS NULL") }
+        guard !conditions.isEmpty else { return 0 }
+        return try write { db in
+            try db.execute(
+                sql: """
+                    UPDATE download SET owner = ?, bytesPerSecond = NULL, updatedAt = ?
+                    WHERE state = 'queued' AND (\(conditions.joined(separator: " OR ")))
+                        AND owner IS NOT ?
+                    """,
+                arguments: StatementArguments([newOwner]) + [now] + StatementArguments(owners)
+                    + StatementArguments([newOwner]))
+            return db.changesCount
+        }
+    }
+
+    /// Lets go of an owner's records (see ``QueueStore/release(ownedBy:keeping:now:)``).
+    func release(ownedBy owner: String, keeping: Set<DownloadID>, now: Double) throws -> Int {
+        let kept = keeping.map(\.rawValue).sorted()
+        let exception = kept.isEmpty ? "" : " AND id NOT IN (" + kept.map { _ in "?" }.joined(separator: ",") + ")"
+        return try write { db in
+            try db.execute(
+                sql: "UPDATE download SET owner = NULL, updatedAt = ? WHERE owner = ?" + exception,
+                arguments: StatementArguments([now]) + [owner] + StatementArguments(kept))
+            return db.changesCount
         }
     }
 

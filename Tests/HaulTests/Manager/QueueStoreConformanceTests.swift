@@ -341,4 +341,174 @@ struct QueueStoreKind: Sendable, CustomTestStringConvertible {
             #expect(!message.contains("\n"))
         }
     }
+
+    /// `count` records, key `0`… in order, each moved to the state `states` gives it by position
+    /// (cycling), stored in one batch; returns them with their IDs.
+    static func stored(
+        _ store: any QueueStore, count: Int, states: [DownloadState] = [.queued],
+        owner: (Int) -> String? = { _ in nil },
+        priority: (Int) -> Int = { _ in 0 }
+    ) throws -> [StoredDownload] {
+        var records = try (0..<count).map { position in
+            var record = Self.record("\(position)", owner: owner(position))
+            record.priority = priority(position)
+            switch states[position % states.count] {
+            case .queued: break
+            case .running: try record.move(to: .running, at: 2)
+            case .paused: try record.move(to: .paused, at: 2)
+            case .completed: try record.move(to: .completed, at: 2)
+            case .failed:
+                try record.move(to: .running, at: 2)
+                try record.move(to: .failed, at: 3, error: HaulError(.network, "gone"))
+            case .cancelled: try record.move(to: .cancelled, at: 2)
+            }
+            return record
+        }
+        for (position, id) in try store.insert(records).enumerated() { records[position].id = id.rawValue }
+        return records
+    }
+
+    /// Pages by ID and by offset read records in ID order, only those of the states asked for,
+    /// never past the end; a record deleted before a keyset page's place moves nothing.
+    @Test(arguments: QueueStoreKind.all)
+    func pagesReadRecordsInIDOrderByStates(_ kind: QueueStoreKind) async throws {
+        try await kind.withStorage { storage in
+            let store = try storage.open()
+            let records = try Self.stored(store, count: 30, states: [.queued, .paused, .failed])
+            let ids = records.map(\.downloadID)
+            #expect(try store.downloads(in: nil, after: nil, limit: 7).map(\.downloadID) == Array(ids[0..<7]))
+            #expect(try store.downloads(in: nil, after: ids[6], limit: 7).map(\.downloadID) == Array(ids[7..<14]))
+            #expect(try store.downloads(in: nil, after: ids[27], limit: 7).map(\.downloadID) == Array(ids[28...]))
+            #expect(try store.downloads(in: nil, after: ids[29], limit: 7).isEmpty)
+            #expect(try store.downloads(in: nil, after: nil, limit: 0).isEmpty)
+            let failed = records.filter { $0.state == .failed }.map(\.downloadID)
+            #expect(try store.downloads(in: [.failed], after: nil, limit: 100).map(\.downloadID) == failed)
+            #expect(
+                try store.downloads(in: [.failed], after: failed[2], limit: 2).map(\.downloadID) == [
+                    failed[3], failed[4],
+                ])
+            let some = records.filter { $0.state != .paused }.map(\.downloadID)
+            #expect(try store.downloads(in: [.queued, .failed], after: nil, limit: 100).map(\.downloadID) == some)
+            #expect(try store.downloads(in: [], after: nil, limit: 100).isEmpty)
+            #expect(try store.downloads(in: [.completed], after: nil, limit: 100).isEmpty)
+            // Records read back whole.
+            #expect(try store.downloads(in: nil, after: nil, limit: 100) == records)
+
+            #expect(try store.downloads(in: nil, offset: 0, limit: 5).map(\.downloadID) == Array(ids[0..<5]))
+            #expect(try store.downloads(in: nil, offset: 12, limit: 5).map(\.downloadID) == Array(ids[12..<17]))
+            #expect(try store.downloads(in: nil, offset: 28, limit: 5).map(\.downloadID) == Array(ids[28...]))
+            #expect(try store.downloads(in: nil, offset: 30, limit: 5).isEmpty)
+            #expect(try store.downloads(in: nil, offset: 3, limit: 0).isEmpty)
+            #expect(try store.downloads(in: [.failed], offset: 3, limit: 4).map(\.downloadID) == Array(failed[3..<7]))
+            #expect(
+                try store.downloads(in: [.queued, .failed], offset: 15, limit: 9).map(\.downloadID)
+                    == Array(some[15...]))
+
+            try store.delete(ids[3])
+            #expect(try store.downloads(in: nil, after: ids[6], limit: 2).map(\.downloadID) == [ids[7], ids[8]])
+            #expect(try store.downloads(in: nil, offset: 6, limit: 2).map(\.downloadID) == [ids[7], ids[8]])
+        }
+    }
+
+    /// Counts come per state in one read; states without records are absent.
+    @Test(arguments: QueueStoreKind.all)
+    func countsArePerState(_ kind: QueueStoreKind) async throws {
+        try await kind.withStorage { storage in
+            let store = try storage.open()
+            #expect(try store.counts().isEmpty)
+            let records = try Self.stored(
+                store, count: 10, states: [.queued, .queued, .running, .completed, .cancelled])
+            #expect(try store.counts() == [.queued: 4, .running: 2, .completed: 2, .cancelled: 2])
+            try store.delete(records[2].downloadID)
+            #expect(try store.counts() == [.queued: 4, .running: 1, .completed: 2, .cancelled: 2])
+        }
+    }
+
+    /// A record is found by its key and by its file; lookups of what is not stored find nothing.
+    @Test(arguments: QueueStoreKind.all)
+    func recordsAreFoundByKeyAndDestination(_ kind: QueueStoreKind) async throws {
+        try await kind.withStorage { storage in
+            let store = try storage.open()
+            let records = try Self.stored(store, count: 3)
+            #expect(try store.download(key: "file:/d/1") == records[1])
+            #expect(try store.download(key: "file:/d/9") == nil)
+            var inDirectory = StoredDownload(
+                key: "url:/d\nhttp://x/y",
+                definition: DownloadRequest(url: "http://x/y", destination: .directory("/d")),
+                destination: nil, priority: 0, owner: nil, now: 1)
+            inDirectory.id = try store.insert([inDirectory])[0].rawValue
+            #expect(try store.download(key: "url:/d\nhttp://x/y") == inDirectory)
+            // A download into a directory learns its file later; two records may name one file.
+            inDirectory.destination = "/d/2"
+            try store.update([inDirectory])
+            #expect(try store.downloads(destination: "/d/2") == [records[2], inDirectory])
+            #expect(try store.downloads(destination: "/d/0") == [records[0]])
+            #expect(try store.downloads(destination: "/d/none").isEmpty)
+        }
+    }
+
+    /// An owner's next queued records come best first: higher priority, then lower ID; other
+    /// owners', ownerless and not queued records are left out.
+    @Test(arguments: QueueStoreKind.all)
+    func nextQueuedComeByPriorityThenID(_ kind: QueueStoreKind) async throws {
+        try await kind.withStorage { storage in
+            let store = try storage.open()
+            let records = try Self.stored(
+                store, count: 12, states: [.queued, .queued, .queued, .paused],
+                owner: { [nil, "1.1", "1.1", "2.1"][$0 % 4] }, priority: { [0, 5, -5][$0 % 3] })
+            let mine = records.filter { $0.owner == "1.1" && $0.state == .queued }
+            let best = mine.sorted { ($0.priority, -$0.id!) > ($1.priority, -$1.id!) }.map(\.downloadID)
+            #expect(try store.nextQueued(ownedBy: "1.1", limit: 100).map(\.downloadID) == best)
+            #expect(try store.nextQueued(ownedBy: "1.1", limit: 2).map(\.downloadID) == Array(best.prefix(2)))
+            #expect(try store.nextQueued(ownedBy: "2.1", limit: 100).isEmpty)
+            #expect(try store.nextQueued(ownedBy: "3.1", limit: 100).isEmpty)
+        }
+    }
+
+    /// Owners are listed once each; an owner's records (or the ownerless ones) page by ID and
+    /// state; queued records change owner all at once, and an owner lets go of all but those it
+    /// keeps.
+    @Test(arguments: QueueStoreKind.all)
+    func ownersRecordsAreReadAndReassignedTogether(_ kind: QueueStoreKind) async throws {
+        try await kind.withStorage { storage in
+            let store = try storage.open()
+            let records = try Self.stored(
+                store, count: 12, states: [.queued, .running, .paused], owner: { [nil, "1.1", "2.1"][$0 % 3] })
+            #expect(try Set(store.owners()) == ["1.1", "2.1"])
+            #expect(try store.owners().count == 2)
+            func ids(_ selected: [StoredDownload]) -> [DownloadID] { selected.map(\.downloadID) }
+            let ones = records.filter { $0.owner == "1.1" }
+            #expect(try ids(store.downloads(ownedBy: "1.1", in: nil, after: nil, limit: 100)) == ids(ones))
+            #expect(
+                try ids(store.downloads(ownedBy: "1.1", in: nil, after: ones[0].downloadID, limit: 2))
+                    == ids(Array(ones[1...2])))
+            let unowned = records.filter { $0.owner == nil && $0.state == .queued }
+            #expect(try ids(store.downloads(ownedBy: nil, in: [.queued], after: nil, limit: 100)) == ids(unowned))
+            #expect(try store.downloads(ownedBy: "2.1", in: [.completed], after: nil, limit: 100).isEmpty)
+
+            // Only queued records move: those of the owners named, and the ownerless when asked.
+            let queuedOfTwo = records.filter { $0.owner == "2.1" && $0.state == .queued }.count
+            let queuedOfNobody = records.filter { $0.owner == nil && $0.state == .queued }.count
+            #expect(try store.reassignQueued(from: ["2.1"], includingUnowned: false, to: "3.1", now: 9) == queuedOfTwo)
+            #expect(try store.reassignQueued(from: [], includingUnowned: true, to: "3.1", now: 9) == queuedOfNobody)
+            #expect(try store.reassignQueued(from: [], includingUnowned: false, to: "3.1", now: 9) == 0)
+            for record in records {
+                let now = try Self.stored(store, record.downloadID)
+                if record.state == .queued && record.owner != "1.1" {
+                    #expect(now.owner == "3.1" && now.updatedAt == 9)
+                } else {
+                    #expect(now == record)
+                }
+            }
+            #expect(try Set(store.owners()) == ["1.1", "2.1", "3.1"])
+
+            let kept = ones[1].downloadID
+            #expect(try store.release(ownedBy: "1.1", keeping: [kept], now: 10) == ones.count - 1)
+            #expect(try store.owners().contains("1.1"))
+            #expect(try store.download(kept)?.owner == "1.1")
+            #expect(try store.release(ownedBy: "1.1", keeping: [], now: 10) == 1)
+            #expect(try !store.owners().contains("1.1"))
+            #expect(try ones.allSatisfy { try Self.stored(store, $0.downloadID).owner == nil })
+        }
+    }
 }
