@@ -52,6 +52,16 @@ protocol QueueStore: Sendable {
     /// How many records there are in each state, in one read; a state without records is absent.
     func counts() throws -> [DownloadState: Int]
 
+    /// Per state: how many records, their bytes, the sum of their known totals and how many have
+    /// none, in one read.
+    func totals() throws -> [DownloadState: QueueTotals]
+
+    /// The records with these keys (``StoredDownload/key``), in ID order; keys without one are left out.
+    func downloads(keys: [String]) throws -> [StoredDownload]
+
+    /// The records whose file is one of `destinations`, in ID order.
+    func downloads(destinations: [String]) throws -> [StoredDownload]
+
     /// The record with this key (``StoredDownload/key``, unique); `nil` when there is none.
     func download(key: String) throws -> StoredDownload?
 
@@ -104,6 +114,18 @@ extension QueueStore {
     func delete(_ id: DownloadID) throws {
         try commit(QueueChanges(deletes: [id]))
     }
+}
+
+/// What a ``QueueStore`` sums over the records of one state (``QueueStore/totals()``).
+struct QueueTotals: Sendable, Equatable {
+    /// How many records.
+    var count = 0
+    /// Their ``StoredDownload/bytes`` together.
+    var bytes: Int64 = 0
+    /// Their known ``StoredDownload/totalBytes`` together.
+    var totalBytes: Int64 = 0
+    /// How many have no ``StoredDownload/totalBytes``.
+    var unknownTotals = 0
 }
 
 /// Changes a ``QueueStore`` makes in one transaction (``QueueStore/commit(_:)``), in this order:

@@ -121,6 +121,8 @@ final class SQLiteQueueStore: QueueStore {
             // instead of whole records.
             try db.execute(sql: "CREATE INDEX download_on_id_state ON download (id, state)")
             // An owner's queued downloads in the order they start; an owner's downloads of a state.
+            // Sums per state read this instead of whole records.
+            try db.execute(sql: "CREATE INDEX download_on_state_bytes ON download (state, bytes, totalBytes)")
             try db.execute(
                 sql: "CREATE INDEX download_on_owner_state_priority ON download (owner, state, priority DESC, id)")
         }
@@ -313,6 +315,62 @@ final class SQLiteQueueStore: QueueStore {
             }
             return counts
         }
+    }
+
+    /// Sums per state (see ``QueueStore/totals()``).
+    func totals() throws -> [DownloadState: QueueTotals] {
+        try read { db in
+            var totals: [DownloadState: QueueTotals] = [:]
+            let rows = try Row.fetchAll(
+                db,
+                sql: """
+                    SELECT state, count(*) AS n, total(bytes) AS bytes, total(totalBytes) AS totalBytes,
+                        count(*) - count(totalBytes) AS unknown
+                    FROM download GROUP BY state
+                    """)
+            for row in rows {
+                guard let state = DownloadState(rawValue: row["state"]) else { continue }
+                totals[state] = QueueTotals(
+                    count: row["n"], bytes: Int64(row["bytes"] as Double),
+                    totalBytes: Int64(row["totalBytes"] as Double),
+                    unknownTotals: row["unknown"])
+            }
+            return totals
+        }
+    }
+
+    /// At most this many values in one `IN (…)` list.
+    private static let listChunk = 500
+
+    /// Records whose `column` is one of `values`, in ID order, read `IN` lists of
+    /// ``listChunk`` values at a time in one snapshot.
+    private func downloads(where column: String, in values: [String]) throws -> [StoredDownload] {
+        guard !values.isEmpty else { return [] }
+        let unique = Array(Set(values))
+        return try read { db in
+            var found: [StoredDownload] = []
+            var start = 0
+            while start < unique.count {
+                let chunk = Array(unique[start..<min(unique.count, start + Self.listChunk)])
+                start += chunk.count
+                found += try StoredDownload.fetchAll(
+                    db,
+                    sql: "SELECT * FROM download WHERE \(column) IN ("
+                        + chunk.map { _ in "?" }.joined(separator: ",") + ")",
+                    arguments: StatementArguments(chunk))
+            }
+            return found.sorted { $0.downloadID < $1.downloadID }
+        }
+    }
+
+    /// The records of these keys (see ``QueueStore/downloads(keys:)``).
+    func downloads(keys: [String]) throws -> [StoredDownload] {
+        try downloads(where: "key", in: keys)
+    }
+
+    /// The records of these files (see ``QueueStore/downloads(destinations:)``).
+    func downloads(destinations: [String]) throws -> [StoredDownload] {
+        try downloads(where: "destination", in: destinations)
     }
 
     /// The record with this key (see ``QueueStore/download(key:)``).

@@ -421,6 +421,16 @@ struct QueueStoreKind: Sendable, CustomTestStringConvertible {
             #expect(try store.counts() == [.queued: 4, .running: 2, .completed: 2, .cancelled: 2])
             try store.delete(records[2].downloadID)
             #expect(try store.counts() == [.queued: 4, .running: 1, .completed: 2, .cancelled: 2])
+            var sized = try Self.stored(store, records[0].downloadID)
+            sized.bytes = 5
+            sized.totalBytes = 9
+            var other = try Self.stored(store, records[1].downloadID)
+            other.bytes = 3
+            try store.update([sized, other])
+            let totals = try store.totals()
+            #expect(totals[.queued] == QueueTotals(count: 4, bytes: 8, totalBytes: 9, unknownTotals: 3))
+            #expect(totals[.running] == QueueTotals(count: 1, bytes: 0, totalBytes: 0, unknownTotals: 1))
+            #expect(totals[.failed] == nil && totals.count == 4)
         }
     }
 
@@ -444,6 +454,16 @@ struct QueueStoreKind: Sendable, CustomTestStringConvertible {
             #expect(try store.downloads(destination: "/d/2") == [records[2], inDirectory])
             #expect(try store.downloads(destination: "/d/0") == [records[0]])
             #expect(try store.downloads(destination: "/d/none").isEmpty)
+            // Many at once, each found once, in ID order.
+            #expect(
+                try store.downloads(keys: ["file:/d/2", "file:/d/0", "file:/d/9", "file:/d/0"]) == [
+                    records[0], records[2],
+                ])
+            #expect(try store.downloads(keys: []).isEmpty)
+            #expect(
+                try store.downloads(destinations: ["/d/2", "/d/1", "/d/x"]) == [records[1], records[2], inDirectory])
+            let many = (0..<1_200).map { "file:/d/\($0)" }
+            #expect(try store.downloads(keys: many).count == 3)
         }
     }
 
