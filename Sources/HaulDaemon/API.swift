@@ -154,7 +154,7 @@ struct API: Sendable {
         }
         // The queue's own refusals too, before anything changes: an overwrite removes the download
         // it replaces, which a later refusal could not give back.
-        if let refusal = await manager.refusal(of: requests.map(\.0)) {
+        if let refusal = try await perform({ try await manager.refusal(of: requests.map(\.0)) }) {
             throw APIError(refusal.error).prefixed("downloads.\(refusal.index)")
         }
         var files = Set<String>()
@@ -164,14 +164,15 @@ struct API: Sendable {
                 throw APIError(.conflict, "destinationExists", "downloads.\(index): \(path) is given twice")
             }
         }
-        let known = Set(await manager.downloads().map(\.id))
+        // IDs grow: one above the newest now is a download this request added.
+        let newest = try await perform { try await manager.newestID() }
         var ids: [DownloadID] = []
         for (index, (downloadRequest, priority)) in requests.enumerated() {
             do {
                 ids.append(try await perform { try await manager.enqueue(downloadRequest, priority: priority) })
             } catch let error as APIError {
                 // The ones this request added before it are taken back: it adds all or nothing.
-                for id in ids where !known.contains(id) { try? await manager.remove(id, deletingFiles: false) }
+                for id in ids where id > newest { try? await manager.remove(id, deletingFiles: false) }
                 throw error.prefixed("downloads.\(index)")
             }
         }
@@ -215,11 +216,12 @@ struct API: Sendable {
         let limit = try Self.number(query.get("limit"), "limit", default: 100, in: 1...1000)
         // Taken before the list: an event stream opened from it replays whatever changed since.
         let lastEventID = hub.lastEventID
-        let all = await manager.downloads(in: states)
-        let page = all.dropFirst(offset).prefix(limit).map(DownloadBody.init)
+        // One page from the store, and the total from its counts: a queue of any size.
+        let page = try await perform { try await manager.downloads(in: states, offset: offset, limit: limit) }
         return try JSONBody.response(
             DownloadList(
-                downloads: Array(page), total: all.count, offset: offset, limit: limit, lastEventId: lastEventID))
+                downloads: page.downloads.map(DownloadBody.init), total: page.total, offset: offset, limit: limit,
+                lastEventId: lastEventID))
     }
 
     /// `text/event-stream`: what the client missed since its `Last-Event-ID` (or a reset), then every
@@ -278,10 +280,10 @@ struct API: Sendable {
             totalLimitRate: configuration.bytesPerSecondLimit)
     }
 
-    private func stats() async -> StatsBody {
-        let all = await manager.downloads()
+    private func stats() async throws -> StatsBody {
+        let stored = try await perform { try await manager.counts() }
         var counts = Dictionary(uniqueKeysWithValues: DownloadState.allCases.map { ($0.rawValue, 0) })
-        for download in all { counts[download.state.rawValue, default: 0] += 1 }
+        for (state, count) in stored { counts[state.rawValue] = count }
         let progress = await manager.aggregateProgress()
         return StatsBody(
             bytesPerSecond: progress.bytesPerSecond, bytes: progress.bytes, totalBytes: progress.totalBytes,

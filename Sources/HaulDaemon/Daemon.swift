@@ -161,7 +161,8 @@ public final class Daemon: Sendable {
         let manager = self.manager
         router.get("metrics") { _, _ in
             let text = runtime.metrics.text(
-                downloads: await manager.downloads(), progress: await manager.aggregateProgress(),
+                counts: (try? await manager.counts()) ?? [:], running: await manager.downloads(in: [.running]),
+                progress: await manager.aggregateProgress(),
                 connections: runtime.connections)
             return Response(
                 status: .ok, headers: [.contentType: "text/plain; version=0.0.4; charset=utf-8"],

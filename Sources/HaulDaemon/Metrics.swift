@@ -38,10 +38,11 @@ final class DaemonMetrics: Sendable {
     }
 
     /// The exposition text, with the queue's current figures.
-    func text(downloads: [DownloadInfo], progress: AggregateProgress, connections: ConnectionLedger) -> String {
+    func text(
+        counts: [DownloadState: Int], running: [DownloadInfo], progress: AggregateProgress,
+        connections: ConnectionLedger
+    ) -> String {
         let (received, failures) = state.withLock { ($0.receivedBytes, $0.failures) }
-        var counts = Dictionary(uniqueKeysWithValues: DownloadState.allCases.map { ($0, 0) })
-        for download in downloads { counts[download.state, default: 0] += 1 }
         var lines = [
             "# HELP haul_received_bytes_total Bytes the daemon's downloads received and stored since it started.",
             "# TYPE haul_received_bytes_total counter",
@@ -65,7 +66,7 @@ final class DaemonMetrics: Sendable {
             "haul_download_speed_bytes_per_second \(Int64(progress.bytesPerSecond))",
             "# HELP haul_active_connections Connections the running downloads have open (a request out or an answer arriving).",
             "# TYPE haul_active_connections gauge",
-            "haul_active_connections \(downloads.reduce(0) { $0 + ($1.openConnections ?? 0) })",
+            "haul_active_connections \(running.reduce(0) { $0 + ($1.openConnections ?? 0) })",
             "# HELP haul_api_connections Connections open to the daemon's API and page, event streams included.",
             "# TYPE haul_api_connections gauge",
             "haul_api_connections \(connections.openConnections)",

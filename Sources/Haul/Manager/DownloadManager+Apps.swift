@@ -36,7 +36,7 @@ extension DownloadManager {
     /// Queues again what a stop interrupted, as ``resume(_:url:headers:secretHeaders:credentials:cookies:)`` would
     /// (which reads the record anew: another process may have taken it meanwhile).
     private func takeBackInterrupted() {
-        for id in interrupted.sorted() where entries[id]?.state == .queued { try? resume(id) }
+        for id in interrupted.sorted() where download(id)?.state == .queued { try? resume(id) }
         interrupted = []
     }
 
@@ -86,7 +86,7 @@ extension DownloadManager {
     /// The download of `url` (the latest one, when the same URL goes to several places); `nil` when
     /// there is none. A download given a new URL by ``resume(_:url:headers:secretHeaders:credentials:cookies:)`` is found by that one.
     public func info(for url: URL) -> DownloadInfo? {
-        self.id(of: url).flatMap { entries[$0]?.info }
+        self.id(of: url).flatMap { download($0) }
     }
 
     /// Where the file of `url`'s download is (once complete) or will be; `nil` while a download into
@@ -120,9 +120,17 @@ extension DownloadManager {
         try await remove(try existing(url), deletingFiles: deletingFiles)
     }
 
+    /// The latest download of `url`: the store's records read page by page (an app's queue is
+    /// short), with this manager's own versions of those it holds.
     private func id(of url: URL) -> DownloadID? {
         let text = url.absoluteString
-        return entries.values.filter { $0.record.url == text }.map(\.id).max()
+        var found: DownloadID?
+        var after: DownloadID?
+        while let page = try? storedPage(in: nil, after: after), let last = page.last {
+            after = last.id
+            if let id = page.last(where: { $0.record.url == text })?.id { found = id }
+        }
+        return found
     }
 
     private func existing(_ url: URL) throws -> DownloadID {

@@ -27,41 +27,95 @@ extension DownloadManager {
         try await enqueue([request], priority: priority)[0]
     }
 
-    /// Adds several downloads in one database transaction (much faster than one by one for long lists).
-    /// Nothing is added when one of them is refused.
+    /// Adds several downloads, a few thousand per database transaction (much faster than one by one
+    /// for long lists). Nothing is added when one of them is refused.
     public func enqueue(_ requests: [DownloadRequest], priority: DownloadPriority = .normal) async throws
         -> [DownloadID]
     {
-        if let refusal = refusal(of: requests) { throw refusal.error }
+        if let refusal = try refusal(of: requests) { throw refusal.error }
         // Every refusal is found before any download is replaced.
-        let replaced = try requests.compactMap { request in try downloadOfAnotherURL(for: request) }
+        var replaced: [DownloadID] = []
+        for chunk in Self.chunks(of: requests) {
+            let known = try known(chunk)
+            replaced += try chunk.compactMap { request in try downloadOfAnotherURL(for: request, known: known) }
+        }
         for id in replaced { try await remove(id, deletingFiles: false) }
+        var ids: [DownloadID] = []
+        ids.reserveCapacity(requests.count)
+        for chunk in Self.chunks(of: requests) { ids += try enqueueChunk(chunk, priority: priority) }
+        schedule()
+        return ids
+    }
+
+    /// How many requests of a long list are decided and written together, in one transaction.
+    static let enqueueBatch = 2_000
+
+    /// `requests` in slices of ``enqueueBatch``.
+    static func chunks(of requests: [DownloadRequest]) -> [ArraySlice<DownloadRequest>] {
+        stride(from: 0, to: requests.count, by: enqueueBatch).map {
+            requests[$0..<min(requests.count, $0 + enqueueBatch)]
+        }
+    }
+
+    /// Adds one slice of an ``enqueue(_:priority:)-([DownloadRequest],_)`` call in one transaction.
+    private func enqueueChunk(_ requests: ArraySlice<DownloadRequest>, priority: DownloadPriority) throws
+        -> [DownloadID]
+    {
         // Everything is decided first; the store then adds and changes it all in one transaction, and
         // the memory changes only once that has committed. Changes still waiting to be written go
         // first, so a download queued again here is not overwritten by its older record.
+        let known = try known(requests)
         var batch = Batch()
-        let answers = try requests.map { request in try add(request, priority: priority, batch: &batch) }
+        let answers = try requests.map { request in
+            try add(request, priority: priority, known: known, batch: &batch)
+        }
         let newIDs = try write(QueueChanges(updates: batch.updates, inserts: batch.added.map(\.entry.record)))
         for (position, id) in newIDs.enumerated() { batch.added[position].entry.record.id = id.rawValue }
-        for (identity, entry) in batch.added {
-            entries[entry.id] = entry
-            index.add(identity, entry.id)
-            waiting.insert(WaitingDownload(priority: entry.record.priority, id: entry.id))
+        for (_, entry) in batch.added {
             publish(.added, entry)
+            line(entry)
         }
         for entry in batch.changed {
-            entries[entry.id] = entry
             if entry.state == .queued {
-                waiting.insert(WaitingDownload(priority: entry.record.priority, id: entry.id))
                 publish(.stateChanged, entry)
+                line(entry)
+            } else {
+                entries[entry.id] = entry
             }
         }
-        schedule()
         return answers.map { answer in
             switch answer {
             case .known(let id): id
             case .added(let position): batch.added[position].entry.id
             }
+        }
+    }
+
+    /// The stored downloads `requests` may name, once the changes still waiting are written.
+    private func known(_ requests: ArraySlice<DownloadRequest>) throws -> Known {
+        writeWaiting()
+        return try Known(requests, store: store)
+    }
+
+    /// The stored downloads a slice of requests may name, read together: by key, and by file.
+    struct Known {
+        private var byKey: [String: StoredDownload] = [:]
+        private var byDestination: [String: StoredDownload] = [:]
+
+        /// Reads the downloads of `requests` from `store` (which the manager brought up to date
+        /// with ``writeWaiting()``: a file a download learnt, a download removed).
+        init(_ requests: some Collection<DownloadRequest>, store: any QueueStore) throws {
+            let identities = requests.map(Identity.init)
+            for record in try store.downloads(keys: identities.map(\.key)) { byKey[record.key] = record }
+            // The latest download of a file wins (two downloads into a directory may have learnt one name).
+            for record in try store.downloads(destinations: identities.compactMap(\.destination)) {
+                if let destination = record.destination { byDestination[destination] = record }
+            }
+        }
+
+        /// The stored download `identity` names: by key, else by file.
+        func find(_ identity: Identity) -> StoredDownload? {
+            byKey[identity.key] ?? identity.destination.flatMap { byDestination[$0] }
         }
     }
 
@@ -100,19 +154,26 @@ extension DownloadManager {
     /// The first of `requests` ``enqueue(_:priority:)-([DownloadRequest],_)`` would refuse, and why;
     /// `nil` when it would take them all. Nothing changes: a caller that must add all or nothing
     /// (the daemon's API) asks first.
-    package func refusal(of requests: [DownloadRequest]) -> (index: Int, error: HaulError)? {
+    package func refusal(of requests: [DownloadRequest]) throws -> (index: Int, error: HaulError)? {
         guard !lifecycle.isClosed else { return (0, HaulError(.invalidState, "the download manager is closed")) }
-        for (position, request) in requests.enumerated() {
-            do {
-                try request.check()
-                let identity = Identity(request)
-                try confinement.checkContains(identity.destination ?? identity.directory ?? "")
-                _ = try downloadOfAnotherURL(for: request)
-                if index.find(identity) == nil { try checkNothingInTheWay(identity, overwriting: request.overwrite) }
-            } catch let error as HaulError {
-                return (position, error)
-            } catch {
-                return (position, HaulError(.fileSystem, "\(error)", underlying: error))
+        var position = 0
+        for chunk in Self.chunks(of: requests) {
+            let known = try known(chunk)
+            for request in chunk {
+                defer { position += 1 }
+                do {
+                    try request.check()
+                    let identity = Identity(request)
+                    try confinement.checkContains(identity.destination ?? identity.directory ?? "")
+                    _ = try downloadOfAnotherURL(for: request, known: known)
+                    if known.find(identity) == nil {
+                        try checkNothingInTheWay(identity, overwriting: request.overwrite)
+                    }
+                } catch let error as HaulError {
+                    return (position, error)
+                } catch {
+                    return (position, HaulError(.fileSystem, "\(error)", underlying: error))
+                }
             }
         }
         return nil
@@ -131,10 +192,14 @@ extension DownloadManager {
 
     /// Decides what one request of `batch` does: names a download already known (queued again when
     /// it may be) or a new one.
-    private func add(_ request: DownloadRequest, priority: DownloadPriority, batch: inout Batch) throws -> BatchAnswer {
+    private func add(
+        _ request: DownloadRequest, priority: DownloadPriority, known: Known, batch: inout Batch
+    ) throws -> BatchAnswer {
         let identity = Identity(request)
         if let position = batch.find(identity) { return .added(position) }
-        if let id = index.find(identity) {
+        if let record = known.find(identity) {
+            let id = record.downloadID
+            try learn(id, stored: record)
             if let (entry, changed) = try requeued(id, with: request, priority: priority) {
                 batch.changed.append(entry)
                 if changed { batch.updates.append(entry.record) }
@@ -152,10 +217,11 @@ extension DownloadManager {
 
     /// The download of another URL that holds the file `request` names and must make way for it
     /// (`request` overwrites); throws when it may not.
-    private func downloadOfAnotherURL(for request: DownloadRequest) throws -> DownloadID? {
+    private func downloadOfAnotherURL(for request: DownloadRequest, known: Known) throws -> DownloadID? {
         let identity = Identity(request)
-        guard identity.destination != nil, let id = index.find(identity) else { return nil }
-        try learn(id)
+        guard identity.destination != nil, let record = known.find(identity) else { return nil }
+        let id = record.downloadID
+        try learn(id, stored: record)
         guard let entry = entries[id], entry.record.url != request.url else { return nil }
         let runsElsewhere = entry.record.owner.map { $0 != claim.name && claim.isAlive($0) } ?? false
         switch entry.state {
@@ -334,6 +400,7 @@ extension DownloadManager {
     /// e.g. `on-complete exited 0`; `haul ls` and ``DownloadInfo/hook`` show it until the download
     /// is queued again.
     public func recordHookResult(_ id: DownloadID, _ result: String) throws {
+        try learn(id)
         guard var entry = entries[id] else { throw HaulError(.unknownDownload, "no download with ID \(id)") }
         entry.record.hook = result
         try save(&entry)
@@ -341,16 +408,24 @@ extension DownloadManager {
 
     /// Pauses every queued and running download of this manager.
     public func pauseAll() async {
-        let ids = entries.values.filter { $0.state == .queued || $0.state == .running }
-            .filter { $0.record.owner == nil || $0.record.owner == claim.name }.map(\.id)
-        for id in ids { _ = try? await pause(id) }
+        var after: DownloadID?
+        while let page = try? storedPage(in: [.queued, .running], after: after), let last = page.last {
+            after = last.id
+            for entry in page where entry.record.owner == nil || entry.record.owner == claim.name {
+                _ = try? await pause(entry.id)
+            }
+        }
     }
 
     /// Resumes every paused download, and every one left queued by a manager that is gone.
     public func resumeAll() {
-        let ids = entries.values.filter { $0.state == .paused || ($0.state == .queued && $0.record.owner == nil) }
-            .map(\.id).sorted()
-        for id in ids { try? resume(id) }
+        var after: DownloadID?
+        while let page = try? storedPage(in: [.paused, .queued], after: after), let last = page.last {
+            after = last.id
+            for entry in page where entry.state == .paused || (entry.state == .queued && entry.record.owner == nil) {
+                try? resume(entry.id)
+            }
+        }
     }
 
     // MARK: - Helpers
@@ -370,12 +445,12 @@ extension DownloadManager {
 
     /// Reads a download another process added after this manager opened (a `haul get` beside a
     /// daemon), so that it can be controlled here too.
-    func learn(_ id: DownloadID) throws {
+    /// `stored`: the record as just read, when the caller has it.
+    func learn(_ id: DownloadID, stored: StoredDownload? = nil) throws {
         // What this manager runs, or has changes for still to write, it knows best; anything else
         // another process may have changed since it was read.
         if let entry = entries[id], entry.record.owner == claim.name || unwritten.holds(id) { return }
-        try reload(id)
-        if let entry = entries[id] { index.add(entry.record) }
+        try reload(id, stored: stored)
     }
 
     /// Marks the entry queued and owned by this manager.
@@ -386,10 +461,34 @@ extension DownloadManager {
 
     /// Keeps a queued entry whose record is stored, puts it in line and starts what can start.
     func enter(_ entry: Entry) {
-        entries[entry.id] = entry
-        waiting.insert(WaitingDownload(priority: entry.record.priority, id: entry.id))
+        line(entry)
         publish(.stateChanged, entry)
         schedule()
+    }
+
+    /// Puts a queued download of this manager, whose record is stored, in line: in ``waiting``
+    /// (and memory) when it is among the best ``windowSize``, else in the store only, to be read
+    /// once the downloads before it have started. One that takes the place of the worst in line
+    /// sends that one back to the store.
+    func line(_ entry: Entry) {
+        let place = WaitingDownload(priority: entry.record.priority, id: entry.id)
+        if waiting.count < Self.windowSize && !moreWaiting {
+            entries[entry.id] = entry
+            waiting.insert(place)
+            return
+        }
+        moreWaiting = true
+        guard let worst = waiting.min, worst < place else {
+            if jobs[entry.id] == nil && !unwritten.holds(entry.id) { entries[entry.id] = nil }
+            return
+        }
+        entries[entry.id] = entry
+        waiting.insert(place)
+        if waiting.count > Self.windowSize, let dropped = waiting.popMin(), jobs[dropped.id] == nil,
+            !unwritten.holds(dropped.id), dropped.id != entry.id, entries[dropped.id]?.state == .queued
+        {
+            entries[dropped.id] = nil
+        }
     }
 
     /// Writes the entry's record (at once, or with the next transaction when `soon`), keeps it and
@@ -405,7 +504,6 @@ extension DownloadManager {
         unwritten.drop(entry.id)
         try store.delete(entry.id)
         entries[entry.id] = nil
-        index.remove(entry.record)
         publish(.removed, entry)
     }
 
@@ -470,41 +568,4 @@ struct Identity {
     }
 
     static func key(destination: String) -> String { "file:" + destination }
-}
-
-/// Finds downloads by key and by destination.
-struct DestinationIndex {
-    private var byKey: [String: DownloadID] = [:]
-    private var byDestination: [String: DownloadID] = [:]
-
-    init() {}
-
-    init(_ entries: some Sequence<DownloadManager.Entry>) {
-        for entry in entries { add(entry.record) }
-    }
-
-    /// Adds a download that was recorded before.
-    mutating func add(_ record: StoredDownload) {
-        byKey[record.key] = record.downloadID
-        if let destination = record.destination { byDestination[destination] = record.downloadID }
-    }
-
-    func find(_ identity: Identity) -> DownloadID? {
-        byKey[identity.key] ?? identity.destination.flatMap { byDestination[$0] }
-    }
-
-    mutating func add(_ identity: Identity, _ id: DownloadID) {
-        byKey[identity.key] = id
-        if let destination = identity.destination { byDestination[destination] = id }
-    }
-
-    /// Records the file a download into a directory turned out to have.
-    mutating func resolve(_ destination: String, to id: DownloadID) { byDestination[destination] = id }
-
-    mutating func remove(_ record: StoredDownload) {
-        if byKey[record.key] == record.downloadID { byKey[record.key] = nil }
-        if let destination = record.destination, byDestination[destination] == record.downloadID {
-            byDestination[destination] = nil
-        }
-    }
 }

@@ -12,6 +12,7 @@ extension DownloadManager {
     /// completes, is cancelled or removed, or the manager is closed; it ends at once for an unknown ID
     /// or a download that is already over.
     public func events(for id: DownloadID) -> AsyncStream<DownloadManagerEvent> {
+        try? learn(id)
         guard let entry = entries[id] else {
             return AsyncStream { $0.finish() }
         }

@@ -1,24 +1,93 @@
 extension DownloadManager {
-    /// The download with this ID, running or not.
+    /// The download with this ID, running or not, as this manager or the store has it.
     public func download(_ id: DownloadID) -> DownloadInfo? {
-        entries[id]?.info
+        trim()
+        try? learn(id)
+        return entries[id]?.info
     }
 
-    /// Downloads in the order they were enqueued, optionally only those in `states`.
+    /// Every download in the order they were enqueued, optionally only those in `states`. It
+    /// holds them all: a long queue is better read by pages (``downloads(in:after:limit:)``).
     public func downloads(in states: Set<DownloadState>? = nil) -> [DownloadInfo] {
-        entries.values.filter { states?.contains($0.state) ?? true }.map(\.info).sorted { $0.id < $1.id }
+        var all: [DownloadInfo] = []
+        var after: DownloadID?
+        while let page = try? downloads(in: states, after: after, limit: 1_000), let last = page.last {
+            all += page
+            after = last.id
+        }
+        return all
+    }
+
+    /// At most `limit` downloads (those in `states`, when given) whose ID is greater than `after`
+    /// (from the first when `nil`), in the order they were enqueued: a page read from the store,
+    /// with what this manager knows better (the progress of what it runs). Pages read one after
+    /// another, each after the last ID of the one before, list a queue of any size in little memory.
+    public func downloads(in states: Set<DownloadState>?, after: DownloadID?, limit: Int) throws -> [DownloadInfo] {
+        try storedPage(in: states, after: after, limit: limit).map(\.info)
+    }
+
+    /// How many downloads there are in each state (a state without any is absent).
+    public func counts() throws -> [DownloadState: Int] {
+        writeWaiting()
+        return try store.counts()
+    }
+
+    /// The ID of the download added last that is still recorded; 0 when there is none.
+    package func newestID() throws -> DownloadID {
+        let total = try counts().values.reduce(0, +)
+        guard total > 0 else { return DownloadID(0) }
+        return try store.downloads(in: nil, offset: total - 1, limit: 1).first?.downloadID ?? DownloadID(0)
+    }
+
+    /// A page of stored records by ID (see ``downloads(in:after:limit:)``), as entries: the held
+    /// ones as this manager has them.
+    func storedPage(in states: Set<DownloadState>?, after: DownloadID?, limit: Int = 500) throws -> [Entry] {
+        writeWaiting()
+        return try store.downloads(in: states, after: after, limit: max(0, limit)).map {
+            entries[$0.downloadID] ?? Entry(record: $0)
+        }
     }
 
     /// Progress over `ids` (every download when `nil`), weighted by bytes: a 1 GiB download counts
     /// a thousand times more than a 1 MiB one.
     public func aggregateProgress(of ids: [DownloadID]? = nil) -> AggregateProgress {
-        let selected = ids.map { $0.compactMap { entries[$0] } } ?? Array(entries.values)
-        return AggregateProgress(selected.map(\.info))
+        guard let ids else {
+            // Summed by the store, with the speed of what runs here.
+            writeWaiting()
+            var progress = AggregateProgress()
+            for (state, totals) in (try? store.totals()) ?? [:] {
+                progress.downloads += totals.count
+                progress.bytes += totals.bytes
+                progress.totalBytes += totals.totalBytes
+                progress.downloadsWithUnknownTotal += totals.unknownTotals
+                switch state {
+                case .running: progress.running += totals.count
+                case .queued: progress.queued += totals.count
+                case .completed: progress.completed += totals.count
+                case .failed: progress.failed += totals.count
+                case .paused, .cancelled: break
+                }
+            }
+            for id in jobs.keys {
+                guard let info = entries[id]?.info else { continue }
+                progress.bytesPerSecond += info.bytesPerSecond ?? 0
+            }
+            return progress
+        }
+        return AggregateProgress(ids.compactMap { download($0) })
     }
 
     /// The process ID of the `haul` process running a download, when it is another live one.
     public func runningProcess(of id: DownloadID) -> String? {
+        try? learn(id)
         guard let owner = entries[id]?.record.owner, owner != claim.name, claim.isAlive(owner) else { return nil }
         return ProcessClaim.processID(of: owner)
+    }
+
+    /// Writes the changes still waiting (see ``WriteBehind``), so that the store answers as this
+    /// manager would; on failure they stay waiting.
+    func writeWaiting() {
+        guard !unwritten.isEmpty else { return }
+        try? write([])
     }
 }

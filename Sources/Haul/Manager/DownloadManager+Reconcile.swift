@@ -1,45 +1,68 @@
 import HeapModule
 
 extension DownloadManager {
-    /// Loads every record and makes it agree with the files on disk and the processes alive:
-    /// a download whose manager died is queued again (then claimed, paused or left as configured);
-    /// bytes come from the partial file's manifest; a missing partial means starting from zero; a
-    /// finished file that vanished makes the download failed; a download whose file was completed
-    /// just before its process died is completed.
+    /// How many queued downloads of its own a manager holds in memory, best first (see
+    /// ``line(_:)``); the rest wait in the store until these have started.
+    static let windowSize = 512
+
+    /// Makes the store agree with the processes alive, without reading every record: what a
+    /// manager that died left queued is claimed, paused or let go as configured (one statement
+    /// each, however many there are); what it left running, or any other record it owned, is
+    /// reconciled one by one (a download whose manager died is queued again, its bytes come from
+    /// the partial file's manifest, a download whose file was completed just before its process
+    /// died is completed). Returns the first ``windowSize`` queued downloads this manager owns,
+    /// and whether there are more. Other records are reconciled with the disk when they are read
+    /// (see ``reload(_:)``).
     static func reconcile(
         store: any QueueStore, claim: ProcessClaim, restoring: Configuration.RestoredDownloads,
         confinement: DownloadConfinement
-    ) throws -> ([DownloadID: Entry], Heap<WaitingDownload>) {
-        var entries: [DownloadID: Entry] = [:]
-        var waiting = Heap<WaitingDownload>()
-        var changed: [StoredDownload] = []
-        var alive: [String: Bool] = [:]
-        for original in try store.allDownloads() {
-            var record = original
-            var orphan = false
-            if let owner = record.owner {
-                let ownerAlive = alive[owner] ?? claim.isAlive(owner)
-                alive[owner] = ownerAlive
-                if owner != claim.name && ownerAlive {
-                    entries[record.downloadID] = Entry(record: record)
-                    continue
+    ) throws -> (entries: [DownloadID: Entry], waiting: Heap<WaitingDownload>, more: Bool) {
+        let gone = try store.owners().filter { $0 == claim.name || !claim.isAlive($0) }
+        // Queued downloads of gone managers (and ownerless ones), all together.
+        switch restoring {
+        case .resume:
+            try store.reassignQueued(from: gone, includingUnowned: true, to: claim.name, now: now)
+        case .leave:
+            try store.reassignQueued(from: gone, includingUnowned: false, to: nil, now: now)
+        case .pause:
+            for owner in gone.map(Optional.some) + [nil] {
+                while true {
+                    let page = try store.downloads(ownedBy: owner, in: [.queued], after: nil, limit: 1_000)
+                    guard !page.isEmpty else { break }
+                    try store.update(
+                        try page.map { original in
+                            var record = original
+                            try record.move(to: .paused, at: now)
+                            record.owner = nil
+                            return record
+                        })
                 }
-                record.owner = nil
-                orphan = true
-            } else if record.state == .queued || record.state == .running {
-                orphan = true
             }
+        }
+        // Anything else a gone manager owned, and whatever was left running: few, one by one.
+        var orphans: [StoredDownload] = []
+        for owner in gone {
+            orphans += try everyPage { after in
+                try store.downloads(
+                    ownedBy: owner, in: [.running, .paused, .completed, .failed, .cancelled], after: after, limit: 1_000
+                )
+            }
+        }
+        orphans += try everyPage { after in
+            try store.downloads(ownedBy: nil, in: [.running], after: after, limit: 1_000)
+        }
+        var changed: [StoredDownload] = []
+        for original in orphans {
+            var record = original
+            record.owner = nil
             if record.state == .running { try record.move(to: .queued, at: now) }
             record.bytesPerSecond = nil
             refreshFromDisk(&record, confinement: confinement)
-            if orphan && record.state != .completed {
+            if record.state != .completed {
                 switch restoring {
                 case .resume:
                     if record.state == .queued || record.storedError?.code == .diskFull {
                         record.owner = claim.name
-                    }
-                    if record.state == .queued {
-                        waiting.insert(WaitingDownload(priority: record.priority, id: record.downloadID))
                     }
                 case .pause:
                     if record.state == .queued { try record.move(to: .paused, at: now) }
@@ -51,10 +74,56 @@ extension DownloadManager {
                 record.updatedAt = now
                 changed.append(record)
             }
-            entries[record.downloadID] = Entry(record: record)
         }
         if !changed.isEmpty { try store.update(changed) }
-        return (entries, waiting)
+        // Kept in memory: downloads paused by a full disk that this manager resumes once there is room.
+        var entries: [DownloadID: Entry] = [:]
+        for record in changed where record.owner == claim.name && record.state == .paused {
+            entries[record.downloadID] = Entry(record: record)
+        }
+        let (window, more) = try loadWindow(store: store, owner: claim.name, confinement: confinement)
+        var waiting = Heap<WaitingDownload>()
+        for entry in window {
+            entries[entry.id] = entry
+            waiting.insert(WaitingDownload(priority: entry.record.priority, id: entry.id))
+        }
+        return (entries, waiting, more)
+    }
+
+    /// Every record of the pages `page` reads (from the first when given `nil`, then after the last
+    /// ID it gave), in order: for the few records of a kind, read in bounded steps.
+    static func everyPage(_ page: (DownloadID?) throws -> [StoredDownload]) throws -> [StoredDownload] {
+        var all: [StoredDownload] = []
+        var after: DownloadID?
+        while true {
+            let records = try page(after)
+            all += records
+            guard let last = records.last else { return all }
+            after = last.downloadID
+        }
+    }
+
+    /// The best ``windowSize`` queued downloads `owner` owns in the store, made to agree with the
+    /// disk (a file completed by a process that died makes its download completed, and leaves it
+    /// out), and whether there are more.
+    static func loadWindow(
+        store: any QueueStore, owner: String, confinement: DownloadConfinement, skipping held: Set<DownloadID> = []
+    ) throws -> (entries: [Entry], more: Bool) {
+        let records = try store.nextQueued(ownedBy: owner, limit: windowSize)
+        var changed: [StoredDownload] = []
+        var entries: [Entry] = []
+        for original in records where !held.contains(original.downloadID) {
+            var record = original
+            refreshFromDisk(&record, confinement: confinement)
+            if record != original {
+                record.updatedAt = now
+                if record.state == .completed { record.owner = nil }
+                changed.append(record)
+            }
+            if record.state == .queued { entries.append(Entry(record: record)) }
+        }
+        if !changed.isEmpty { try store.update(changed) }
+        return (entries, records.count == windowSize)
     }
 
     /// Sets a record's bytes (and state, where the files tell) from what is on disk now, as far as

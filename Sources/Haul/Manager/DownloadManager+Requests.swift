@@ -19,7 +19,7 @@ extension DownloadManager {
         while clock.now < deadline {
             try await clock.sleep(for: .milliseconds(50))
             guard let record = try store.download(id) else {
-                if let gone = entries.removeValue(forKey: id) { index.remove(gone.record) }
+                entries[id] = nil
                 return true
             }
             if record.request == nil {
@@ -55,17 +55,26 @@ extension DownloadManager {
         }
     }
 
-    /// Replaces the in-memory entry with the stored record; a download whose owner died comes
-    /// back queued (or as it was, when it was not running) and nobody's.
-    func reload(_ id: DownloadID) throws {
-        guard var record = try store.download(id) else {
-            if let gone = entries.removeValue(forKey: id) { index.remove(gone.record) }
+    /// Replaces the in-memory entry with the stored record (`stored`, when the caller just read
+    /// it); a download whose owner died comes back queued (or as it was, when it was not running)
+    /// and nobody's. A record no live manager owns is made to agree with the disk as it is read
+    /// (a finished file that vanished, a partial file that moved on or went), unless this manager
+    /// holds it already.
+    func reload(_ id: DownloadID, stored: StoredDownload? = nil) throws {
+        guard var record = try stored ?? store.download(id) else {
+            entries[id] = nil
             return
         }
+        let original = record
         if let owner = record.owner, owner != claim.name, !claim.isAlive(owner) {
             record.owner = nil
             if record.state == .running { try record.move(to: .queued, at: Self.now) }
             Self.refreshFromDisk(&record, confinement: confinement)
+        } else if entries[id] == nil, record.owner == nil || record.owner == claim.name, record.state != .running {
+            Self.refreshFromDisk(&record, confinement: confinement)
+        }
+        if record != original {
+            record.updatedAt = Self.now
             try write([record])
         }
         var entry = entries[id] ?? Entry(record: record)

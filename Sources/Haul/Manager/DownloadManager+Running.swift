@@ -80,7 +80,9 @@ extension DownloadManager {
     /// Starts waiting downloads while there are free slots; ends an idle `runUntilIdle`.
     func schedule() {
         guard let run = lifecycle.run else { return }
-        while jobs.count < configuration.maxConcurrentDownloads, let next = waiting.popMax() {
+        while jobs.count < configuration.maxConcurrentDownloads {
+            if waiting.isEmpty && moreWaiting { refillWindow() }
+            guard let next = waiting.popMax() else { break }
             guard var entry = entries[next.id], entry.state == .queued, entry.record.owner == claim.name,
                 entry.record.priority == next.priority, jobs[next.id] == nil
             else { continue }
@@ -95,13 +97,49 @@ extension DownloadManager {
             run.starter.yield(entry.id)
         }
         if run.stopsWhenIdle && isIdle { run.starter.finish() }
+        trim()
+    }
+
+    /// Reads the next queued downloads of this manager from the store into ``waiting``, once
+    /// those before them have started.
+    func refillWindow() {
+        writeWaiting()
+        let held = Set(entries.keys)
+        guard
+            let (window, more) = try? Self.loadWindow(
+                store: store, owner: claim.name, confinement: confinement, skipping: held)
+        else { return }
+        moreWaiting = more
+        for entry in window {
+            entries[entry.id] = entry
+            waiting.insert(WaitingDownload(priority: entry.record.priority, id: entry.id))
+        }
+        // Held already: in line only when queued here and not started.
+        for id in held {
+            guard let entry = entries[id], entry.state == .queued, entry.record.owner == claim.name, jobs[id] == nil
+            else { continue }
+            waiting.insert(WaitingDownload(priority: entry.record.priority, id: id))
+        }
+    }
+
+    /// Lets go of the downloads held in memory that nothing needs there any more (ended, or read
+    /// by a caller), once there are many: their records are in the store.
+    func trim() {
+        guard entries.count > 2 * Self.windowSize + jobs.count else { return }
+        writeWaiting()
+        for (id, entry) in entries
+        where jobs[id] == nil && !unwritten.holds(id)
+            && !(entry.record.owner == claim.name && (entry.state == .queued || entry.state == .paused))
+        {
+            entries[id] = nil
+        }
     }
 
     /// Whether nothing of this manager runs, waits, or waits for disk space.
     var isIdle: Bool {
         // Every download queued here is in `waiting` until it starts, so the scan for downloads
         // waiting for disk space only runs once the queue is empty.
-        jobs.isEmpty && waiting.isEmpty
+        jobs.isEmpty && waiting.isEmpty && !moreWaiting
             && !entries.values.contains { entry in
                 entry.record.owner == claim.name && (entry.state == .queued || entry.state == .paused)
             }
@@ -153,7 +191,6 @@ extension DownloadManager {
         case .started(let start):
             if entry.record.destination != start.destination {
                 entry.record.destination = start.destination
-                index.resolve(start.destination, to: id)
                 writeSoon(entry.record)
             }
             entry.record.totalBytes = start.totalBytes

@@ -99,15 +99,21 @@ public actor DownloadManager {
     /// The limit every download of this manager shares.
     package let rateLimiter: RateLimiter
 
-    /// Every download known to this manager, by ID.
+    /// The downloads this manager holds in memory, by ID: those it runs, those that start next
+    /// (``waiting``), those with changes still to write, those it resumes once the disk has room,
+    /// and those a caller read lately (let go by ``trim()``). Every other record is only in the
+    /// store, which queries read.
     var entries: [DownloadID: Entry] = [:]
-    /// Queued downloads this manager will start, best first (stale entries are skipped when popped).
+    /// Queued downloads of this manager that start next, best first: at most about
+    /// ``windowSize``, none of them worse than one left in the store (stale entries are skipped when
+    /// popped).
     var waiting = Heap<WaitingDownload>()
+    /// Whether queued downloads of this manager wait in the store beyond ``waiting``, to be read
+    /// once it is empty.
+    var moreWaiting = false
     var jobs: [DownloadID: Job] = [:]
     /// The events of running downloads, on their way to ``handle(_:of:)``.
     let mailbox = EventMailbox()
-    /// Finds downloads by key and destination, so the same file is never enqueued twice.
-    var index = DestinationIndex()
     /// Whether the queue runs, is being stopped or is closed (see ``Lifecycle``).
     var lifecycle = Lifecycle.idle
     var lastSpaceCheck: Moment
@@ -174,11 +180,11 @@ public actor DownloadManager {
         self.lastSpaceCheck = self.clock.now
         let confinement = DownloadConfinement(roots: transfer.downloadRoots)
         self.confinement = confinement
-        let (entries, waiting) = try Self.reconcile(
+        let (entries, waiting, more) = try Self.reconcile(
             store: store, claim: claim, restoring: configuration.restoredDownloads, confinement: confinement)
         self.entries = entries
         self.waiting = waiting
-        self.index = DestinationIndex(entries.values)
+        self.moreWaiting = more
     }
 
     /// Closes the connections and ends every event stream. Call it after ``run()`` has returned; a
@@ -196,16 +202,19 @@ public actor DownloadManager {
 
     /// Lets go of every download this manager claimed and is not running, and of its claim.
     private func releaseClaims() {
-        var released: [StoredDownload] = []
+        // The changes still waiting go first, so that none of them claims a download again.
+        writeWaiting()
         for (id, entry) in entries where entry.record.owner == claim.name && jobs[id] == nil {
-            var record = entry.record
-            record.owner = nil
-            entries[id]?.record = record
-            released.append(record)
+            entries[id]?.record.owner = nil
         }
-        if !released.isEmpty { try? write(released) }
+        waiting = Heap()
+        moreWaiting = false
+        _ = try? store.release(ownedBy: claim.name, keeping: Set(jobs.keys), now: Self.now)
         claim.release()
     }
+
+    /// How many downloads this manager holds in memory (see ``entries``).
+    package var heldCount: Int { entries.count }
 
     /// Changes the limit shared by every download at run time (`nil`: no limit); running downloads
     /// follow it from their next bytes on.

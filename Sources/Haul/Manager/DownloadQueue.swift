@@ -126,10 +126,13 @@ extension DownloadManager: DownloadQueue {
         return try ids.map { try download(id: $0) }
     }
 
-    /// A page of ``downloads(in:)``.
-    public func downloads(in states: Set<DownloadState>?, offset: Int, limit: Int) -> DownloadPage {
-        let all = downloads(in: states)
-        return DownloadPage(downloads: Array(all.dropFirst(max(0, offset)).prefix(max(0, limit))), total: all.count)
+    /// A page of ``downloads(in:)``, read from the store (with this manager's own versions of the
+    /// downloads it holds), and the total from the store's counts.
+    public func downloads(in states: Set<DownloadState>?, offset: Int, limit: Int) throws -> DownloadPage {
+        let counts = try counts()
+        let total = counts.filter { states?.contains($0.key) ?? true }.values.reduce(0, +)
+        let records = try store.downloads(in: states, offset: max(0, offset), limit: max(0, limit))
+        return DownloadPage(downloads: records.map { (entries[$0.downloadID] ?? Entry(record: $0)).info }, total: total)
     }
 
     /// The download with this ID, as the database has it when another process added or runs it;

@@ -99,7 +99,7 @@ extension DownloadManager {
     public func observe(_ id: DownloadID) async throws -> ObservedDownload {
         // Subscribed before the current state is read: no change in between is missed.
         let events = events()
-        guard let info = entries[id]?.info else { throw HaulError(.unknownDownload, "there is no download \(id)") }
+        guard let info = download(id) else { throw HaulError(.unknownDownload, "there is no download \(id)") }
         let model = await ObservedDownload(info)
         // A download's progress events already come at most once per progress interval.
         model.feed.attach(
@@ -123,7 +123,7 @@ extension DownloadManager {
     /// closes.
     public func observeQueue() async -> ObservedQueue {
         let events = events()
-        var known = Dictionary(uniqueKeysWithValues: entries.values.map { ($0.id, $0.info) })
+        var known = Dictionary(uniqueKeysWithValues: downloads().map { ($0.id, $0) })
         let model = await ObservedQueue(Self.ordered(known))
         let interval = configuration.progressInterval
         let clock = self.clock

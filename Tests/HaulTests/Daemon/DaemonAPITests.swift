@@ -1,10 +1,10 @@
 import AsyncHTTPClient
 import Foundation
-import Haul
 import HaulTestServer
 import NIOHTTP1
 import Testing
 
+@testable import Haul
 @testable import HaulDaemon
 
 /// The API's operations against the test server, through a real HTTP client.
@@ -169,6 +169,41 @@ struct DaemonAPITests {
                 }
                 let some = try await daemon.send(.GET, "/api/v1/downloads?state=failed,completed&limit=3")
                 #expect(try some.json(DownloadListAnswer.self).downloads.count == 3)
+            }
+        }
+    }
+
+    @Test func pagesOfALongQueueComeFromTheDatabase() async throws {
+        try await withTemporaryDirectory { directory in
+            let state = directory + "/state"
+            // Paused downloads, so that the daemon leaves them as they are; more than its manager holds.
+            let count = 3 * DownloadManager.windowSize
+            try POSIX.makePrivateDirectory(state, marker: DownloadManager.databaseName)
+            let store = try SQLiteQueueStore(path: state + "/" + DownloadManager.databaseName)
+            let ids = try store.insert(
+                (0..<count).map { position in
+                    var record = StoredDownload(
+                        key: "file:/d/\(position)",
+                        definition: DownloadRequest(
+                            url: "http://127.0.0.1:9/\(position)", destination: .file("/d/\(position)")),
+                        destination: nil, priority: 0, owner: nil, now: 1)
+                    try? record.move(to: .paused, at: 1)
+                    return record
+                })
+            try await withDaemon(stateDirectory: state) { daemon in
+                let page = try await daemon.send(.GET, "/api/v1/downloads?offset=1000&limit=50").json(
+                    DownloadListAnswer.self)
+                #expect(page.downloads.map(\.id) == ids[1_000..<1_050].map(\.rawValue) && page.total == count)
+                let last = try await daemon.send(
+                    .GET, "/api/v1/downloads?state=paused,failed&offset=\(count - 10)&limit=50"
+                )
+                .json(DownloadListAnswer.self)
+                #expect(last.downloads.map(\.id) == ids[(count - 10)...].map(\.rawValue) && last.total == count)
+                let none = try await daemon.send(.GET, "/api/v1/downloads?state=queued").json(DownloadListAnswer.self)
+                #expect(none.downloads.isEmpty && none.total == 0)
+                let stats = try await daemon.send(.GET, "/api/v1/stats")
+                #expect(stats.body.contains(#""paused":\#(count)"#), "\(stats.body)")
+                #expect(await daemon.daemon.manager.heldCount <= DownloadManager.windowSize)
             }
         }
     }

@@ -1,0 +1,95 @@
+import HaulTestServer
+import Synchronization
+import Testing
+
+@testable import Haul
+
+/// A queue longer than what a manager holds in memory: it holds what runs and what starts next,
+/// reads the rest from the database, and still starts everything in order.
+@Suite("A long queue", .timeLimit(.minutes(2)))
+struct LongQueueTests {
+    /// `count` requests into `directory`, of URLs on a port nothing listens on.
+    static func requests(_ count: Int, into directory: String, from first: Int = 0) -> [DownloadRequest] {
+        (first..<first + count).map {
+            DownloadRequest(url: "http://127.0.0.1:9/f\($0)", destination: .directory(directory))
+        }
+    }
+
+    @Test("a manager holds a bounded number of downloads, added or found at opening, and pages them from the store")
+    func holdsABoundedWindow() async throws {
+        try await withTemporaryDirectory { directory in
+            let state = directory + "/state"
+            let count = 3 * DownloadManager.windowSize + 100
+            let ids = try await withManager(state) { manager in
+                let ids = try await manager.enqueue(Self.requests(count, into: directory))
+                #expect(ids.count == count && ids == ids.sorted())
+                #expect(await manager.heldCount <= DownloadManager.windowSize)
+                // The same list again names the same downloads and adds nothing.
+                #expect(try await manager.enqueue(Self.requests(count, into: directory)) == ids)
+                #expect(try await manager.counts() == [.queued: count])
+                #expect(await manager.heldCount <= DownloadManager.windowSize)
+                return ids
+            }
+            // A manager that takes them over holds no more than its window either.
+            try await withManager(state) { manager in
+                #expect(await manager.heldCount <= DownloadManager.windowSize)
+                let page = try await manager.downloads(in: [.queued], offset: 700, limit: 10)
+                #expect(page.total == count)
+                #expect(page.downloads.map(\.id) == Array(ids[700..<710]))
+                let keyset = try await manager.downloads(in: nil, after: ids[1_000], limit: 3)
+                #expect(keyset.map(\.id) == Array(ids[1_001...1_003]))
+                #expect(try await manager.downloads(in: [.failed], offset: 0, limit: 10).total == 0)
+                #expect(await manager.download(ids[count - 1])?.state == .queued)
+                #expect(await manager.heldCount <= DownloadManager.windowSize + 1)
+            }
+        }
+    }
+
+    @Test("downloads beyond the window start in order of priority, then as added, and the manager holds few")
+    func startsBeyondTheWindowInOrder() async throws {
+        try await HaulTestServer.withRunning { server in
+            try await withTemporaryDirectory { directory in
+                let count = DownloadManager.windowSize + 200
+                for position in 0..<count + 3 {
+                    server.add("/f\(position)", TestResource(name: "f\(position)", size: 100))
+                }
+                let request = { (position: Int) in
+                    DownloadRequest(url: server.url("/f\(position)"), destination: .directory(directory))
+                }
+                try await withManager(directory + "/state", managerConfiguration(limit: 4)) { manager in
+                    let normal = try await manager.enqueue((0..<count).map(request))
+                    // Added last, beyond the window: the high ones still go first, the low one last.
+                    let high = try await manager.enqueue((count..<count + 2).map(request), priority: .high)
+                    let low = try await manager.enqueue(request(count + 2), priority: .low)
+                    let started = Mutex<[DownloadID]>([])
+                    let events = manager.events()
+                    let watcher = Task {
+                        for await event in events where event.kind.isStateChange && event.download.state == .running {
+                            started.withLock { $0.append(event.download.id) }
+                        }
+                    }
+                    await manager.runUntilIdle()
+                    #expect(try await manager.counts() == [.completed: count + 3])
+                    await manager.close()
+                    await watcher.value
+                    let order = started.withLock { $0 }
+                    #expect(order.count == count + 3)
+                    #expect(Set(order.prefix(2)) == Set(high))
+                    #expect(order.last == low)
+                    // Within a priority, as added: starts of four at a time, so compare the sorted runs.
+                    let normalOrder = order.filter { normal.contains($0) }
+                    #expect(normalOrder.count == count)
+                    #expect(zip(normalOrder, normalOrder.dropFirst(4)).allSatisfy { $0 < $1 })
+                    #expect(await manager.heldCount <= 2 * DownloadManager.windowSize + 4)
+                }
+            }
+        }
+    }
+}
+
+extension DownloadManagerEvent.Kind {
+    fileprivate var isStateChange: Bool {
+        if case .stateChanged = self { return true }
+        return false
+    }
+}
