@@ -218,33 +218,119 @@ extension TransferOptions {
 struct List: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "ls",
-        abstract: "List the recorded downloads: state, progress, sizes, speed and name.")
+        abstract: "List the recorded downloads: state, progress, sizes, speed and name.",
+        discussion: "Rows are read from the database a page at a time, so a queue of any size lists in little memory.")
 
-    @Option(help: ArgumentHelp("Only downloads in this state; repeatable.", valueName: "state"))
+    @Option(
+        help: ArgumentHelp(
+            "Only downloads in this state (queued, running, paused, completed, failed, cancelled); repeatable, or several separated by commas.",
+            valueName: "state"))
     var state: [String] = []
+
+    @Option(help: ArgumentHelp("List at most this many downloads, the first ones added.", valueName: "n"))
+    var limit: String?
 
     @Flag(help: "Print a JSON array of downloads on standard output.")
     var json = false
 
     @OptionGroup var stateOptions: StateOptions
 
-    func validate() throws {
-        for name in state where DownloadState(rawValue: name) == nil {
-            throw ValidationError(
-                "unknown state '\(name)'; one of: \(DownloadState.allCases.map(\.rawValue).joined(separator: ", "))")
+    /// How many rows are read from the database at a time.
+    static let pageSize = 500
+
+    /// The states `--state` names (`nil`: every state), or the one-line reason it names none.
+    static func states(_ values: [String]) -> Result<Set<DownloadState>?, ListError> {
+        guard !values.isEmpty else { return .success(nil) }
+        var states = Set<DownloadState>()
+        for name in values.flatMap({ $0.split(separator: ",", omittingEmptySubsequences: false) }) {
+            let trimmed = name.trimmingCharacters(in: .whitespaces)
+            guard let state = DownloadState(rawValue: trimmed) else {
+                return .failure(
+                    ListError(
+                        "unknown state '\(trimmed)' for --state; one of: "
+                            + DownloadState.allCases.map(\.rawValue).joined(separator: ", ")))
+            }
+            states.insert(state)
         }
+        return .success(states)
+    }
+
+    /// The number `--limit` gives, or the one-line reason it gives none.
+    static func limit(_ value: String?) -> Result<Int?, ListError> {
+        guard let value else { return .success(nil) }
+        guard let number = Int(value), number > 0 else {
+            return .failure(ListError("--limit takes a positive whole number of downloads, not '\(value)'"))
+        }
+        return .success(number)
+    }
+
+    /// Why `haul ls` was given a value it cannot use.
+    struct ListError: Error {
+        let message: String
+        init(_ message: String) { self.message = message }
     }
 
     func run() async throws {
-        let filter = state.isEmpty ? nil : Set(state.compactMap(DownloadState.init(rawValue:)))
+        let filter: Set<DownloadState>?
+        let most: Int?
+        do {
+            filter = try Self.states(state).get()
+            most = try Self.limit(limit).get()
+        } catch {
+            Output.standardError("haul: error: \(error.message)\n")
+            throw ExitCode.validationFailure
+        }
+        let json = self.json
+        let directory = stateOptions.directory
         // The database, not a running daemon: it also holds the downloads other haul processes run.
-        let downloads = try await withLocalManager(stateOptions) { manager in await manager.downloads(in: filter) }
-        if json {
-            Output.standardOutput(QueueRenderer.jsonList(downloads))
-        } else if downloads.isEmpty {
-            Output.standardOutput("no downloads recorded in \(stateOptions.directory)\n")
-        } else {
-            Output.standardOutput(QueueRenderer.table(downloads))
+        try await withLocalManager(stateOptions) { manager in
+            let rows = Rows(manager: manager, states: filter, limit: most)
+            if json {
+                var first = true
+                try await rows.forEach { info in
+                    Output.standardOutput(
+                        (first ? "[" : ",\n")
+                            + JSONValue.object([("id", .integer(info.id.rawValue))] + QueueRenderer.jsonFields(info)))
+                    first = false
+                }
+                Output.standardOutput(first ? "[]\n" : "]\n")
+                return
+            }
+            // The columns line up over every row: a first pass measures them, a second prints.
+            var layout = QueueRenderer.TableLayout()
+            try await rows.forEach { layout.measure($0) }
+            guard layout.rows > 0 else {
+                Output.standardOutput("no downloads recorded in \(directory)\n")
+                return
+            }
+            Output.standardOutput(layout.line(layout.header))
+            var printed = 0
+            try await rows.forEach { info in
+                // Rows added between the passes are left for the next listing.
+                guard printed < layout.rows else { return }
+                printed += 1
+                Output.standardOutput(layout.line(layout.cells(info)))
+            }
+        }
+    }
+
+    /// The downloads to list, read from the manager's store page by page.
+    struct Rows {
+        let manager: DownloadManager
+        let states: Set<DownloadState>?
+        let limit: Int?
+
+        /// Calls `body` with each download in ID order, holding one page at a time.
+        func forEach(_ body: (DownloadInfo) throws -> Void) async throws {
+            var after: DownloadID?
+            var left = limit ?? Int.max
+            while left > 0 {
+                let page = try await manager.downloads(in: states, after: after, limit: min(left, List.pageSize))
+                guard let last = page.last else { return }
+                for info in page { try body(info) }
+                left -= page.count
+                after = last.id
+            }
         }
     }
 }

@@ -210,34 +210,62 @@ final class QueueRenderer: Sendable {
 
     /// The downloads as `haul ls` shows them: one line each under a header, columns lined up.
     static func table(_ downloads: [DownloadInfo]) -> String {
-        // A label column only when some download has a label.
-        let labels = downloads.contains { $0.request.label != nil }
-        var rows = [["ID", "STATE", "PROGRESS", "SIZE", "SPEED"] + (labels ? ["LABEL"] : []) + ["NAME"]]
-        for info in downloads {
+        var layout = TableLayout()
+        for info in downloads { layout.measure(info) }
+        return layout.line(layout.header) + downloads.map { layout.line(layout.cells($0)) }.joined()
+    }
+
+    /// How `haul ls` lines its columns up, measured over every row before any is printed (so that
+    /// rows can be read, measured and printed a page at a time): the widest cell of each column,
+    /// and whether any download has a label (a label column only then).
+    struct TableLayout {
+        /// The widest cell of each padded column (every column but the name).
+        private var widths: [Int] = []
+        /// Whether some download has a label.
+        private(set) var labels = false
+        /// How many rows were measured.
+        private(set) var rows = 0
+
+        /// The header row.
+        var header: [String] { ["ID", "STATE", "PROGRESS", "SIZE", "SPEED"] + (labels ? ["LABEL"] : []) + ["NAME"] }
+
+        /// Takes one row's cells into the widths.
+        mutating func measure(_ info: DownloadInfo) {
+            rows += 1
+            if info.request.label != nil { labels = true }
+            let cells = Self.cells(info, labels: true)
+            if widths.isEmpty { widths = Array(repeating: 0, count: cells.count - 1) }
+            for column in 0..<cells.count - 1 { widths[column] = max(widths[column], cells[column].count) }
+        }
+
+        /// A download's cells, as ``header`` names them.
+        func cells(_ info: DownloadInfo) -> [String] { Self.cells(info, labels: labels) }
+
+        private static func cells(_ info: DownloadInfo, labels: Bool) -> [String] {
             var name = info.name
             if let error = info.error { name += "  (\(error.message))" }
             if let hook = info.hook { name += "  [\(hook)]" }
-            rows.append(
-                [
-                    String(info.id.rawValue), info.state.rawValue,
-                    info.fraction.map { "\(Int($0 * 100))%" } ?? "-", sizes(info),
-                    info.bytesPerSecond.map(ByteCount.formatRate) ?? "-",
-                ] + (labels ? [info.request.label ?? "-"] : []) + [name])
+            return [
+                String(info.id.rawValue), info.state.rawValue,
+                info.fraction.map { "\(Int($0 * 100))%" } ?? "-", sizes(info),
+                info.bytesPerSecond.map(ByteCount.formatRate) ?? "-",
+            ] + (labels ? [info.request.label ?? "-"] : []) + [name]
         }
-        let padded = rows[0].count - 1
-        let widths = (0..<padded).map { column in rows.map { $0[column].count }.max() ?? 0 }
-        var text = ""
-        for row in rows {
+
+        /// One line of the table: every cell but the last padded to its column (numbers on the
+        /// right, words on the left), the name last.
+        func line(_ row: [String]) -> String {
+            let padded = row.count - 1
             var line = ""
             for column in 0..<padded {
                 let cell = row[column]
-                let padding = String(repeating: " ", count: widths[column] - cell.count)
-                // Numbers line up on the right, words on the left.
+                // The label column, when shown, is the sixth, as measured.
+                let width = max(widths[safe: column], header[column].count)
+                let padding = String(repeating: " ", count: max(0, width - cell.count))
                 line += (column == 0 || column == 2 ? padding + cell : cell + padding) + "  "
             }
-            text += line + row[padded] + "\n"
+            return line + row[padded] + "\n"
         }
-        return text
     }
 
     /// The downloads as `haul ls --json` prints them: a JSON array, one object per line.
@@ -269,4 +297,9 @@ extension JSONValue {
     static func object(_ fields: [(String, JSONValue)]) -> String {
         "{" + fields.map { "\(JSONValue.string($0.0).encoded):\($0.1.encoded)" }.joined(separator: ",") + "}"
     }
+}
+
+extension Array where Element == Int {
+    /// The element at `index`, or 0 past the end.
+    fileprivate subscript(safe index: Int) -> Int { index < count ? self[index] : 0 }
 }

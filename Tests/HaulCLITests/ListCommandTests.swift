@@ -1,0 +1,82 @@
+import Foundation
+import Haul
+import HaulTestServer
+import Testing
+
+/// `haul ls --state` and `--limit`: the rows asked for, read page by page; bad values are one line.
+@Suite(.timeLimit(.minutes(2)))
+struct ListCommandTests {
+    /// A state directory with three completed and three failed downloads, added alternately.
+    static func recordedQueue(_ server: HaulTestServer, _ directory: String) async throws -> [DownloadID] {
+        for position in [0, 2, 4] { server.add("/ok\(position)", TestResource(name: "ok\(position)", size: 1_000)) }
+        var configuration = DownloadManager.Configuration()
+        configuration.maxConcurrentDownloads = 1
+        configuration.freeSpaceMargin = 0
+        let manager = try DownloadManager(stateDirectory: directory + "/state", configuration: configuration)
+        let ids = try await manager.enqueue(
+            (0..<6).map { position in
+                DownloadRequest(
+                    url: server.url(position % 2 == 0 ? "/ok\(position)" : "/missing\(position)"),
+                    destination: .file(directory + "/f\(position)"))
+            })
+        await manager.runUntilIdle()
+        await manager.close()
+        return ids
+    }
+
+    /// The IDs and states of `haul ls`'s rows, under its header.
+    static func rows(_ output: String) -> [(id: Int64, state: String)] {
+        output.split(separator: "\n").dropFirst().map { line in
+            let cells = line.split(separator: " ")
+            return (Int64(cells[0]) ?? 0, String(cells[1]))
+        }
+    }
+
+    @Test func stateAndLimitListExactlyTheRowsAskedFor() async throws {
+        try await HaulTestServer.withRunning { server in
+            let directory = try makeTemporaryDirectory()
+            defer { try? FileManager.default.removeItem(atPath: directory) }
+            let ids = try await Self.recordedQueue(server, directory).map(\.rawValue)
+            let state = directory + "/state"
+
+            let all = try await HaulProcess.run(["ls", "--state-dir", state])
+            #expect(all.status == 0, "\(all.errors)")
+            #expect(all.output.hasPrefix("ID  STATE "))
+            #expect(Self.rows(all.output).map(\.id) == ids)
+
+            let failed = try await HaulProcess.run(["ls", "--state", "failed", "--limit", "2", "--state-dir", state])
+            #expect(failed.status == 0, "\(failed.errors)")
+            #expect(Self.rows(failed.output).map(\.id) == [ids[1], ids[3]])
+            #expect(Self.rows(failed.output).allSatisfy { $0.state == "failed" })
+
+            let both = try await HaulProcess.run(["ls", "--state", "failed,completed", "--state-dir", state])
+            #expect(Self.rows(both.output).map(\.id) == ids)
+            let repeated = try await HaulProcess.run(
+                ["ls", "--state", "completed", "--state", "failed", "--limit", "3", "--state-dir", state])
+            #expect(Self.rows(repeated.output).map(\.id) == Array(ids.prefix(3)))
+            let none = try await HaulProcess.run(["ls", "--state", "paused", "--state-dir", state])
+            #expect(none.status == 0 && none.output.hasPrefix("no downloads recorded"))
+
+            let json = try await HaulProcess.run(["ls", "--json", "--state", "completed", "--state-dir", state])
+            let parsed = try #require(
+                try JSONSerialization.jsonObject(with: Data(json.output.utf8)) as? [[String: Any]])
+            #expect(parsed.compactMap { $0["id"] as? Int64 } == [ids[0], ids[2], ids[4]])
+            let empty = try await HaulProcess.run(["ls", "--json", "--state", "paused", "--state-dir", state])
+            #expect(empty.output == "[]\n")
+        }
+    }
+
+    @Test(arguments: [
+        (["--state", "done"], "unknown state 'done'"), (["--state", "failed,"], "unknown state ''"),
+        (["--limit", "0"], "--limit"), (["--limit", "ten"], "--limit"),
+    ])
+    func aBadValueIsOneLineAndExitCode64(_ arguments: [String], _ message: String) async throws {
+        let directory = try makeTemporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let result = try await HaulProcess.run(["ls"] + arguments + ["--state-dir", directory + "/state"])
+        #expect(result.status == 64)
+        #expect(result.output.isEmpty)
+        #expect(result.errors.hasPrefix("haul: error: ") && result.errors.contains(message), "\(result.errors)")
+        #expect(result.errors.split(separator: "\n").count == 1, "\(result.errors)")
+    }
+}
