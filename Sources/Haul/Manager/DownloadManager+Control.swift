@@ -32,6 +32,14 @@ extension DownloadManager {
     public func enqueue(_ requests: [DownloadRequest], priority: DownloadPriority = .normal) async throws
         -> [DownloadID]
     {
+        try await enqueueAnswering(requests, priority: priority).map(\.id)
+    }
+
+    /// ``enqueue(_:priority:)-([DownloadRequest],_)``, with each new download as it was added (`nil`
+    /// for one that was known: read it again).
+    func enqueueAnswering(_ requests: [DownloadRequest], priority: DownloadPriority) async throws
+        -> [(id: DownloadID, added: DownloadInfo?)]
+    {
         if let refusal = try refusal(of: requests) { throw refusal.error }
         // Every refusal is found before any download is replaced.
         var replaced: [DownloadID] = []
@@ -40,7 +48,7 @@ extension DownloadManager {
             replaced += try chunk.compactMap { request in try downloadOfAnotherURL(for: request, known: known) }
         }
         for id in replaced { try await remove(id, deletingFiles: false) }
-        var ids: [DownloadID] = []
+        var ids: [(id: DownloadID, added: DownloadInfo?)] = []
         ids.reserveCapacity(requests.count)
         for chunk in Self.chunks(of: requests) { ids += try enqueueChunk(chunk, priority: priority) }
         schedule()
@@ -59,7 +67,7 @@ extension DownloadManager {
 
     /// Adds one slice of an ``enqueue(_:priority:)-([DownloadRequest],_)`` call in one transaction.
     private func enqueueChunk(_ requests: ArraySlice<DownloadRequest>, priority: DownloadPriority) throws
-        -> [DownloadID]
+        -> [(id: DownloadID, added: DownloadInfo?)]
     {
         // Everything is decided first; the store then adds and changes it all in one transaction, and
         // the memory changes only once that has committed. Changes still waiting to be written go
@@ -85,8 +93,8 @@ extension DownloadManager {
         }
         return answers.map { answer in
             switch answer {
-            case .known(let id): id
-            case .added(let position): batch.added[position].entry.id
+            case .known(let id): (id, nil)
+            case .added(let position): (batch.added[position].entry.id, batch.added[position].entry.info)
             }
         }
     }

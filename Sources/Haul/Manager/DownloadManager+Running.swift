@@ -127,10 +127,13 @@ extension DownloadManager {
     func trim() {
         guard entries.count > 2 * Self.windowSize + jobs.count else { return }
         writeWaiting()
-        for (id, entry) in entries
-        where jobs[id] == nil && !unwritten.holds(id)
-            && !(entry.record.owner == claim.name && (entry.state == .queued || entry.state == .paused))
-        {
+        let lined = Set(waiting.unordered.map(\.id))
+        for (id, entry) in entries where jobs[id] == nil && !unwritten.holds(id) && !lined.contains(id) {
+            let mine = entry.record.owner == claim.name
+            // Resumed here once the disk has room.
+            if mine && entry.state == .paused { continue }
+            // Queued here but out of line: the store has it, for the next refill.
+            if mine && entry.state == .queued { moreWaiting = true }
             entries[id] = nil
         }
     }
