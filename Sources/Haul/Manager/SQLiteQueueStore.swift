@@ -229,7 +229,7 @@ final class SQLiteQueueStore: QueueStore {
             ids.reserveCapacity(changes.inserts.count)
             for var record in changes.inserts {
                 record.id = nil
-                try record.insert(db)
+                try record.insertManagedColumns(db)
                 ids.append(record.downloadID)
             }
             for id in changes.deletes { _ = try StoredDownload.deleteOne(db, key: id.rawValue) }
@@ -537,11 +537,13 @@ extension StoredDownload: FetchableRecord, MutablePersistableRecord {
         return String(decoding: try encoder.encode(definition), as: UTF8.self)
     }
 
-    /// Writes every managed column (see ``Columns/managed``) with one cached statement whose values
-    /// are bound in place (a progress write of many downloads builds no SQL and encodes no record);
-    /// throws `RecordError` when the row is gone.
-    func updateManagedColumns(_ db: Database) throws {
-        guard let id else { throw RecordError.recordNotFound(databaseTableName: Self.databaseTableName, key: [:]) }
+    /// The statement that inserts a row with every managed column (see ``Columns/managed``).
+    static let insertManagedColumnsSQL =
+        "INSERT INTO download (" + Columns.managed.map { "\"\($0.rawValue)\"" }.joined(separator: ", ")
+        + ") VALUES (" + Columns.managed.map { _ in "?" }.joined(separator: ", ") + ")"
+
+    /// The values of the managed columns, in the order of ``Columns/managed``.
+    func managedValues() throws -> [any DatabaseValueConvertible & Sendable] {
         var values: [any DatabaseValueConvertible & Sendable] = []
         values.reserveCapacity(Columns.managed.count + 1)
         for column in Columns.managed {
@@ -566,8 +568,24 @@ extension StoredDownload: FetchableRecord, MutablePersistableRecord {
             case .id, .request: continue
             }
         }
-        values.append(id)
-        try db.cachedStatement(sql: Self.updateManagedColumnsSQL).execute(arguments: StatementArguments(values))
+        return values
+    }
+
+    /// Inserts the record as a new row with one cached statement (adding many builds no SQL and
+    /// encodes no record) and takes the ID SQLite gave it.
+    mutating func insertManagedColumns(_ db: Database) throws {
+        try db.cachedStatement(sql: Self.insertManagedColumnsSQL).execute(
+            arguments: StatementArguments(managedValues()))
+        id = db.lastInsertedRowID
+    }
+
+    /// Writes every managed column (see ``Columns/managed``) with one cached statement whose values
+    /// are bound in place (a progress write of many downloads builds no SQL and encodes no record);
+    /// throws `RecordError` when the row is gone.
+    func updateManagedColumns(_ db: Database) throws {
+        guard let id else { throw RecordError.recordNotFound(databaseTableName: Self.databaseTableName, key: [:]) }
+        try db.cachedStatement(sql: Self.updateManagedColumnsSQL).execute(
+            arguments: StatementArguments(managedValues() + [id]))
         if db.changesCount == 0 {
             throw RecordError.recordNotFound(databaseTableName: Self.databaseTableName, key: ["id": id.databaseValue])
         }
