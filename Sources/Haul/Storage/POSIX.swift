@@ -188,6 +188,7 @@ package enum POSIX {
     /// `path` made absolute against the working directory, with `.`, `..` and repeated slashes
     /// resolved by name (symbolic links are left alone).
     package static func absolutePath(_ path: String) -> String {
+        if isNormalAbsolutePath(path) { return path }
         var base = ""
         if !path.hasPrefix("/") {
             var buffer = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)
@@ -204,6 +205,28 @@ package enum POSIX {
             }
         }
         return "/" + components.joined(separator: "/")
+    }
+
+    /// Whether `path` is absolute with nothing to resolve: no empty, `.` or `..` component and no
+    /// slash at its end (but `/` itself), so ``absolutePath(_:)`` would give it back unchanged.
+    static func isNormalAbsolutePath(_ path: String) -> Bool {
+        var utf8 = path.utf8.makeIterator()
+        guard utf8.next() == UInt8(ascii: "/") else { return false }
+        if path.utf8.count == 1 { return true }
+        // The length of the current component and whether it holds only dots so far.
+        var length = 0
+        var dots = true
+        while let byte = utf8.next() {
+            if byte == UInt8(ascii: "/") {
+                if length == 0 || (dots && length <= 2) { return false }
+                length = 0
+                dots = true
+            } else {
+                length += 1
+                dots = dots && byte == UInt8(ascii: ".")
+            }
+        }
+        return length > 0 && !(dots && length <= 2)
     }
 
     /// Creates the directory `path` for files no other user may read (mode 0700), and any missing
