@@ -35,10 +35,10 @@ extension DownloadManager {
         try await enqueueAnswering(requests, priority: priority).map(\.id)
     }
 
-    /// ``enqueue(_:priority:)-([DownloadRequest],_)``, with each new download as it was added (`nil`
-    /// for one that was known: read it again).
+    /// ``enqueue(_:priority:)-([DownloadRequest],_)``, with each download as the add left it (a known
+    /// one as stored, or queued again).
     func enqueueAnswering(_ requests: [DownloadRequest], priority: DownloadPriority) async throws
-        -> [(id: DownloadID, added: DownloadInfo?)]
+        -> [(id: DownloadID, info: DownloadInfo)]
     {
         if let refusal = try refusal(of: requests) { throw refusal.error }
         // Every refusal is found before any download is replaced.
@@ -48,7 +48,7 @@ extension DownloadManager {
             replaced += try chunk.compactMap { request in try downloadOfAnotherURL(for: request, known: known) }
         }
         for id in replaced { try await remove(id, deletingFiles: false) }
-        var ids: [(id: DownloadID, added: DownloadInfo?)] = []
+        var ids: [(id: DownloadID, info: DownloadInfo)] = []
         ids.reserveCapacity(requests.count)
         for chunk in Self.chunks(of: requests) { ids += try enqueueChunk(chunk, priority: priority) }
         schedule()
@@ -67,7 +67,7 @@ extension DownloadManager {
 
     /// Adds one slice of an ``enqueue(_:priority:)-([DownloadRequest],_)`` call in one transaction.
     private func enqueueChunk(_ requests: ArraySlice<DownloadRequest>, priority: DownloadPriority) throws
-        -> [(id: DownloadID, added: DownloadInfo?)]
+        -> [(id: DownloadID, info: DownloadInfo)]
     {
         // Everything is decided first; the store then adds and changes it all in one transaction, and
         // the memory changes only once that has committed. Changes still waiting to be written go
@@ -91,9 +91,15 @@ extension DownloadManager {
                 entries[entry.id] = entry
             }
         }
+        let changed = Dictionary(batch.changed.map { ($0.id, $0) }, uniquingKeysWith: { $1 })
         return answers.map { answer in
             switch answer {
-            case .known(let id): (id, nil)
+            case .known(let record):
+                // As the batch left it, without reading it again.
+                (
+                    record.downloadID,
+                    (changed[record.downloadID] ?? entries[record.downloadID] ?? Entry(record: record)).info
+                )
             case .added(let position): (batch.added[position].entry.id, batch.added[position].entry.info)
             }
         }
@@ -155,7 +161,7 @@ extension DownloadManager {
     /// Which download one request of an `enqueue` call is: one the manager knows, or a new one (its
     /// place in ``Batch/added``), whose ID the store gives when the batch is written.
     private enum BatchAnswer {
-        case known(DownloadID)
+        case known(StoredDownload)
         case added(Int)
     }
 
@@ -212,7 +218,7 @@ extension DownloadManager {
                 batch.changed.append(entry)
                 if changed { batch.updates.append(entry.record) }
             }
-            return .known(id)
+            return .known(record)
         }
         try checkNothingInTheWay(identity, overwriting: request.overwrite)
         var record = StoredDownload(

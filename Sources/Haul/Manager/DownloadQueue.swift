@@ -122,8 +122,8 @@ public enum QueueEvent: Sendable {
 extension DownloadManager: DownloadQueue {
     /// Adds downloads (see ``enqueue(_:priority:)-([DownloadRequest],_)``) and returns them.
     public func add(_ requests: [DownloadRequest], priority: DownloadPriority) async throws -> [DownloadInfo] {
-        // The new ones as they were added; only the known ones are read again.
-        return try await enqueueAnswering(requests, priority: priority).map { try $0.added ?? download(id: $0.id) }
+        // As the add left them, without reading any again.
+        try await enqueueAnswering(requests, priority: priority).map(\.info)
     }
 
     /// A page of ``downloads(in:)``, read from the store (with this manager's own versions of the
