@@ -296,21 +296,21 @@ struct List: AsyncParsableCommand {
                 Output.standardOutput(first ? "[]\n" : "]\n")
                 return
             }
-            // The columns line up over every row: a first pass measures them, a second prints.
+            // The columns line up over every row. A listing of one page is measured whole; a longer
+            // one is printed as it is read, each column as wide as its first page's cells or as any
+            // value of its kind can be (labels: as the first page's).
             var layout = QueueRenderer.TableLayout()
-            try await rows.forEach { layout.measure($0) }
-            guard layout.rows > 0 else {
-                Output.standardOutput("no downloads recorded in \(directory)\n")
-                return
+            var printed = false
+            try await rows.forEachPage { page, more in
+                if !printed {
+                    for info in page { layout.measure(info) }
+                    if more { layout.allowForAnyValue(largestID: try await manager.newestID()) }
+                    Output.standardOutput(layout.line(layout.header))
+                    printed = true
+                }
+                Output.standardOutput(page.map { layout.line(layout.cells($0)) }.joined())
             }
-            Output.standardOutput(layout.line(layout.header))
-            var printed = 0
-            try await rows.forEach { info in
-                // Rows added between the passes are left for the next listing.
-                guard printed < layout.rows else { return }
-                printed += 1
-                Output.standardOutput(layout.line(layout.cells(info)))
-            }
+            if !printed { Output.standardOutput("no downloads recorded in \(directory)\n") }
         }
     }
 
@@ -322,13 +322,21 @@ struct List: AsyncParsableCommand {
 
         /// Calls `body` with each download in ID order, holding one page at a time.
         func forEach(_ body: (DownloadInfo) throws -> Void) async throws {
+            try await forEachPage { page, _ in
+                for info in page { try body(info) }
+            }
+        }
+
+        /// Calls `body` with each page of downloads in ID order, and whether more may follow.
+        func forEachPage(_ body: ([DownloadInfo], _ more: Bool) async throws -> Void) async throws {
             var after: DownloadID?
             var left = limit ?? Int.max
             while left > 0 {
-                let page = try await manager.downloads(in: states, after: after, limit: min(left, List.pageSize))
+                let size = min(left, List.pageSize)
+                let page = try await manager.downloads(in: states, after: after, limit: size)
                 guard let last = page.last else { return }
-                for info in page { try body(info) }
                 left -= page.count
+                try await body(page, page.count == size && left > 0)
                 after = last.id
             }
         }

@@ -238,6 +238,17 @@ final class QueueRenderer: Sendable {
             for column in 0..<cells.count - 1 { widths[column] = max(widths[column], cells[column].count) }
         }
 
+        /// Widens the columns whose cells have a bounded width to the widest they can be, for rows not
+        /// measured: IDs up to `largestID`, every state, sizes and speeds up to 1023.9 PiB.
+        mutating func allowForAnyValue(largestID: DownloadID) {
+            guard !widths.isEmpty else { return }
+            let widest = [
+                String(largestID.rawValue).count, DownloadState.allCases.map(\.rawValue.count).max() ?? 0, 4,
+                "1023.9 PiB / 1023.9 PiB".count, "1023.9 PiB/s".count,
+            ]
+            for (column, width) in widest.enumerated() { widths[column] = max(widths[column], width) }
+        }
+
         /// A download's cells, as ``header`` names them.
         func cells(_ info: DownloadInfo) -> [String] { Self.cells(info, labels: labels) }
 

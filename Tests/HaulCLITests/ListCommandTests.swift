@@ -79,4 +79,29 @@ struct ListCommandTests {
         #expect(result.errors.hasPrefix("haul: error: ") && result.errors.contains(message), "\(result.errors)")
         #expect(result.errors.split(separator: "\n").count == 1, "\(result.errors)")
     }
+
+    @Test("a listing longer than a page is printed as it is read, every row in line with the header")
+    func aLongListingStreamsInLine() async throws {
+        let directory = try makeTemporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let manager = try DownloadManager(stateDirectory: directory + "/state")
+        // Nothing listens on port 9: they stay queued, as no queue runs here.
+        let count = 1_203
+        _ = try await manager.enqueue(
+            (0..<count).map { DownloadRequest(url: "http://127.0.0.1:9/f\($0)", destination: .directory(directory)) })
+        await manager.close()
+        let listed = try await HaulProcess.run(["ls", "--state-dir", directory + "/state"])
+        #expect(listed.status == 0, "\(listed.errors)")
+        let lines = listed.output.split(separator: "\n")
+        #expect(lines.count == count + 1)
+        // Every row's name starts where the header's NAME does, past the last page too.
+        let header = try #require(lines.first)
+        let nameColumn = try #require(header.range(of: "NAME")).lowerBound.utf16Offset(in: header)
+        let misplaced = lines.dropFirst().filter { line in
+            let text = String(line)
+            return !text.dropFirst(nameColumn).hasPrefix("f") || text.prefix(nameColumn).last != " "
+        }
+        #expect(misplaced.isEmpty, "\(misplaced.prefix(3))")
+        #expect(Self.rows(listed.output).map(\.id) == (1...Int64(count)).map { $0 })
+    }
 }
