@@ -32,10 +32,7 @@ enum QueueRun {
         _ manager: DownloadManager, _ ids: [DownloadID], output: OutputOptions,
         finishing: () throws -> Void = {}
     ) async throws -> Never {
-        var infos: [DownloadInfo] = []
-        for id in ids {
-            if let info = await manager.download(id) { infos.append(info) }
-        }
+        let infos = await manager.downloads(ids: ids)
         let display = QueueDisplay(output: output, downloads: infos)
         let events = manager.events()
         let signals = SignalWatcher(signals: [SIGINT, SIGTERM])
@@ -56,10 +53,7 @@ enum QueueRun {
             }
         }
         signals.stop()
-        var final: [DownloadInfo] = []
-        for id in ids {
-            if let info = await manager.download(id) { final.append(info) }
-        }
+        let final = await manager.downloads(ids: ids)
         do {
             try finishing()
         } catch {

@@ -6,6 +6,30 @@ extension DownloadManager {
         return entries[id]?.info
     }
 
+    /// The downloads with these IDs that exist, in the order given: each as ``download(_:)`` gives
+    /// it, but read from the store many at a time, and not held in memory once answered.
+    public func downloads(ids: [DownloadID]) -> [DownloadInfo] {
+        var found: [DownloadID: DownloadInfo] = [:]
+        var reading: [DownloadID] = []
+        for id in ids {
+            if let entry = entries[id], entry.record.owner == claim.name || unwritten.holds(id) {
+                found[id] = entry.info
+            } else {
+                reading.append(id)
+            }
+        }
+        for start in stride(from: 0, to: reading.count, by: 500) {
+            guard let records = try? store.downloads(ids: Array(reading[start..<min(reading.count, start + 500)]))
+            else { continue }
+            for record in records {
+                try? reload(record.downloadID, stored: record)
+                found[record.downloadID] = entries[record.downloadID]?.info
+            }
+            trim()
+        }
+        return ids.compactMap { found[$0] }
+    }
+
     /// Every download in the order they were enqueued, optionally only those in `states`. It
     /// holds them all: a long queue is better read by pages (``downloads(in:after:limit:)``).
     public func downloads(in states: Set<DownloadState>? = nil) -> [DownloadInfo] {

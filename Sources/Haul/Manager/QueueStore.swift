@@ -56,6 +56,9 @@ protocol QueueStore: Sendable {
     /// none, in one read.
     func totals() throws -> [DownloadState: QueueTotals]
 
+    /// The records with these IDs, in ID order; IDs without one are left out.
+    func downloads(ids: [DownloadID]) throws -> [StoredDownload]
+
     /// The records with these keys (``StoredDownload/key``), in ID order; keys without one are left out.
     func downloads(keys: [String]) throws -> [StoredDownload]
 

@@ -344,7 +344,9 @@ final class SQLiteQueueStore: QueueStore {
 
     /// Records whose `column` is one of `values`, in ID order, read `IN` lists of
     /// ``listChunk`` values at a time in one snapshot.
-    private func downloads(where column: String, in values: [String]) throws -> [StoredDownload] {
+    private func downloads<Value: DatabaseValueConvertible & Hashable & Sendable>(
+        where column: String, in values: [Value]
+    ) throws -> [StoredDownload] {
         guard !values.isEmpty else { return [] }
         let unique = Array(Set(values))
         return try read { db in
@@ -361,6 +363,11 @@ final class SQLiteQueueStore: QueueStore {
             }
             return found.sorted { $0.downloadID < $1.downloadID }
         }
+    }
+
+    /// The records with these IDs (see ``QueueStore/downloads(ids:)``).
+    func downloads(ids: [DownloadID]) throws -> [StoredDownload] {
+        try downloads(where: "id", in: ids.map(\.rawValue))
     }
 
     /// The records of these keys (see ``QueueStore/downloads(keys:)``).

@@ -41,6 +41,12 @@ struct LongQueueTests {
                 #expect(try await manager.downloads(in: [.failed], offset: 0, limit: 10).total == 0)
                 #expect(await manager.download(ids[count - 1])?.state == .queued)
                 #expect(await manager.heldCount <= DownloadManager.windowSize + 1)
+                // Many by ID, in the order asked, unknown ones left out, read without holding them all.
+                let asked = Array(ids.reversed()) + [DownloadID(ids[count - 1].rawValue + 1)]
+                let answered = await manager.downloads(ids: asked)
+                #expect(answered.map(\.id) == Array(ids.reversed()))
+                #expect(answered.allSatisfy { $0.state == .queued })
+                #expect(await manager.heldCount <= 2 * DownloadManager.windowSize + 500)
             }
         }
     }

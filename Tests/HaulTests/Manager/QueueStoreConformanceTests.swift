@@ -461,6 +461,12 @@ struct QueueStoreKind: Sendable, CustomTestStringConvertible {
                 ])
             #expect(try store.downloads(keys: []).isEmpty)
             #expect(
+                try store.downloads(ids: [
+                    records[2].downloadID, records[0].downloadID, DownloadID(999), records[0].downloadID,
+                ])
+                    == [records[0], records[2]])
+            #expect(try store.downloads(ids: []).isEmpty)
+            #expect(
                 try store.downloads(destinations: ["/d/2", "/d/1", "/d/x"]) == [records[1], records[2], inDirectory])
             let many = (0..<1_200).map { "file:/d/\($0)" }
             #expect(try store.downloads(keys: many).count == 3)
