@@ -156,7 +156,9 @@ extension DownloadManager {
         let transport = self.transport
         let mailbox = self.mailbox
         let task = Task.detached {
-            try await transport.download(request) { event in mailbox.post(event, of: id) }
+            try await transport.download(request, observing: { event in mailbox.post(event, of: id) }) {
+                await self.recordBeforeFinishing(id)
+            }
         }
         jobs[id]?.task = task
         // Asked to stop before it started.
@@ -172,6 +174,15 @@ extension DownloadManager {
         // Every event of this download is handled before its end is.
         handleEvents()
         ended(id, outcome)
+    }
+
+    /// Writes the download's start and file name, if still waiting for a group commit, before its
+    /// file takes its final name: a process killed after the rename then leaves a record that says
+    /// the file is this download's (see ``refreshFromDisk(_:confinement:)``), not a stranger's.
+    /// Downloads finishing together share the transaction.
+    private func recordBeforeFinishing(_ id: DownloadID) {
+        handleEvents()
+        if unwritten.holds(id) { try? write([]) }
     }
 
     /// Takes every event waiting in the mailbox to the downloads they belong to.
@@ -192,13 +203,12 @@ extension DownloadManager {
         guard var entry = entries[id] else { return }
         switch event {
         case .started(let start):
-            if entry.record.destination != start.destination {
-                entry.record.destination = start.destination
-                writeSoon(entry.record)
-            }
+            entry.record.destination = start.destination
             entry.record.totalBytes = start.totalBytes
             entry.record.bytes = start.resumedFrom
             entry.resumable = start.resumable
+            // With the next group commit, or before the file takes its final name.
+            writeSoon(entry.record)
         case .progress(let progress):
             entry.record.bytes = progress.bytes
             entry.record.totalBytes = progress.totalBytes ?? entry.record.totalBytes

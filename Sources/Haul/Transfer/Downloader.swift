@@ -98,9 +98,19 @@ public final class Downloader: Sendable {
     public func download(
         _ request: DownloadRequest, observing observe: @escaping @Sendable (DownloadEvent) -> Void = { _ in }
     ) async throws -> DownloadResult {
+        try await download(request, observing: observe, beforeFinishing: {})
+    }
+
+    /// ``download(_:observing:)``, calling `beforeFinishing` once every byte is written and checked,
+    /// right before the file is given its final name (a queue records there that the file is its own).
+    package func download(
+        _ request: DownloadRequest, observing observe: @escaping @Sendable (DownloadEvent) -> Void,
+        beforeFinishing: @escaping @Sendable () async -> Void
+    ) async throws -> DownloadResult {
         do {
             let url = try request.check()
-            let result = try await TransferDriver.run(downloader: self, request: request, url: url, observe: observe)
+            let result = try await TransferDriver.run(
+                downloader: self, request: request, url: url, observe: observe, beforeFinishing: beforeFinishing)
             observe(.completed(result))
             return result
         } catch let error as HaulError {
@@ -160,8 +170,11 @@ package struct DownloadURL: Sendable, Equatable {
 /// one that hands transfers to the system (a background `URLSession` on iOS) would plug in.
 package protocol DownloadTransport: Sendable {
     /// Runs `request` to its end, reporting its events in order; cancelling the calling task pauses it.
-    func download(_ request: DownloadRequest, observing observe: @escaping @Sendable (DownloadEvent) -> Void)
-        async throws -> DownloadResult
+    /// `beforeFinishing` runs once every byte is written and checked, before the final name is given.
+    func download(
+        _ request: DownloadRequest, observing observe: @escaping @Sendable (DownloadEvent) -> Void,
+        beforeFinishing: @escaping @Sendable () async -> Void
+    ) async throws -> DownloadResult
     /// Closes what the transport holds open.
     func shutdown() async throws
 }

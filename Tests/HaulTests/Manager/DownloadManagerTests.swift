@@ -36,6 +36,37 @@ import Testing
         }
     }
 
+    @Test("a file's final name appears only once its record says the download started and names the file")
+    func theRecordNamesTheFileBeforeTheRename() async throws {
+        try await HaulTestServer.withRunning { server in
+            try await withTemporaryDirectory { directory in
+                server.add("/named", TestResource(name: "named", size: 20_000))
+                // No group commit and no progress write comes on its own while the test looks.
+                var configuration = managerConfiguration()
+                configuration.commitInterval = .seconds(3600)
+                configuration.stateUpdateInterval = .seconds(3600)
+                try await withManager(directory + "/state", configuration) { manager in
+                    let id = try await manager.enqueue(
+                        DownloadRequest(url: server.url("/named"), destination: .directory(directory)))
+                    let reader = try SQLiteQueueStore(path: directory + "/state/" + DownloadManager.databaseName)
+                    await manager.start()
+                    let clock = ContinuousClock()
+                    let deadline = clock.now + .seconds(20)
+                    while !POSIX.exists(directory + "/named") && clock.now < deadline {
+                        try await Task.sleep(for: .milliseconds(1))
+                    }
+                    #expect(try readFile(directory + "/named") == server.resource("/named")!.content)
+                    // A process killed now would leave this record: it must say whose file that is.
+                    let record = try #require(try reader.download(id))
+                    #expect(record.startedAt != nil)
+                    #expect(record.destination == directory + "/named")
+                    #expect(record.totalBytes == 20_000)
+                    await manager.stop()
+                }
+            }
+        }
+    }
+
     @Test("never runs more than the limit; the next waiting download starts when one ends")
     func concurrencyLimit() async throws {
         try await HaulTestServer.withRunning { server in

@@ -38,6 +38,8 @@ final class TransferDriver {
     private let fetcher: HTTPFetcher
     private let clock: TransferClock
     private let observe: @Sendable (DownloadEvent) -> Void
+    /// Runs right before the final rename (see ``Downloader/download(_:observing:beforeFinishing:)``).
+    private let beforeFinishing: @Sendable () async -> Void
     private let logger: Logger
     private let rateLimiters: [RateLimiter]
     private let events: AsyncStream<Event>
@@ -62,8 +64,8 @@ final class TransferDriver {
 
     private init(
         downloader: Downloader, request: DownloadRequest, url: DownloadURL, files: TransferFiles,
-        observe: @escaping @Sendable (DownloadEvent) -> Void, events: AsyncStream<Event>,
-        post: AsyncStream<Event>.Continuation
+        observe: @escaping @Sendable (DownloadEvent) -> Void, beforeFinishing: @escaping @Sendable () async -> Void,
+        events: AsyncStream<Event>, post: AsyncStream<Event>.Continuation
     ) {
         let configuration = downloader.configuration
         // The request was checked before the download started: its mirrors parse.
@@ -77,6 +79,7 @@ final class TransferDriver {
             logger: downloader.logger)
         self.clock = downloader.clock
         self.observe = observe
+        self.beforeFinishing = beforeFinishing
         self.logger = downloader.logger
         self.rateLimiters = [
             request.bytesPerSecondLimit.map { RateLimiter(bytesPerSecond: $0, clock: downloader.clock) }
@@ -91,7 +94,7 @@ final class TransferDriver {
     /// data and its manifest stay).
     static func run(
         downloader: Downloader, request: DownloadRequest, url: DownloadURL,
-        observe: @escaping @Sendable (DownloadEvent) -> Void
+        observe: @escaping @Sendable (DownloadEvent) -> Void, beforeFinishing: @escaping @Sendable () async -> Void
     ) async throws -> DownloadResult {
         let (events, post) = AsyncStream<Event>.makeStream()
         // The download runs in a task of its own: a cancelled task's stream iteration would end at
@@ -102,7 +105,7 @@ final class TransferDriver {
                 let found = try files.open()
                 let driver = TransferDriver(
                     downloader: downloader, request: request, url: url, files: files, observe: observe,
-                    events: events, post: post)
+                    beforeFinishing: beforeFinishing, events: events, post: post)
                 return .success(try await driver.run(found))
             } catch {
                 files.release()
@@ -231,6 +234,7 @@ final class TransferDriver {
             return .verified(try await files.verify(totalBytes: total, validator: validator))
         case .finish(let total, let manifest):
             await checkpointTask?.value
+            await beforeFinishing()
             _ = try await files.finish(totalBytes: total, manifest: manifest)
             return .finished
         case .send(let request, let ask):
