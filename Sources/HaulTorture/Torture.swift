@@ -11,6 +11,8 @@ import HaulTestServer
 /// misbehaves at random, and now and then a mirror starts serving another version of the same
 /// length, which only the checksum at the end can catch. The partial file may then hold that
 /// mirror's bytes for a while; what must hold is the end: the file is exactly the checksum's.
+///
+/// With `--files N`, haul downloads N small files from one input file instead (see `ManyFiles.swift`).
 @main
 struct Torture: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
@@ -41,8 +43,35 @@ struct Torture: AsyncParsableCommand {
     @Option(help: "Working directory (a temporary one by default).")
     var directory: String?
 
+    @Option(
+        help: ArgumentHelp(
+            "Download this many small files (2 KiB to 64 KiB) with one 'haul get -i' instead of one large file.",
+            discussion: "--size-mib, --connections and --mirrors do not apply."))
+    var files: Int = 0
+
+    @Option(name: .customLong("min-kill-ms"), help: "With --files: the earliest kill, in ms after haul starts.")
+    var minimumKillDelay: Int = 20
+
+    @Option(name: .customLong("max-kill-ms"), help: "With --files: the latest kill, in ms after haul starts.")
+    var maximumKillDelay: Int = 400
+
+    @Option(name: .customLong("final-limit"), help: "Seconds the final run may take before it counts as hung.")
+    var finalRunLimit: Double = 600
+
+    mutating func validate() throws {
+        guard kills >= 1 else { throw ValidationError("--kills must be 1 or more") }
+        guard files >= 0 else { throw ValidationError("--files must be 0 or more") }
+        guard minimumKillDelay >= 0, maximumKillDelay >= minimumKillDelay else {
+            throw ValidationError("--min-kill-ms must be 0 or more and at most --max-kill-ms")
+        }
+    }
+
     mutating func run() async throws {
         let options = self
+        if files > 0 {
+            print(try await Self.withServers(1, []) { servers in try await options.tortureMany(servers[0]) })
+            return
+        }
         let report = try await Self.withServers(1 + mirrorServers, []) { servers in try await options.torture(servers) }
         print(report)
     }
@@ -142,7 +171,7 @@ struct Torture: AsyncParsableCommand {
         }
         let log = work + "/final.log"
         let final = try launch(arguments.filter { $0 != "-q" } + ["-v"], log: log)
-        final.waitUntilExit()
+        try await finish(final, within: finalRunLimit, "the final run")
         guard final.terminationStatus == 0 else {
             throw TortureFailure(
                 "the final run failed with exit code \(final.terminationStatus); its log is \(log)")
@@ -187,8 +216,8 @@ struct Torture: AsyncParsableCommand {
         }
     }
 
-    /// Starts haul; its standard error goes to `log` when given.
-    func launch(_ arguments: [String], log: String? = nil) throws -> Process {
+    /// Starts haul; its standard error goes to `log` and its standard output to `output` when given.
+    func launch(_ arguments: [String], log: String? = nil, output: String? = nil) throws -> Process {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: haul)
         process.arguments = arguments
@@ -199,8 +228,26 @@ struct Torture: AsyncParsableCommand {
         {
             process.standardError = handle
         }
+        if let output, FileManager.default.createFile(atPath: output, contents: nil),
+            let handle = FileHandle(forWritingAtPath: output)
+        {
+            process.standardOutput = handle
+        }
         try process.run()
         return process
+    }
+
+    /// Waits for `process` to end, at most `seconds`: past that it is killed and the run fails, so
+    /// a haul that hangs never hangs the torture.
+    func finish(_ process: Process, within seconds: Double, _ what: String) async throws {
+        let deadline = Date().addingTimeInterval(seconds)
+        while process.isRunning && Date() < deadline { try await Task.sleep(for: .milliseconds(10)) }
+        guard !process.isRunning else {
+            kill(process.processIdentifier, SIGKILL)
+            process.waitUntilExit()
+            throw TortureFailure("\(what) ran longer than \(Int(seconds)) s and was killed")
+        }
+        process.waitUntilExit()
     }
 
     /// After a kill, the partial file must hold exact bytes of one version of the file: a kill loses
