@@ -38,6 +38,7 @@ extension Torture {
         var applied: [String: Int] = [:]
         var completions = 0
         var seen = FolderCounts()
+        var killsFromStart = 0
 
         for round in 1...kills {
             // A few files misbehave on their next request, and about one in ten is slow for the
@@ -55,8 +56,21 @@ extension Torture {
                 server.setStandingFaults(
                     path, slow ? [.throttle(bytesPerSecond: random.next(in: 32...256) * 1024)] : [])
             }
+            let delay = random.next(in: minimumKillDelay...maximumKillDelay)
+            // One kill in four counts from the start, so some land while haul reads its list and
+            // its database; the others count from the first change haul makes to the directory, so
+            // they land among the transfers even when starting takes longer than the delay.
+            let fromStart = random.next(in: 0...3) == 0
+            let before = modificationDate(folder)
             let process = try launch(arguments)
-            let delay = random.next(in: minimumKillDelay...max(minimumKillDelay, maximumKillDelay))
+            if fromStart {
+                killsFromStart += 1
+            } else {
+                let limit = Date().addingTimeInterval(60)
+                while process.isRunning && Date() < limit && modificationDate(folder) == before {
+                    try await Task.sleep(for: .milliseconds(2))
+                }
+            }
             let deadline = Date().addingTimeInterval(Double(delay) / 1000)
             while process.isRunning && Date() < deadline { try await Task.sleep(for: .milliseconds(5)) }
             if process.isRunning {
@@ -95,7 +109,8 @@ extension Torture {
         let faults = applied.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", ")
         return """
             haul-torture: seed \(seed), \(files) files (\(total) bytes), \(kills) kills \
-            (\(minimumKillDelay)–\(maximumKillDelay) ms after start), \(completions) completions before a kill, \
+            (\(minimumKillDelay)–\(maximumKillDelay) ms after haul started for \(killsFromStart), after its first \
+            change to the directory for the rest), \(completions) completions before a kill, \
             \(server.requests.count) requests
             faults scripted: \(faults.isEmpty ? "none" : faults); about one file in ten throttled in each round
             after the kills: \(seen.complete) complete files and \(seen.partials) partial files with a manifest \
@@ -253,6 +268,11 @@ extension Torture {
             let destination = (object["destination"] as? String) ?? (object["name"] as? String) ?? ""
             return Record(state: state, name: URL(fileURLWithPath: destination).lastPathComponent)
         }
+    }
+
+    /// When the directory at `path` last changed (a file created, renamed or removed in it).
+    func modificationDate(_ path: String) -> Date? {
+        (try? FileManager.default.attributesOfItem(atPath: path))?[.modificationDate] as? Date
     }
 
     /// The size of the file at `path`, or nil when there is none.
