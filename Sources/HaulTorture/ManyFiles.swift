@@ -95,11 +95,23 @@ extension Torture {
             server.script("/" + file.name, [])
             server.setStandingFaults("/" + file.name, [])
         }
+        // What the database says before the final run, kept for a failure's report: a file complete
+        // under its final name whose download is not recorded completed must be recognised as done.
+        let records = try await listRecords(state, round: "before the final run", keeping: work + "/before-final.json")
+        let recorded = Dictionary(records.map { ($0.name, $0.state) }, uniquingKeysWith: { first, _ in first })
+        let unrecorded = smallFiles.filter { file in
+            FileManager.default.fileExists(atPath: folder + "/" + file.name) && recorded[file.name] != "completed"
+        }
+        let states = Dictionary(grouping: unrecorded) { recorded[$0.name] ?? "no record" }
+            .map { "\($0.value.count) \($0.key)" }.sorted().joined(separator: ", ")
         let log = work + "/final.log"
         let final = try launch(arguments.filter { $0 != "-q" } + ["-v"], log: log)
         try await finish(final, within: finalRunLimit, "the final run")
         guard final.terminationStatus == 0 else {
-            throw TortureFailure("the final run failed with exit code \(final.terminationStatus); its log is \(log)")
+            throw TortureFailure(
+                "the final run failed with exit code \(final.terminationStatus); its log is \(log). Before it, "
+                    + "\(unrecorded.count) files were complete under their final names without a completed record"
+                    + (unrecorded.isEmpty ? "" : " (\(states))") + "; haul ls --json then: \(work)/before-final.json")
         }
         try await checkFinished(folder, state: state, smallFiles, round: "the final run")
         try? FileManager.default.removeItem(atPath: work)
@@ -113,6 +125,8 @@ extension Torture {
             change to the directory for the rest), \(completions) completions before a kill, \
             \(server.requests.count) requests
             faults scripted: \(faults.isEmpty ? "none" : faults); about one file in ten throttled in each round
+            before the final run: \(unrecorded.count) files complete under their final names without a completed \
+            record\(unrecorded.isEmpty ? "" : " (\(states))")
             after the kills: \(seen.complete) complete files and \(seen.partials) partial files with a manifest \
             checked; \(seen.untrusted) partial files without one (\(seen.untrustedPrefixes) of them a prefix of the file)
             bytes sent: \(sent) = \(String(format: "%.2f", Double(sent) / Double(total * Int64(completions + 1))))× \
@@ -249,10 +263,11 @@ extension Torture {
         let name: String
     }
 
-    /// The downloads `haul ls --json` reports for the state directory `state`.
-    func listRecords(_ state: String, round: String) async throws -> [Record] {
-        let output = (directory ?? NSTemporaryDirectory()) + "/haul-torture-ls-\(seed).json"
-        defer { try? FileManager.default.removeItem(atPath: output) }
+    /// The downloads `haul ls --json` reports for the state directory `state`; its output stays in
+    /// the file `keeping` when given.
+    func listRecords(_ state: String, round: String, keeping: String? = nil) async throws -> [Record] {
+        let output = keeping ?? (directory ?? NSTemporaryDirectory()) + "/haul-torture-ls-\(seed).json"
+        defer { if keeping == nil { try? FileManager.default.removeItem(atPath: output) } }
         let process = try launch(["ls", "--json", "--state-dir", state], output: output)
         try await finish(process, within: 120, "\(round): haul ls --json")
         guard process.terminationStatus == 0, let data = FileManager.default.contents(atPath: output),
