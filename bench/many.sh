@@ -285,13 +285,15 @@ queue_table() {
         local left
         left=$(echo "10 - ($(date +%s.%N) - $started - $ready)" | bc -l)
         [ "$(echo "$left > 0" | bc -l)" = 1 ] && sleep "$left"
+        # Read at least 10 s after it listens; later when the pages above took longer.
         local hwm rss done_count
         hwm=$(vm "$daemon_pid" VmHWM)
         rss=$(vm "$daemon_pid" VmRSS)
         done_count=$(curl -s -m 60 -H "Authorization: Bearer $token" "$url?state=completed&limit=1" \
             | python3 -c 'import json, sys; print(json.load(sys.stdin)["total"])' 2>/dev/null || echo "?")
-        printf '| `haul daemon` running the queue, -j 16, 10 s after it listens: peak RSS (VmHWM) | %s MiB | ≤ %s MiB | %s |\n' \
-            "$hwm" "$daemon_target_mib" "$(pass_fail "$hwm" '<=' "$daemon_target_mib")"
+        printf '| `haul daemon` running the queue, -j 16, %.0f s after it listens: peak RSS (VmHWM) | %s MiB | ≤ %s MiB | %s |\n' \
+            "$(echo "$(date +%s.%N) - $started - $ready" | bc -l)" "$hwm" "$daemon_target_mib" \
+            "$(pass_fail "$hwm" '<=' "$daemon_target_mib")"
         printf '| `haul daemon`, likewise: RSS now (VmRSS) | %s MiB | ≤ %s MiB | %s |\n' \
             "$rss" "$daemon_target_mib" "$(pass_fail "$rss" '<=' "$daemon_target_mib")"
         echo "| downloads completed by then | $done_count | | |"
@@ -305,7 +307,21 @@ queue_table() {
             fi
         done
     fi
+    # SIGTERM: running downloads checkpoint. The time it takes to stop is reported; past the
+    # timeout the daemon is killed.
+    local stopping stopped=""
+    stopping=$(date +%s.%N)
     kill "$daemon_pid" 2>/dev/null || true
+    for _ in $(seq $((queue_timeout * 10))); do
+        kill -0 "$daemon_pid" 2>/dev/null || { stopped=yes; break; }
+        sleep 0.1
+    done
+    if [ -n "$stopped" ]; then
+        printf '| `haul daemon`: SIGTERM until it exits | %.2f s | | |\n' "$(echo "$(date +%s.%N) - $stopping" | bc -l)"
+    else
+        kill -9 "$daemon_pid" 2>/dev/null || true
+        echo "| \`haul daemon\`: SIGTERM until it exits | still running after ${queue_timeout} s: killed | | **fail** |"
+    fi
     wait "$daemon_pid" 2>/dev/null || true
     daemon_pid=""
     echo
