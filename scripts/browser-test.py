@@ -4,8 +4,9 @@
 Starts the test server (`haul-test-server`, throttled files) and `haul daemon` on free ports with a
 temporary state directory, then, in Chromium: connects with the token, adds a download and watches
 its progress bar move to "completed" (the file's bytes equal the server's), pauses and resumes a
-second one added with two connections, filters by state, removes one keeping its file, and checks a phone-width window. A
-screenshot mid-download goes to OUT/daemon.png (checked in as docs/daemon.png).
+second one added with two connections, filters by state, removes one keeping its file, pages
+through a queue of a few hundred (20 rows a page, `?pageSize=20`) and checks a phone-width window.
+A screenshot mid-download goes to OUT/daemon.png (checked in as docs/daemon.png).
 
     scripts/browser-test.py [--bin .build/debug] [--out .build/browser-test]
 
@@ -77,7 +78,7 @@ def main():
         # The test server: two throttled files to watch, one small one.
         server = subprocess.Popen(
             [os.path.join(args.bin, "haul-test-server"), "movie.mkv:12000000:2000000", "dataset.tar:9000000:1500000",
-             "notes.txt:20000", "readme.md:3000"],
+             "notes.txt:20000", "readme.md:3000", "slow.bin:50000000:5000"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         processes.append(server)
         files_url = server.stdout.readline().strip()
@@ -98,10 +99,14 @@ def main():
         if link != f"{base}/#token={token}":
             fail(f"--print-link printed {link}")
 
-        def api(path):
-            request = urllib.request.Request(base + "/api/v1" + path, headers={"Authorization": "Bearer " + token})
+        def api(path, method="GET", body=None):
+            headers = {"Authorization": "Bearer " + token}
+            if body is not None:
+                headers["Content-Type"] = "application/json"
+            request = urllib.request.Request(base + "/api/v1" + path, method=method, headers=headers,
+                                             data=None if body is None else json.dumps(body).encode())
             with urllib.request.urlopen(request, timeout=DEADLINE) as response:
-                return json.load(response)
+                return json.load(response) if response.status != 204 else None
 
         # The page forbids framing and foreign scripts.
         with urllib.request.urlopen(base + "/", timeout=DEADLINE) as response:
@@ -229,7 +234,79 @@ def main():
             fail("a download without a label shows one")
         driver.save_screenshot(os.path.join(args.out, "daemon-label.png"))
 
-        # 6. A phone-width window: nothing wider than the screen.
+        # 6. A queue of a few hundred, paged by the API: one download at once, taken by a slow one, so
+        #    300 more (at a closed port, never started) stay queued. With 20 rows a page the page
+        #    shows the API's pages, a filter shows the API's count, and events update what is shown.
+        api("/options", "PATCH", {"maxConcurrentDownloads": 1})
+        api("/downloads", "POST", {"downloads": [{"url": files_url + "/slow.bin"}]})
+        wait_for("slow.bin runs", lambda: api("/downloads?state=running")["total"] == 1)
+        api("/downloads", "POST", {"downloads": [{"url": f"http://127.0.0.1:9/f{i:03}"} for i in range(300)]})
+
+        def names_shown():
+            return [element.find_element(By.CSS_SELECTOR, ".name").text
+                    for element in driver.find_elements(By.CSS_SELECTOR, "#downloads .download")]
+
+        def names_of(query):
+            return [d["name"] for d in api("/downloads?" + query)["downloads"]]
+
+        def shows(query):
+            expected = names_of(query)
+            return lambda: names_shown() == expected
+
+        def count_on(state):
+            text = driver.find_element(By.CSS_SELECTOR, f'#filters [data-state="{state}"] .count').text
+            return int(re.sub(r"\D", "", text) or -1)
+
+        driver.get(base + "/?pageSize=20")
+        wait_for("the first page shows the first 20", shows("offset=0&limit=20"))
+        if len(driver.find_elements(By.CSS_SELECTOR, "#downloads .download")) != 20:
+            fail("the first page does not show 20 rows")
+        total = api("/downloads?limit=1")["total"]
+        wait_for("All counts the whole queue", lambda: count_on("") == total)
+        pager = driver.find_element(By.CSS_SELECTOR, ".pager.top")
+        if not pager.find_element(By.CSS_SELECTOR, '[data-go="previous"]').get_attribute("disabled"):
+            fail("Previous is enabled on the first page")
+        pager.find_element(By.CSS_SELECTOR, '[data-go="next"]').click()
+        wait_for("the next page shows the next 20", shows("offset=20&limit=20"))
+        wait_for("the range reads 21–40", lambda: pager.find_element(By.CSS_SELECTOR, ".range").text
+                 == f"21–40 of {total}")
+        # An event about a download shown updates its row.
+        shown = names_shown()[5]
+        target = [d for d in api("/downloads?offset=20&limit=20")["downloads"] if d["name"] == shown][0]
+        api(f"/downloads/{target['id']}/pause", "POST")
+        wait_for(f"{shown}, paused through the API, shows it", lambda: state_of(shown) == "paused")
+        # A page typed in.
+        field = pager.find_element(By.CSS_SELECTOR, ".page-number")
+        field.clear()
+        field.send_keys("3\n")
+        wait_for("page 3 shows rows 41–60", shows("offset=40&limit=20"))
+        # A filter is the API's: its rows, and its count from the stats.
+        driver.find_element(By.CSS_SELECTOR, '#filters [data-state="queued"]').click()
+        wait_for("the queued filter shows the API's first queued", shows("state=queued&offset=0&limit=20"))
+        if any(state_of(name) != "queued" for name in names_shown()):
+            fail("the queued filter shows a download that is not queued")
+        queued = api("/stats")["counts"]["queued"]
+        if queued != 299:
+            fail(f"the API counts {queued} queued, not 299")
+        wait_for("the queued count is the API's", lambda: count_on("queued") == queued)
+        wait_for("the paused count is the API's", lambda: count_on("paused") == api("/stats")["counts"]["paused"])
+        # The last page; a download added there appears, one added to a full page goes to the next.
+        driver.find_element(By.CSS_SELECTOR, '.pager.top [data-go="last"]').click()
+        wait_for("the last page shows the last queued", shows(f"state=queued&offset={(queued - 1) // 20 * 20}&limit=20"))
+        before = len(names_shown())
+        api("/downloads", "POST", {"downloads": [{"url": "http://127.0.0.1:9/latecomer"}]})
+        if before < 20:
+            wait_for("a new download appears on the last page", lambda: names_shown()[-1:] == ["latecomer"])
+        wait_for("the queued count grows", lambda: count_on("queued") == queued + 1)
+        # A download leaving the filter leaves the page.
+        first = names_shown()[0]
+        first_id = [d["id"] for d in api(f"/downloads?state=queued&offset={(queued - 1) // 20 * 20}&limit=1")["downloads"]][0]
+        api(f"/downloads/{first_id}/pause", "POST")
+        wait_for(f"{first}, paused, leaves the queued filter", lambda: first not in names_shown())
+        driver.find_element(By.CSS_SELECTOR, '#filters [data-state=""]').click()
+        wait_for("All shows the first page", shows("offset=0&limit=20"))
+
+        # 7. A phone-width window: nothing wider than the screen.
         driver.set_window_size(390, 844)
         time.sleep(0.3)
         overflow = driver.execute_script("return document.documentElement.scrollWidth - window.innerWidth")

@@ -2,20 +2,87 @@
 // The page of `haul daemon`: the downloads from the API, kept live by its event stream.
 
 const API = "/api/v1";
+const STATES = ["running", "queued", "paused", "completed", "failed", "cancelled"];
+
+// Rows a page shows: `?pageSize=20` in the address, or `haul.pageSize` in localStorage; 50 when
+// neither gives a number from 1 to 1000 (the API's largest page).
+function configuredPageSize() {
+  let asked = new URLSearchParams(location.search).get("pageSize");
+  try {
+    asked = asked || localStorage.getItem("haul.pageSize");
+  } catch (error) {}
+  const size = Number(asked);
+  return Number.isInteger(size) && size >= 1 && size <= 1000 ? size : 50;
+}
+const pageSize = configuredPageSize();
+
+// The page shown: its downloads by ID (only these are held, however long the queue), which page of
+// which filter, and how many downloads the filter has over every page.
 const downloads = new Map();
-// Events counted as they arrive, and for each download the count at its last event: an answer to a
-// request sent before that event is older than what the event showed, and is not applied.
+let filter = "";
+let page = 0;
+let total = 0;
+let loaded = false;
+// The queue as a whole, from /stats: downloads by state and the speed.
+let counts = {};
+let speed = 0;
+
+// Events counted as they arrive, and for each download the count at its last event and what it
+// showed (null: removed): an answer to a request sent before that event is older than what the
+// event showed, and is not applied. Kept only while an answer is awaited: a request sent later
+// is newer than every event before it.
 let eventCount = 0;
 const lastEvent = new Map();
+const eventDownload = new Map();
+let awaiting = 0;
+
+// Runs `work(sentAt)`, which sends a request and applies its answer, with the events that arrive
+// meanwhile recorded.
+async function whileAwaiting(work) {
+  awaiting += 1;
+  try {
+    return await work(eventCount);
+  } finally {
+    awaiting -= 1;
+    if (awaiting === 0) {
+      lastEvent.clear();
+      eventDownload.clear();
+    }
+  }
+}
+
+// `d` as an answer to a request sent when `eventCount` was `sentAt` had it, or as an event about it
+// since showed it (null: removed since).
+function newest(d, sentAt) {
+  return (lastEvent.get(d.id) ?? -1) <= sentAt ? d : eventDownload.get(d.id) ?? null;
+}
 
 // Shows `d` as an answer to a request sent when `eventCount` was `sentAt`, unless an event about it
-// arrived since.
+// arrived since: in its row when it is shown, as a new row when it belongs on this page.
 function applyAnswer(d, sentAt) {
-  if ((lastEvent.get(d.id) ?? -1) <= sentAt) downloads.set(d.id, d);
+  if ((lastEvent.get(d.id) ?? -1) > sentAt) return;
+  if (downloads.has(d.id) ? matches(d) : belongsHere(d)) downloads.set(d.id, d);
 }
+
+// Whether `d` is in the filter shown.
+function matches(d) {
+  return !filter || d.state === filter;
+}
+
+// Whether `d`, not shown, goes on this page: IDs grow, so a new download goes at the end of the
+// last page, when that has room.
+function belongsHere(d) {
+  if (!matches(d) || downloads.size >= pageSize) return false;
+  if (downloads.size === 0) return page === 0 || page * pageSize >= total - 1;
+  return d.id > Math.max(...downloads.keys());
+}
+
+function pages() {
+  return Math.max(1, Math.ceil(total / pageSize));
+}
+
 const rows = new Map();
 let token = sessionStorage.getItem("haul.token");
-let filter = "";
 let lastEventId = null;
 let renderQueued = false;
 let streaming = null;
@@ -29,7 +96,7 @@ function takeTokenFromLink() {
   if (!match) return false;
   token = match[1];
   sessionStorage.setItem("haul.token", token);
-  history.replaceState(null, "", location.pathname);
+  history.replaceState(null, "", location.pathname + location.search);
   return true;
 }
 takeTokenFromLink();
@@ -90,9 +157,7 @@ function scheduleRender() {
 
 function render() {
   const list = $("downloads");
-  const shown = [...downloads.values()]
-    .filter((d) => !filter || d.state === filter)
-    .sort((a, b) => a.id - b.id);
+  const shown = [...downloads.values()].sort((a, b) => a.id - b.id);
   const keep = new Set(shown.map((d) => d.id));
   for (const [id, row] of rows) {
     if (!keep.has(id)) {
@@ -113,8 +178,9 @@ function render() {
     if (expected !== row) list.insertBefore(row, expected);
     previous = row;
   }
-  $("empty").hidden = shown.length > 0;
+  $("empty").hidden = !loaded || shown.length > 0;
   renderTotals();
+  renderPager(shown.length);
 }
 
 function update(row, d) {
@@ -155,39 +221,106 @@ function update(row, d) {
   row.querySelector(".error").textContent = d.error ? d.error.message : "";
 }
 
+const number = (count) => count.toLocaleString("en-US");
+
 function renderTotals() {
-  let speed = 0;
-  const counts = {};
-  for (const d of downloads.values()) {
-    if (d.state === "running" && d.bytesPerSecond) speed += d.bytesPerSecond;
-    counts[d.state] = (counts[d.state] || 0) + 1;
-  }
   $("speed").textContent = bytes(Math.round(speed)) + "/s";
-  $("counts").textContent = ["running", "queued", "paused", "completed", "failed"]
-    .filter((state) => counts[state])
-    .map((state) => `${counts[state]} ${state}`)
+  $("counts").textContent = STATES.filter((state) => counts[state])
+    .map((state) => `${number(counts[state])} ${state}`)
     .join(" · ");
+  const all = STATES.reduce((sum, state) => sum + (counts[state] || 0), 0);
+  for (const button of $("filters").querySelectorAll("button")) {
+    button.querySelector(".count").textContent = number(button.dataset.state ? counts[button.dataset.state] || 0 : all);
+  }
   document.title = speed > 0 ? `${bytes(Math.round(speed))}/s · Haul` : "Haul";
+}
+
+function renderPager(shown) {
+  const last = pages() - 1;
+  const first = page * pageSize;
+  const range = shown ? `${number(first + 1)}–${number(first + shown)} of ${number(total)}` : `0 of ${number(total)}`;
+  for (const pager of document.querySelectorAll(".pager")) {
+    pager.hidden = !loaded || total <= pageSize && page === 0;
+    for (const button of pager.querySelectorAll("button[data-go]")) {
+      const go = button.dataset.go;
+      button.disabled = go === "first" || go === "previous" ? page === 0 : page >= last;
+    }
+    pager.querySelector(".range").textContent = range;
+    const field = pager.querySelector(".page-number");
+    if (field) {
+      field.max = last + 1;
+      if (document.activeElement !== field) field.value = page + 1;
+      pager.querySelector(".pages").textContent = number(last + 1);
+    }
+  }
 }
 
 // MARK: Loading and live events
 
-// The list, and where the event stream goes on from: the ID of the last event before the list was
-// read, so that every change after it is replayed and none is missed.
-async function loadAll() {
-  const all = [];
-  let since = null;
-  for (let offset = 0; ; offset += 1000) {
-    const page = await call("GET", `/downloads?offset=${offset}&limit=1000`);
-    if (since === null) since = page.lastEventId;
-    all.push(...page.downloads);
-    if (all.length >= page.total || page.downloads.length === 0) break;
+// The page shown, and where the event stream goes on from: the ID of the last event before the
+// page was read, so that every change after it is replayed and none is missed. Only the newest
+// request's answer is shown (the user may have moved on meanwhile).
+let pageRequest = 0;
+function loadPage() {
+  const request = ++pageRequest;
+  return whileAwaiting(async (sentAt) => {
+    const asked = page;
+    let path = `/downloads?offset=${asked * pageSize}&limit=${pageSize}`;
+    if (filter) path += `&state=${filter}`;
+    $("downloads").setAttribute("aria-busy", "true");
+    const answer = await call("GET", path);
+    if (request !== pageRequest) return;
+    $("downloads").removeAttribute("aria-busy");
+    if (!streaming || streaming.signal.aborted) lastEventId = answer.lastEventId;
+    total = answer.total;
+    // Past the end (downloads removed meanwhile): the last page instead.
+    if (answer.downloads.length === 0 && asked > 0 && total > 0) {
+      page = pages() - 1;
+      return loadPage();
+    }
+    downloads.clear();
+    for (const d of answer.downloads) {
+      const now = newest(d, sentAt);
+      if (now && matches(now)) downloads.set(now.id, now);
+    }
+    loaded = true;
+    scheduleRender();
+  });
+}
+
+// Counts by state and the speed, for the whole queue (not counted from the rows held).
+async function loadStats() {
+  const stats = await call("GET", "/stats");
+  counts = stats.counts;
+  speed = stats.bytesPerSecond || 0;
+  total = filter ? counts[filter] || 0 : STATES.reduce((sum, state) => sum + (counts[state] || 0), 0);
+  if (loaded && page > pages() - 1) {
+    page = pages() - 1;
+    pageSoon();
   }
-  if (!streaming || streaming.signal.aborted) lastEventId = since;
-  downloads.clear();
-  for (const d of all) downloads.set(d.id, d);
   scheduleRender();
 }
+
+function reload() {
+  return Promise.all([loadPage(), loadStats()]);
+}
+
+// `work` at most once per `interval` ms: a call while one is due is part of it, and one just after
+// it runs waits for the rest of the interval.
+function throttled(work, interval) {
+  let timer = null;
+  let last = 0;
+  return () => {
+    if (timer) return;
+    timer = setTimeout(() => {
+      timer = null;
+      last = Date.now();
+      work().catch(() => {});
+    }, Math.max(0, last + interval - Date.now()));
+  };
+}
+const statsSoon = throttled(loadStats, 1000);
+const pageSoon = throttled(loadPage, 500);
 
 function showOptions(options) {
   $("max-concurrent").value = options.maxConcurrentDownloads;
@@ -198,21 +331,35 @@ async function loadOptions() {
   showOptions(await call("GET", "/options"));
 }
 
+// An event updates its row when the download is shown, and the counts always; a new download
+// appears when it belongs on this page. A download that enters or leaves the filter shown reloads
+// the page (at most twice a second), to keep it in step.
 function handleEvent(name, data) {
   if (name === "reset") {
-    loadAll().catch(() => {});
+    reload().catch(() => {});
     return;
   }
   const payload = JSON.parse(data);
   const d = payload.download;
   if (!d) return;
-  lastEvent.set(d.id, ++eventCount);
-  if (name === "removed") {
-    downloads.delete(d.id);
-  } else {
-    const before = downloads.get(d.id);
-    downloads.set(d.id, d);
-    if (name === "state" && d.state === "completed" && before && before.state !== "completed") notify(d);
+  eventCount += 1;
+  if (awaiting > 0) {
+    lastEvent.set(d.id, eventCount);
+    eventDownload.set(d.id, name === "removed" ? null : d);
+  }
+  statsSoon();
+  const before = downloads.get(d.id);
+  if (name === "state" && d.state === "completed" && (!before || before.state !== "completed")) notify(d);
+  if (before) {
+    if (name !== "removed" && matches(d)) {
+      downloads.set(d.id, d);
+    } else {
+      downloads.delete(d.id);
+      pageSoon();
+    }
+  } else if (name !== "removed") {
+    if (belongsHere(d)) downloads.set(d.id, d);
+    else if (filter && matches(d) && (downloads.size < pageSize || d.id < Math.max(...downloads.keys()))) pageSoon();
   }
   scheduleRender();
 }
@@ -289,8 +436,7 @@ async function start() {
   $("login").hidden = true;
   $("app").hidden = false;
   try {
-    await loadAll();
-    await loadOptions();
+    await Promise.all([loadPage(), loadStats(), loadOptions()]);
   } catch (error) {
     return;
   }
@@ -322,9 +468,11 @@ $("add-form").addEventListener("submit", async (event) => {
   });
   const error = $("add-error");
   try {
-    const sentAt = eventCount;
-    const added = await call("POST", "/downloads", { downloads: items });
-    for (const d of added.downloads) applyAnswer(d, sentAt);
+    await whileAwaiting(async (sentAt) => {
+      const added = await call("POST", "/downloads", { downloads: items });
+      for (const d of added.downloads) applyAnswer(d, sentAt);
+    });
+    statsSoon();
     $("urls").value = "";
     error.hidden = true;
     scheduleRender();
@@ -347,9 +495,10 @@ $("downloads").addEventListener("click", async (event) => {
       const deleteFiles = confirm(`Also delete the file of “${d.name}” from the disk?\n\nCancel keeps the file.`);
       await call("DELETE", `/downloads/${id}?deleteFiles=${deleteFiles}`);
       downloads.delete(id);
+      pageSoon();
+      statsSoon();
     } else {
-      const sentAt = eventCount;
-      applyAnswer(await call("POST", `/downloads/${id}/${action}`), sentAt);
+      await whileAwaiting(async (sentAt) => applyAnswer(await call("POST", `/downloads/${id}/${action}`), sentAt));
     }
     scheduleRender();
   } catch (failure) {
@@ -361,9 +510,42 @@ $("filters").addEventListener("click", (event) => {
   const button = event.target.closest("button[data-state]");
   if (!button) return;
   filter = button.dataset.state;
-  for (const other of $("filters").querySelectorAll("button")) other.classList.toggle("on", other === button);
-  scheduleRender();
+  page = 0;
+  for (const other of $("filters").querySelectorAll("button")) {
+    other.classList.toggle("on", other === button);
+    other.setAttribute("aria-pressed", other === button);
+  }
+  loadPage().catch(() => {});
 });
+
+// Moves to page `index` (from 0), within the pages there are.
+function goTo(index) {
+  const next = Math.min(Math.max(0, index), pages() - 1);
+  if (!Number.isFinite(next) || next === page) return;
+  page = next;
+  scheduleRender();
+  loadPage().catch(() => {});
+}
+
+for (const pager of document.querySelectorAll(".pager")) {
+  pager.addEventListener("click", (event) => {
+    const button = event.target.closest("button[data-go]");
+    if (!button) return;
+    const go = button.dataset.go;
+    goTo(go === "first" ? 0 : go === "previous" ? page - 1 : go === "next" ? page + 1 : pages() - 1);
+    if (pager.classList.contains("bottom")) $("filters").scrollIntoView();
+  });
+  const field = pager.querySelector(".page-number");
+  if (!field) continue;
+  // A page number typed in: taken on Enter or when the field loses focus (an empty one is not).
+  const take = () => {
+    if (field.value.trim()) goTo(Math.round(Number(field.value)) - 1);
+  };
+  field.addEventListener("change", take);
+  field.addEventListener("keydown", (event) => {
+    if (event.key === "Enter") take();
+  });
+}
 
 async function changeOptions(change) {
   try {
@@ -382,8 +564,8 @@ $("total-limit").addEventListener("change", (event) => {
   changeOptions({ totalLimitRate: mebibytes > 0 ? Math.max(1, Math.round(mebibytes * 1048576)) : null });
 });
 
-$("pause-all").addEventListener("click", () => call("POST", "/pause-all").then(loadAll).catch(() => {}));
-$("resume-all").addEventListener("click", () => call("POST", "/resume-all").then(loadAll).catch(() => {}));
+$("pause-all").addEventListener("click", () => call("POST", "/pause-all").then(reload).catch(() => {}));
+$("resume-all").addEventListener("click", () => call("POST", "/resume-all").then(reload).catch(() => {}));
 
 if (token) start();
 else showLogin();
