@@ -18,7 +18,8 @@ import Testing
                 let count = 12
                 for index in 0..<count {
                     server.add("/h\(index)", TestResource(name: "h\(index)", size: 96 * 1024))
-                    server.setStandingFaults("/h\(index)", [.throttle(bytesPerSecond: 256 * 1024)])
+                    // Slow enough (1.5 s each) that all of them overlap even on a loaded machine.
+                    server.setStandingFaults("/h\(index)", [.throttle(bytesPerSecond: 64 * 1024)])
                 }
                 try await withManager(directory + "/state", managerConfiguration(limit: count)) { manager in
                     let requests = (0..<count).map {
