@@ -126,6 +126,28 @@ final class SQLiteQueueStore: QueueStore {
             try db.execute(
                 sql: "CREATE INDEX download_on_owner_state_priority ON download (owner, state, priority DESC, id)")
         }
+        migrator.registerMigration("8: the count of each state, kept by triggers") { db in
+            // Counting a million records per state took most of an API page's 60-76 ms; triggers
+            // keep the counts in the transaction that changes a record, whichever process writes.
+            try db.execute(
+                sql: """
+                    CREATE TABLE download_count (state TEXT PRIMARY KEY, n INTEGER NOT NULL) WITHOUT ROWID;
+                    INSERT INTO download_count (state, n) SELECT state, count(*) FROM download GROUP BY state;
+                    CREATE TRIGGER download_count_insert AFTER INSERT ON download BEGIN
+                        INSERT INTO download_count (state, n) VALUES (NEW.state, 1)
+                            ON CONFLICT (state) DO UPDATE SET n = n + 1;
+                    END;
+                    CREATE TRIGGER download_count_delete AFTER DELETE ON download BEGIN
+                        UPDATE download_count SET n = n - 1 WHERE state = OLD.state;
+                    END;
+                    CREATE TRIGGER download_count_update AFTER UPDATE OF state ON download
+                    WHEN OLD.state IS NOT NEW.state BEGIN
+                        UPDATE download_count SET n = n - 1 WHERE state = OLD.state;
+                        INSERT INTO download_count (state, n) VALUES (NEW.state, 1)
+                            ON CONFLICT (state) DO UPDATE SET n = n + 1;
+                    END;
+                    """)
+        }
         return migrator
     }
 
@@ -310,7 +332,8 @@ final class SQLiteQueueStore: QueueStore {
     func counts() throws -> [DownloadState: Int] {
         try read { db in
             var counts: [DownloadState: Int] = [:]
-            for row in try Row.fetchAll(db, sql: "SELECT state, count(*) AS n FROM download GROUP BY state") {
+            let statement = try db.cachedStatement(sql: "SELECT state, n FROM download_count WHERE n > 0")
+            for row in try Row.fetchAll(statement) {
                 if let state = DownloadState(rawValue: row["state"]) { counts[state] = row["n"] }
             }
             return counts

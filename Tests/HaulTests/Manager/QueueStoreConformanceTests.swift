@@ -421,6 +421,15 @@ struct QueueStoreKind: Sendable, CustomTestStringConvertible {
             #expect(try store.counts() == [.queued: 4, .running: 2, .completed: 2, .cancelled: 2])
             try store.delete(records[2].downloadID)
             #expect(try store.counts() == [.queued: 4, .running: 1, .completed: 2, .cancelled: 2])
+            // A change of state moves a record from one count to the other; other changes move none.
+            var started = try Self.stored(store, records[0].downloadID)
+            try started.move(to: .running, at: 40)
+            var unchanged = try Self.stored(store, records[3].downloadID)
+            unchanged.bytes = 1
+            try store.update([started, unchanged])
+            #expect(try store.counts() == [.queued: 3, .running: 2, .completed: 2, .cancelled: 2])
+            try started.move(to: .queued, at: 41)
+            try store.update([started])
             var sized = try Self.stored(store, records[0].downloadID)
             sized.bytes = 5
             sized.totalBytes = 9
