@@ -226,10 +226,8 @@ struct Add: AsyncParsableCommand {
         let transfer = TransferOptions.defaults
         let ids = try await withQueue(state) { queue in
             request.noteWeakChecksum(quiet: false)
-            return try await queue.add(
-                try request.queueRequests(transfer, connections: nil), priority: try request.parsedPriority()
-            )
-            .map(\.id)
+            return try await queue.enqueue(
+                try request.queueRequests(transfer, connections: nil), priority: try request.parsedPriority())
         }
         Output.standardOutput(ids.map { "\($0)\n" }.joined())
     }

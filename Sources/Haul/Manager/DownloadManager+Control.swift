@@ -32,25 +32,24 @@ extension DownloadManager {
     public func enqueue(_ requests: [DownloadRequest], priority: DownloadPriority = .normal) async throws
         -> [DownloadID]
     {
-        try await enqueueAnswering(requests, priority: priority).map(\.id)
+        try await enqueueAnswering(requests, priority: priority, withInfo: false).map(\.id)
     }
 
     /// ``enqueue(_:priority:)-([DownloadRequest],_)``, with each download as the add left it (a known
-    /// one as stored, or queued again).
-    func enqueueAnswering(_ requests: [DownloadRequest], priority: DownloadPriority) async throws
-        -> [(id: DownloadID, info: DownloadInfo)]
+    /// one as stored, or queued again) when `withInfo`; a long list added for its IDs alone holds no
+    /// more than its IDs.
+    func enqueueAnswering(_ requests: [DownloadRequest], priority: DownloadPriority, withInfo: Bool = true)
+        async throws -> [(id: DownloadID, info: DownloadInfo?)]
     {
-        if let refusal = try refusal(of: requests) { throw refusal.error }
         // Every refusal is found before any download is replaced.
-        var replaced: [DownloadID] = []
-        for chunk in Self.chunks(of: requests) {
-            let known = try known(chunk)
-            replaced += try chunk.compactMap { request in try downloadOfAnotherURL(for: request, known: known) }
-        }
-        for id in replaced { try await remove(id, deletingFiles: false) }
-        var ids: [(id: DownloadID, info: DownloadInfo)] = []
+        let examined = try examine(requests)
+        if let refusal = examined.refusal { throw refusal.error }
+        for id in examined.replaced { try await remove(id, deletingFiles: false) }
+        var ids: [(id: DownloadID, info: DownloadInfo?)] = []
         ids.reserveCapacity(requests.count)
-        for chunk in Self.chunks(of: requests) { ids += try enqueueChunk(chunk, priority: priority) }
+        for chunk in Self.chunks(of: requests) {
+            ids += try enqueueChunk(chunk, priority: priority, withInfo: withInfo)
+        }
         schedule()
         return ids
     }
@@ -66,8 +65,8 @@ extension DownloadManager {
     }
 
     /// Adds one slice of an ``enqueue(_:priority:)-([DownloadRequest],_)`` call in one transaction.
-    private func enqueueChunk(_ requests: ArraySlice<DownloadRequest>, priority: DownloadPriority) throws
-        -> [(id: DownloadID, info: DownloadInfo)]
+    private func enqueueChunk(_ requests: ArraySlice<DownloadRequest>, priority: DownloadPriority, withInfo: Bool)
+        throws -> [(id: DownloadID, info: DownloadInfo?)]
     {
         // Everything is decided first; the store then adds and changes it all in one transaction, and
         // the memory changes only once that has committed. Changes still waiting to be written go
@@ -98,9 +97,11 @@ extension DownloadManager {
                 // As the batch left it, without reading it again.
                 (
                     record.downloadID,
-                    (changed[record.downloadID] ?? entries[record.downloadID] ?? Entry(record: record)).info
+                    withInfo
+                        ? (changed[record.downloadID] ?? entries[record.downloadID] ?? Entry(record: record)).info : nil
                 )
-            case .added(let position): (batch.added[position].entry.id, batch.added[position].entry.info)
+            case .added(let position):
+                (batch.added[position].entry.id, withInfo ? batch.added[position].entry.info : nil)
             }
         }
     }
@@ -169,8 +170,19 @@ extension DownloadManager {
     /// `nil` when it would take them all. Nothing changes: a caller that must add all or nothing
     /// (the daemon's API) asks first.
     package func refusal(of requests: [DownloadRequest]) throws -> (index: Int, error: HaulError)? {
-        guard !lifecycle.isClosed else { return (0, HaulError(.invalidState, "the download manager is closed")) }
+        try examine(requests).refusal
+    }
+
+    /// The first of `requests` that would be refused and why, else the downloads of other URLs their
+    /// files replace; one read of the store per chunk of requests.
+    private func examine(_ requests: [DownloadRequest]) throws -> (
+        refusal: (index: Int, error: HaulError)?, replaced: [DownloadID]
+    ) {
+        guard !lifecycle.isClosed else {
+            return ((0, HaulError(.invalidState, "the download manager is closed")), [])
+        }
         var position = 0
+        var replaced: [DownloadID] = []
         for chunk in Self.chunks(of: requests) {
             let known = try known(chunk)
             for request in chunk {
@@ -179,18 +191,18 @@ extension DownloadManager {
                     try request.check()
                     let identity = Identity(request)
                     try confinement.checkContains(identity.destination ?? identity.directory ?? "")
-                    _ = try downloadOfAnotherURL(for: request, known: known)
+                    if let other = try downloadOfAnotherURL(for: request, known: known) { replaced.append(other) }
                     if known.find(identity) == nil {
                         try checkNothingInTheWay(identity, overwriting: request.overwrite)
                     }
                 } catch let error as HaulError {
-                    return (position, error)
+                    return ((position, error), [])
                 } catch {
-                    return (position, HaulError(.fileSystem, "\(error)", underlying: error))
+                    return ((position, HaulError(.fileSystem, "\(error)", underlying: error)), [])
                 }
             }
         }
-        return nil
+        return (nil, replaced)
     }
 
     /// Throws when a file Haul did not download is at the destination and the request does not

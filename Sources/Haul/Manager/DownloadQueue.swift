@@ -6,6 +6,10 @@ public protocol DownloadQueue: Sendable {
     /// added.
     func add(_ requests: [DownloadRequest], priority: DownloadPriority) async throws -> [DownloadInfo]
 
+    /// Adds downloads as ``add(_:priority:)`` does and returns only their IDs, in order: a long list
+    /// added this way holds no answer for each download.
+    func enqueue(_ requests: [DownloadRequest], priority: DownloadPriority) async throws -> [DownloadID]
+
     /// A page of the downloads (those in `states`, when given), in the order they were added, and how
     /// many there are over every page.
     func downloads(in states: Set<DownloadState>?, offset: Int, limit: Int) async throws -> DownloadPage
@@ -38,6 +42,13 @@ public protocol DownloadQueue: Sendable {
     /// missed (read the downloads again). The stream ends when the queue closes, or with an error
     /// when it can no longer be followed.
     func queueEvents() async throws -> AsyncThrowingStream<QueueEvent, any Error>
+}
+
+extension DownloadQueue {
+    /// The IDs of ``add(_:priority:)``'s answer.
+    public func enqueue(_ requests: [DownloadRequest], priority: DownloadPriority) async throws -> [DownloadID] {
+        try await add(requests, priority: priority).map(\.id)
+    }
 }
 
 /// One page of a queue's downloads.
@@ -123,7 +134,7 @@ extension DownloadManager: DownloadQueue {
     /// Adds downloads (see ``enqueue(_:priority:)-([DownloadRequest],_)``) and returns them.
     public func add(_ requests: [DownloadRequest], priority: DownloadPriority) async throws -> [DownloadInfo] {
         // As the add left them, without reading any again.
-        try await enqueueAnswering(requests, priority: priority).map(\.info)
+        try await enqueueAnswering(requests, priority: priority).compactMap(\.info)
     }
 
     /// A page of ``downloads(in:)``, read from the store (with this manager's own versions of the
