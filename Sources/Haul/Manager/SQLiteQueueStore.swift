@@ -126,26 +126,15 @@ final class SQLiteQueueStore: QueueStore {
             try db.execute(
                 sql: "CREATE INDEX download_on_owner_state_priority ON download (owner, state, priority DESC, id)")
         }
-        migrator.registerMigration("8: the count of each state, kept by triggers") { db in
-            // Counting a million records per state took most of an API page's 60-76 ms; triggers
-            // keep the counts in the transaction that changes a record, whichever process writes.
+        migrator.registerMigration("8: the count of each state") { db in
+            // Counting a million records per state took most of an API page's 60-76 ms. The store
+            // keeps the counts in the transaction that changes the records (see ``commit(_:)``):
+            // triggers would do the same, but give every write a statement journal in a temporary
+            // file (17 writes a download).
             try db.execute(
                 sql: """
                     CREATE TABLE download_count (state TEXT PRIMARY KEY, n INTEGER NOT NULL) WITHOUT ROWID;
                     INSERT INTO download_count (state, n) SELECT state, count(*) FROM download GROUP BY state;
-                    CREATE TRIGGER download_count_insert AFTER INSERT ON download BEGIN
-                        INSERT INTO download_count (state, n) VALUES (NEW.state, 1)
-                            ON CONFLICT (state) DO UPDATE SET n = n + 1;
-                    END;
-                    CREATE TRIGGER download_count_delete AFTER DELETE ON download BEGIN
-                        UPDATE download_count SET n = n - 1 WHERE state = OLD.state;
-                    END;
-                    CREATE TRIGGER download_count_update AFTER UPDATE OF state ON download
-                    WHEN OLD.state IS NOT NEW.state BEGIN
-                        UPDATE download_count SET n = n - 1 WHERE state = OLD.state;
-                        INSERT INTO download_count (state, n) VALUES (NEW.state, 1)
-                            ON CONFLICT (state) DO UPDATE SET n = n + 1;
-                    END;
                     """)
         }
         return migrator
@@ -235,28 +224,87 @@ final class SQLiteQueueStore: QueueStore {
     }
 
     /// Makes `changes` in one write transaction (see ``QueueStore/commit(_:)``); records are
-    /// written with GRDB's cached statements, so frequent progress writes build no SQL.
+    /// written with GRDB's cached statements, so frequent progress writes build no SQL. The count of
+    /// each state (`download_count`) changes in the same transaction.
     func commit(_ changes: QueueChanges) throws -> [DownloadID] {
         guard !changes.isEmpty else { return [] }
         return try write { db in
+            // The state each changed record has now, kept up to date as it is written.
+            let touched =
+                (changes.updatesIfPresent + changes.updates).compactMap(\.id) + changes.deletes.map(\.rawValue)
+            var states = try Self.states(of: touched, db)
+            var counts = StateCounts()
+            func update(_ record: StoredDownload) throws {
+                try record.updateManagedColumns(db)
+                guard let id = record.id else { return }
+                counts.move(from: states[id], to: record.state.rawValue)
+                states[id] = record.state.rawValue
+            }
             for record in changes.updatesIfPresent {
                 do {
-                    try record.updateManagedColumns(db)
+                    try update(record)
                 } catch is RecordError {
                     // Removed meanwhile: nothing left to update.
                 }
             }
-            for record in changes.updates { try record.updateManagedColumns(db) }
+            for record in changes.updates { try update(record) }
             var ids: [DownloadID] = []
             ids.reserveCapacity(changes.inserts.count)
             for var record in changes.inserts {
                 record.id = nil
                 try record.insertManagedColumns(db)
                 ids.append(record.downloadID)
+                counts.add(record.state.rawValue, 1)
             }
-            for id in changes.deletes { _ = try StoredDownload.deleteOne(db, key: id.rawValue) }
+            for id in changes.deletes where try StoredDownload.deleteOne(db, key: id.rawValue) {
+                if let state = states[id.rawValue] { counts.add(state, -1) }
+                states[id.rawValue] = nil
+            }
+            try counts.store(db)
             return ids
         }
+    }
+
+    /// Changes to the count of each state, made by one transaction.
+    private struct StateCounts {
+        private var deltas: [String: Int] = [:]
+
+        mutating func add(_ state: String, _ delta: Int) { deltas[state, default: 0] += delta }
+
+        /// A record moved from one state to another (`nil`: it was not stored).
+        mutating func move(from old: String?, to new: String) {
+            guard let old, old != new else { return }
+            add(old, -1)
+            add(new, 1)
+        }
+
+        func store(_ db: Database) throws {
+            for (state, delta) in deltas where delta != 0 {
+                try db.cachedStatement(
+                    sql: """
+                        INSERT INTO download_count (state, n) VALUES (?, ?)
+                        ON CONFLICT (state) DO UPDATE SET n = n + excluded.n
+                        """
+                ).execute(arguments: [state, delta])
+            }
+        }
+    }
+
+    /// The stored state of each of these records (those that exist).
+    private static func states(of ids: [Int64], _ db: Database) throws -> [Int64: String] {
+        var states: [Int64: String] = [:]
+        var start = 0
+        while start < ids.count {
+            let chunk = Array(ids[start..<min(ids.count, start + listChunk)])
+            start += chunk.count
+            let rows = try Row.fetchAll(
+                db,
+                sql: "SELECT id, state FROM download WHERE id IN (" + chunk.map { _ in "?" }.joined(separator: ",")
+                    + ")",
+                arguments: StatementArguments(chunk))
+            for row in rows { states[row["id"]] = row["state"] }
+        }
+        return states
     }
 
     /// Sets the request while `owner` owns the download (see ``QueueStore/setRequest(_:for:ifOwnedBy:)``).
