@@ -131,9 +131,15 @@ final class SQLiteQueueStore: QueueStore {
             // keeps the counts in the transaction that changes the records (see ``commit(_:)``):
             // triggers would do the same, but give every write a statement journal in a temporary
             // file (17 writes a download).
+            // A database of a build that kept the counts by triggers has the table and the triggers
+            // already: the triggers go and the counts are taken again.
             try db.execute(
                 sql: """
-                    CREATE TABLE download_count (state TEXT PRIMARY KEY, n INTEGER NOT NULL) WITHOUT ROWID;
+                    CREATE TABLE IF NOT EXISTS download_count (state TEXT PRIMARY KEY, n INTEGER NOT NULL) WITHOUT ROWID;
+                    DROP TRIGGER IF EXISTS download_count_insert;
+                    DROP TRIGGER IF EXISTS download_count_delete;
+                    DROP TRIGGER IF EXISTS download_count_update;
+                    DELETE FROM download_count;
                     INSERT INTO download_count (state, n) SELECT state, count(*) FROM download GROUP BY state;
                     """)
         }

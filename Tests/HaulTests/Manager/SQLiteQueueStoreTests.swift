@@ -62,6 +62,44 @@ import Testing
         }
     }
 
+    /// A database from a build that kept the per-state counts by triggers: migration 8 drops the
+    /// triggers (the store keeps the counts) and counts again.
+    @Test func migrationEightReplacesTheCountTriggers() async throws {
+        try await withTemporaryDirectory { directory in
+            let path = directory + "/downloads.sqlite"
+            do {
+                let database = try DatabaseQueue(path: path)
+                try SQLiteQueueStore.migrator.migrate(
+                    database, upTo: "7: indexes for reading a queue of any size by pages")
+                try database.write { db in
+                    try db.execute(
+                        sql: """
+                            CREATE TABLE download_count (state TEXT PRIMARY KEY, n INTEGER NOT NULL) WITHOUT ROWID;
+                            CREATE TRIGGER download_count_insert AFTER INSERT ON download BEGIN
+                                INSERT INTO download_count (state, n) VALUES (NEW.state, 1)
+                                    ON CONFLICT (state) DO UPDATE SET n = n + 1;
+                            END;
+                            INSERT INTO download (key, definition, state, createdAt, updatedAt)
+                            VALUES ('file:/d/a', '{"url":"http://x/a","destination":{"file":"/d/a"}}', 'paused', 1, 1),
+                                   ('file:/d/b', '{"url":"http://x/b","destination":{"file":"/d/b"}}', 'failed', 1, 1);
+                            """)
+                }
+            }
+            let store = try SQLiteQueueStore(path: path)
+            #expect(try store.counts() == [.paused: 1, .failed: 1])
+            let next = StoredDownload(
+                key: "file:/d/c", definition: DownloadRequest(url: "http://x/c", destination: .file("/d/c")),
+                destination: "/d/c", priority: 0, owner: nil, now: 3)
+            _ = try store.insert([next])
+            // Counted once, by the store: no trigger is left to count it again.
+            #expect(try store.counts() == [.paused: 1, .failed: 1, .queued: 1])
+            let triggers = try store.database.read { db in
+                try String.fetchAll(db, sql: "SELECT name FROM sqlite_master WHERE type = 'trigger'")
+            }
+            #expect(triggers.isEmpty)
+        }
+    }
+
     /// Every pair of states: the allowed transitions go through and set what their state records; every
     /// other one is refused and changes nothing.
     @Test(arguments: DownloadState.allCases)
