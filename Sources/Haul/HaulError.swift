@@ -91,3 +91,10 @@ public struct HaulError: Error, Sendable, CustomStringConvertible {
     /// The message.
     public var description: String { message }
 }
+
+extension HaulError {
+    /// `error` itself when it is a ``HaulError``, else a file-system error that carries it.
+    package static func wrapping(_ error: any Error) -> HaulError {
+        error as? HaulError ?? HaulError(.fileSystem, "\(error)", underlying: error)
+    }
+}

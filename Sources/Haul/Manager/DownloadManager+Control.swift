@@ -195,10 +195,8 @@ extension DownloadManager {
                     if known.find(identity) == nil {
                         try checkNothingInTheWay(identity, overwriting: request.overwrite)
                     }
-                } catch let error as HaulError {
-                    return ((position, error), [])
                 } catch {
-                    return ((position, HaulError(.fileSystem, "\(error)", underlying: error)), [])
+                    return ((position, HaulError.wrapping(error)), [])
                 }
             }
         }

@@ -171,7 +171,7 @@ extension DownloadManager {
             task.cancel()
         }
         let outcome = result.mapError { error in
-            error as? HaulError ?? HaulError(.fileSystem, "\(error)", underlying: error)
+            HaulError.wrapping(error)
         }
         // Every event of this download is handled before its end is.
         handleEvents()

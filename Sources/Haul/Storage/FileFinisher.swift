@@ -142,20 +142,16 @@ final class FileFinisher: Sendable {
                 try folder.rename(handover.partialName, to: handover.fileName)
                 renamed[try folder.identity(), default: (folder, [])].files.append(index)
             } catch {
-                outcomes[index] = .failure(Self.haulError(error))
+                outcomes[index] = .failure(HaulError.wrapping(error))
             }
         }
         for (folder, files) in renamed.values {
             do {
                 try flushDirectory(folder)
             } catch {
-                for index in files { outcomes[index] = .failure(Self.haulError(error)) }
+                for index in files { outcomes[index] = .failure(HaulError.wrapping(error)) }
             }
         }
         return outcomes
-    }
-
-    private static func haulError(_ error: any Error) -> HaulError {
-        error as? HaulError ?? HaulError(.fileSystem, "\(error)", underlying: error)
     }
 }

@@ -109,7 +109,7 @@ final class TransferDriver {
                 return .success(try await driver.run(found))
             } catch {
                 files.release()
-                return .failure(haulError(error))
+                return .failure(HaulError.wrapping(error))
             }
         }
         let outcome = await withTaskCancellationHandler {
@@ -189,7 +189,7 @@ final class TransferDriver {
                     post.yield(.machine(.ended(request, .dropped)))
                 }
                 let ends = pending.filter { if case .end = $0 { true } else { false } }
-                pending = step(.failed(Self.haulError(error)))[...] + ends
+                pending = step(.failed(HaulError.wrapping(error)))[...] + ends
             }
         }
     }
@@ -315,7 +315,7 @@ final class TransferDriver {
                 let pieces = try await checkpointer.store(checkpoint)
                 post.yield(.machine(.checkpointed(pieces: pieces)))
             } catch {
-                post.yield(.machine(.failed(haulError(error))))
+                post.yield(.machine(.failed(HaulError.wrapping(error))))
             }
         }
     }
@@ -369,10 +369,6 @@ final class TransferDriver {
                 post.yield(.timer(number))
             }
         )
-    }
-
-    static func haulError(_ error: any Error) -> HaulError {
-        error as? HaulError ?? HaulError(.fileSystem, "\(error)", underlying: error)
     }
 }
 
