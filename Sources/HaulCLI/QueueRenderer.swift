@@ -215,23 +215,20 @@ final class QueueRenderer: Sendable {
         return layout.line(layout.header) + downloads.map { layout.line(layout.cells($0)) }.joined()
     }
 
-    /// How `haul ls` lines its columns up, measured over every row before any is printed (so that
-    /// rows can be read, measured and printed a page at a time): the widest cell of each column,
-    /// and whether any download has a label (a label column only then).
+    /// How `haul ls` lines its columns up: the widest cell of each column over the rows measured
+    /// (every row of a short listing, the first page of a long one, whose bounded columns are then
+    /// widened by ``allowForAnyValue(largestID:)``), and whether a download has a label (a label
+    /// column only then).
     struct TableLayout {
         /// The widest cell of each padded column (every column but the name).
         private var widths: [Int] = []
         /// Whether some download has a label.
         private(set) var labels = false
-        /// How many rows were measured.
-        private(set) var rows = 0
-
         /// The header row.
         var header: [String] { ["ID", "STATE", "PROGRESS", "SIZE", "SPEED"] + (labels ? ["LABEL"] : []) + ["NAME"] }
 
         /// Takes one row's cells into the widths.
         mutating func measure(_ info: DownloadInfo) {
-            rows += 1
             if info.request.label != nil { labels = true }
             let cells = Self.cells(info, labels: true)
             if widths.isEmpty { widths = Array(repeating: 0, count: cells.count - 1) }
