@@ -58,9 +58,8 @@ extension DownloadManager {
 
     /// The ID of the download added last that is still recorded; 0 when there is none.
     package func newestID() throws -> DownloadID {
-        let total = try counts().values.reduce(0, +)
-        guard total > 0 else { return DownloadID(0) }
-        return try store.downloads(in: nil, offset: total - 1, limit: 1).first?.downloadID ?? DownloadID(0)
+        writeWaiting()
+        return try store.newestID() ?? DownloadID(0)
     }
 
     /// A page of stored records by ID (see ``downloads(in:after:limit:)``), as entries: the held

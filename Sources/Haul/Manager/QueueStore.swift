@@ -56,6 +56,9 @@ protocol QueueStore: Sendable {
     /// none, in one read.
     func totals() throws -> [DownloadState: QueueTotals]
 
+    /// The ID of the record added last that is still stored; `nil` when there is none.
+    func newestID() throws -> DownloadID?
+
     /// The records with these IDs, in ID order; IDs without one are left out.
     func downloads(ids: [DownloadID]) throws -> [StoredDownload]
 

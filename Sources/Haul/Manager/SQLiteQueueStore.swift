@@ -442,6 +442,11 @@ final class SQLiteQueueStore: QueueStore {
         }
     }
 
+    /// The newest record's ID (see ``QueueStore/newestID()``): the end of the ID index.
+    func newestID() throws -> DownloadID? {
+        try read { db in try Int64.fetchOne(db, sql: "SELECT max(id) FROM download").map(DownloadID.init) }
+    }
+
     /// The records with these IDs (see ``QueueStore/downloads(ids:)``).
     func downloads(ids: [DownloadID]) throws -> [StoredDownload] {
         try downloads(where: "id", in: ids.map(\.rawValue))

@@ -416,11 +416,13 @@ struct QueueStoreKind: Sendable, CustomTestStringConvertible {
         try await kind.withStorage { storage in
             let store = try storage.open()
             #expect(try store.counts().isEmpty)
+            #expect(try store.newestID() == nil)
             let records = try Self.stored(
                 store, count: 10, states: [.queued, .queued, .running, .completed, .cancelled])
             #expect(try store.counts() == [.queued: 4, .running: 2, .completed: 2, .cancelled: 2])
             try store.delete(records[2].downloadID)
             #expect(try store.counts() == [.queued: 4, .running: 1, .completed: 2, .cancelled: 2])
+            #expect(try store.newestID() == records[9].downloadID)
             // A change of state moves a record from one count to the other; other changes move none.
             var started = try Self.stored(store, records[0].downloadID)
             try started.move(to: .running, at: 40)
@@ -475,6 +477,7 @@ struct QueueStoreKind: Sendable, CustomTestStringConvertible {
                 ])
                     == [records[0], records[2]])
             #expect(try store.downloads(ids: []).isEmpty)
+            #expect(try store.newestID() == inDirectory.downloadID)
             #expect(
                 try store.downloads(destinations: ["/d/2", "/d/1", "/d/x"]) == [records[1], records[2], inDirectory])
             let many = (0..<1_200).map { "file:/d/\($0)" }
