@@ -1,5 +1,13 @@
 import HeapModule
 
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Musl)
+    import Musl
+#elseif canImport(Darwin)
+    import Darwin
+#endif
+
 extension DownloadManager {
     /// How many queued downloads of its own a manager holds in memory, best first (see
     /// ``line(_:)``); the rest wait in the store until these have started.
@@ -112,9 +120,10 @@ extension DownloadManager {
         let records = try store.nextQueued(ownedBy: owner, limit: windowSize)
         var changed: [StoredDownload] = []
         var entries: [Entry] = []
+        var folders = OpenFolders(confinement: confinement)
         for original in records where !held.contains(original.downloadID) {
             var record = original
-            refreshFromDisk(&record, confinement: confinement)
+            refreshFromDisk(&record, folders: &folders)
             if record != original {
                 record.updatedAt = now
                 if record.state == .completed { record.owner = nil }
@@ -129,15 +138,21 @@ extension DownloadManager {
     /// Sets a record's bytes (and state, where the files tell) from what is on disk now, as far as
     /// `confinement` lets its directory be opened (one that cannot be holds nothing).
     static func refreshFromDisk(_ record: inout StoredDownload, confinement: DownloadConfinement) {
+        var folders = OpenFolders(confinement: confinement)
+        refreshFromDisk(&record, folders: &folders)
+    }
+
+    /// ``refreshFromDisk(_:confinement:)`` with the directories of `folders`.
+    static func refreshFromDisk(_ record: inout StoredDownload, folders: inout OpenFolders) {
         guard let destination = record.destination else {
             record.bytes = 0
             return
         }
-        let paths = try? DownloadPaths.open(destination, confinement: confinement)
-        let finished = paths?.folder.status(paths!.fileName)
+        let paths = folders.paths(destination)
+        func finished() -> stat? { paths?.folder.status(paths!.fileName) }
         switch record.state {
         case .completed:
-            if let finished {
+            if let finished = finished() {
                 record.bytes = Int64(finished.st_size)
             } else {
                 let vanished = HaulError(.fileSystem, "the finished file \(destination) is no longer on disk")
@@ -149,7 +164,7 @@ extension DownloadManager {
             if let progress = paths.flatMap(storedProgress) {
                 record.bytes = progress.bytes
                 record.totalBytes = progress.total ?? record.totalBytes
-            } else if record.startedAt != nil, record.state == .queued, let finished,
+            } else if record.startedAt != nil, record.state == .queued, let finished = finished(),
                 record.totalBytes == nil || record.totalBytes == Int64(finished.st_size)
             {
                 // The file got its final name, but the process died before the record said so.
@@ -166,9 +181,10 @@ extension DownloadManager {
     /// neither the partial file nor the manifest exists.
     static func storedProgress(_ paths: DownloadPaths) -> (bytes: Int64, total: Int64?)? {
         let partialSize = paths.folder.status(paths.partialName).map { Int64($0.st_size) }
-        guard let manifest = try? ManifestStore.load(paths) else {
-            return partialSize == nil && !paths.folder.exists(paths.manifestName) ? nil : (0, nil)
-        }
+        // Most downloads looked at (a long list just added) have neither: two looks, no open.
+        let hasManifest = paths.folder.exists(paths.manifestName)
+        if partialSize == nil && !hasManifest { return nil }
+        guard hasManifest, let manifest = try? ManifestStore.load(paths) else { return (0, nil) }
         let bytes = manifest.trustedBytes(currentBootID: BootIdentity.current, partialSize: partialSize ?? 0)
         return (bytes, manifest.totalLength)
     }

@@ -611,6 +611,34 @@ extension StoredDownload: FetchableRecord, MutablePersistableRecord {
         static let managed = allCases.filter { $0 != .id && $0 != .request }
     }
 
+    /// A record from a row of the table, read column by column (reading records through their
+    /// `Decodable` conformance cost more than the query when an add looks up thousands).
+    init(row: Row) throws {
+        let state: String = row[Columns.state.rawValue]
+        guard let downloadState = DownloadState(rawValue: state) else {
+            throw HaulError(.database, "the state database holds an unknown download state '\(state)'")
+        }
+        let requestName: String? = row[Columns.request.rawValue]
+        let request = requestName.flatMap(OwnerRequest.init(rawValue:))
+        if let requestName, request == nil {
+            throw HaulError(.database, "the state database holds an unknown request '\(requestName)'")
+        }
+        let definition: String = row[Columns.definition.rawValue]
+        self.init(
+            id: row[Columns.id.rawValue], key: row[Columns.key.rawValue],
+            definition: try JSONDecoder().decode(DownloadRequest.self, from: Data(definition.utf8)),
+            destination: row[Columns.destination.rawValue], priority: row[Columns.priority.rawValue],
+            state: downloadState,
+            error: (
+                row[Columns.errorCode.rawValue], row[Columns.errorMessage.rawValue], row[Columns.errorStatus.rawValue]
+            ),
+            bytes: row[Columns.bytes.rawValue], totalBytes: row[Columns.totalBytes.rawValue],
+            bytesPerSecond: row[Columns.bytesPerSecond.rawValue], owner: row[Columns.owner.rawValue],
+            request: request, hook: row[Columns.hook.rawValue],
+            createdAt: row[Columns.createdAt.rawValue], startedAt: row[Columns.startedAt.rawValue],
+            finishedAt: row[Columns.finishedAt.rawValue], updatedAt: row[Columns.updatedAt.rawValue])
+    }
+
     /// Takes the ID SQLite gave the new row.
     mutating func didInsert(_ inserted: InsertionSuccess) { id = inserted.rowID }
 
@@ -632,28 +660,28 @@ extension StoredDownload: FetchableRecord, MutablePersistableRecord {
         + ") VALUES (" + Columns.managed.map { _ in "?" }.joined(separator: ", ") + ")"
 
     /// The values of the managed columns, in the order of ``Columns/managed``.
-    func managedValues() throws -> [any DatabaseValueConvertible & Sendable] {
-        var values: [any DatabaseValueConvertible & Sendable] = []
+    func managedValues() throws -> [DatabaseValue] {
+        var values: [DatabaseValue] = []
         values.reserveCapacity(Columns.managed.count + 1)
         for column in Columns.managed {
             switch column {
-            case .key: values.append(key)
-            case .definition: values.append(try Self.encodeDefinition(definition))
+            case .key: values.append(key.databaseValue)
+            case .definition: values.append(try Self.encodeDefinition(definition).databaseValue)
             case .destination: values.append(destination.databaseValue)
-            case .priority: values.append(priority)
-            case .state: values.append(state.rawValue)
+            case .priority: values.append(priority.databaseValue)
+            case .state: values.append(state.rawValue.databaseValue)
             case .errorCode: values.append(errorCode.databaseValue)
             case .errorMessage: values.append(errorMessage.databaseValue)
             case .errorStatus: values.append(errorStatus.databaseValue)
-            case .bytes: values.append(bytes)
+            case .bytes: values.append(bytes.databaseValue)
             case .totalBytes: values.append(totalBytes.databaseValue)
             case .bytesPerSecond: values.append(bytesPerSecond.databaseValue)
             case .owner: values.append(owner.databaseValue)
             case .hook: values.append(hook.databaseValue)
-            case .createdAt: values.append(createdAt)
+            case .createdAt: values.append(createdAt.databaseValue)
             case .startedAt: values.append(startedAt.databaseValue)
             case .finishedAt: values.append(finishedAt.databaseValue)
-            case .updatedAt: values.append(updatedAt)
+            case .updatedAt: values.append(updatedAt.databaseValue)
             case .id, .request: continue
             }
         }
@@ -674,7 +702,7 @@ extension StoredDownload: FetchableRecord, MutablePersistableRecord {
     func updateManagedColumns(_ db: Database) throws {
         guard let id else { throw RecordError.recordNotFound(databaseTableName: Self.databaseTableName, key: [:]) }
         try db.cachedStatement(sql: Self.updateManagedColumnsSQL).execute(
-            arguments: StatementArguments(managedValues() + [id]))
+            arguments: StatementArguments(managedValues() + [id.databaseValue]))
         if db.changesCount == 0 {
             throw RecordError.recordNotFound(databaseTableName: Self.databaseTableName, key: ["id": id.databaseValue])
         }

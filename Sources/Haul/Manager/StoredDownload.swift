@@ -51,6 +51,32 @@ struct StoredDownload: Codable, Sendable, Equatable {
         self.updatedAt = now
     }
 
+    /// A record as a store holds it, every field as it was read.
+    init(
+        id: Int64, key: String, definition: DownloadRequest, destination: String?, priority: Int,
+        state: DownloadState, error: (code: String?, message: String?, status: Int?), bytes: Int64,
+        totalBytes: Int64?, bytesPerSecond: Double?, owner: String?, request: OwnerRequest?, hook: String?,
+        createdAt: Double, startedAt: Double?, finishedAt: Double?, updatedAt: Double
+    ) {
+        self.id = id
+        self.key = key
+        self.definition = definition
+        self.destination = destination
+        self.priority = priority
+        self.state = state
+        (errorCode, errorMessage, errorStatus) = error
+        self.bytes = bytes
+        self.totalBytes = totalBytes
+        self.bytesPerSecond = bytesPerSecond
+        self.owner = owner
+        self.request = request
+        self.hook = hook
+        self.createdAt = createdAt
+        self.startedAt = startedAt
+        self.finishedAt = finishedAt
+        self.updatedAt = updatedAt
+    }
+
     var downloadID: DownloadID { DownloadID(id ?? 0) }
 
     /// The URL the next attempt uses.

@@ -14,10 +14,13 @@ package final class DirectoryHandle: Sendable {
     /// The directory's path, as it was opened; for messages and for the paths of its files.
     package let path: String
     let descriptor: Int32
+    /// The names ``listed(atMost:)`` read: a name not among them is taken to be absent.
+    private let listing: Set<String>?
 
-    private init(path: String, descriptor: Int32) {
+    private init(path: String, descriptor: Int32, listing: Set<String>? = nil) {
         self.path = path
         self.descriptor = descriptor
+        self.listing = listing
     }
 
     deinit { POSIX.close(descriptor) }
@@ -153,6 +156,7 @@ package final class DirectoryHandle: Sendable {
     /// of this directory (a path would follow links in its leading components).
     package func status(_ name: String) -> stat? {
         guard Self.isEntryName(name) else { return nil }
+        if let listing, !listing.contains(name) { return nil }
         var info = stat()
         return name.withCString { fstatat(descriptor, $0, &info, AT_SYMLINK_NOFOLLOW) } == 0 ? info : nil
     }
@@ -201,16 +205,31 @@ package final class DirectoryHandle: Sendable {
     }
 
     /// The names in the directory, `.` and `..` left out.
-    package func list() -> [String] {
+    package func list() -> [String] { list(atMost: .max) ?? [] }
+
+    /// ``list()``, or `nil` when the directory holds more than `limit` names (or cannot be read).
+    private func list(atMost limit: Int) -> [String]? {
         // A descriptor of its own, not a duplicate: a duplicate shares its read position with this
         // handle, so two listings at once would each see part of the directory.
         let own = openat(descriptor, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-        guard own >= 0 else { return [] }
+        guard own >= 0 else { return nil }
         guard let directory = fdopendir(own) else {
             POSIX.close(own)
-            return []
+            return nil
         }
         defer { closedir(directory) }
-        return POSIX.names(in: directory)
+        return POSIX.names(in: directory, limit: limit)
+    }
+
+    /// This directory again, with its names read once when it holds at most `limit`: then a look
+    /// at a name that is not among them (``status(_:)``, ``exists(_:)``) answers without a system
+    /// call, which makes thousands of looks at names that are not there yet (an add of many
+    /// downloads into it) cheap. A name among them is looked at as always. Only for a look that
+    /// ends soon: a file created later is not seen.
+    package func listed(atMost limit: Int) -> DirectoryHandle {
+        guard let names = list(atMost: limit) else { return self }
+        let copy = fcntl(descriptor, F_DUPFD_CLOEXEC, 0)
+        guard copy >= 0 else { return self }
+        return DirectoryHandle(path: path, descriptor: copy, listing: Set(names))
     }
 }

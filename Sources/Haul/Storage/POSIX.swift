@@ -171,10 +171,12 @@ package enum POSIX {
         return bytes
     }
 
-    /// The names a directory stream lists, `.` and `..` left out.
-    static func names(in directory: DirectoryStream) -> [String] {
+    /// The names a directory stream lists, `.` and `..` left out; `nil` once there are more than
+    /// `limit`.
+    static func names(in directory: DirectoryStream, limit: Int = .max) -> [String]? {
         var names: [String] = []
         while let entry = readdir(directory) {
+            if names.count > limit { return nil }
             let name = withUnsafePointer(to: entry.pointee.d_name) {
                 $0.withMemoryRebound(to: CChar.self, capacity: Int(NAME_MAX) + 1) { String(cString: $0) }
             }
@@ -209,7 +211,7 @@ package enum POSIX {
 
     /// Whether `path` is absolute with nothing to resolve: no empty, `.` or `..` component and no
     /// slash at its end (but `/` itself), so ``absolutePath(_:)`` would give it back unchanged.
-    static func isNormalAbsolutePath(_ path: String) -> Bool {
+    package static func isNormalAbsolutePath(_ path: String) -> Bool {
         var utf8 = path.utf8.makeIterator()
         guard utf8.next() == UInt8(ascii: "/") else { return false }
         if path.utf8.count == 1 { return true }

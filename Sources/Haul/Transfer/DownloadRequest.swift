@@ -117,7 +117,8 @@ public struct DownloadRequest: Sendable {
     /// `url` without the user information of its authority, and the credentials it held
     /// (percent-decoded); `url` itself and `nil` when it holds none.
     package static func splittingCredentials(_ url: String) -> (url: String, credentials: BasicCredentials?) {
-        guard let schemeEnd = url.range(of: "://") else { return (url, nil) }
+        // Most URLs have no `@` at all: nothing to look for.
+        guard url.utf8.contains(UInt8(ascii: "@")), let schemeEnd = url.range(of: "://") else { return (url, nil) }
         let authorityStart = schemeEnd.upperBound
         let authorityEnd = url[authorityStart...].firstIndex { "/?#".contains($0) } ?? url.endIndex
         guard let at = url[authorityStart..<authorityEnd].lastIndex(of: "@") else { return (url, nil) }
