@@ -32,26 +32,76 @@ extension DownloadManager {
     public func enqueue(_ requests: [DownloadRequest], priority: DownloadPriority = .normal) async throws
         -> [DownloadID]
     {
-        try await enqueueAnswering(requests, priority: priority, withInfo: false).map(\.id)
+        try await enqueue(DownloadRequestList(requests), priority: priority)
+    }
+
+    /// Adds the downloads of a list read a chunk at a time, a chunk per database transaction, and
+    /// returns their IDs in order: a list of a million holds a chunk of requests in memory, not the
+    /// list. The list is read twice: every request is checked first, and nothing is added when one
+    /// of them is refused or the list cannot be read. (When the second read fails all the same — the
+    /// list or the disk changed in between — what its earlier chunks added stays, and the error
+    /// says how many.)
+    public func enqueue(_ list: DownloadRequestList, priority: DownloadPriority = .normal) async throws
+        -> [DownloadID]
+    {
+        var ids: [DownloadID] = []
+        try await enqueueEvery(list, priority: priority, withInfo: false) { ids += $0.lazy.map(\.id) }
+        return ids
     }
 
     /// ``enqueue(_:priority:)-([DownloadRequest],_)``, with each download as the add left it (a known
-    /// one as stored, or queued again) when `withInfo`; a long list added for its IDs alone holds no
-    /// more than its IDs.
+    /// one as stored, or queued again) when `withInfo`.
     func enqueueAnswering(_ requests: [DownloadRequest], priority: DownloadPriority, withInfo: Bool = true)
         async throws -> [(id: DownloadID, info: DownloadInfo?)]
     {
-        // Every refusal is found before any download is replaced.
-        let examined = try examine(requests)
-        if let refusal = examined.refusal { throw refusal.error }
-        for id in examined.replaced { try await remove(id, deletingFiles: false) }
-        var ids: [(id: DownloadID, info: DownloadInfo?)] = []
-        ids.reserveCapacity(requests.count)
-        for chunk in Self.chunks(of: requests) {
-            ids += try enqueueChunk(chunk, priority: priority, withInfo: withInfo)
+        var answers: [(id: DownloadID, info: DownloadInfo?)] = []
+        answers.reserveCapacity(requests.count)
+        try await enqueueEvery(DownloadRequestList(requests), priority: priority, withInfo: withInfo) { answers += $0 }
+        return answers
+    }
+
+    /// Adds the downloads of `list`, passing the answer of each chunk to `answered` once it is
+    /// written.
+    private func enqueueEvery(
+        _ list: DownloadRequestList, priority: DownloadPriority, withInfo: Bool,
+        answered: ([(id: DownloadID, info: DownloadInfo?)]) -> Void
+    ) async throws {
+        // Every refusal is found before any download is replaced or added.
+        var replaced: [DownloadID] = []
+        var checked = 0
+        try list.read { requests in
+            let examined = try examine(requests)
+            if let refusal = examined.refusal { throw refusal.error }
+            replaced += examined.replaced
+            checked += requests.count
+            trim()
+        }
+        for id in replaced { try await remove(id, deletingFiles: false) }
+        var added = 0
+        do {
+            try list.read { requests in
+                for chunk in Self.chunks(of: requests) {
+                    answered(try enqueueChunk(chunk, priority: priority, withInfo: withInfo))
+                    added += chunk.count
+                    // Known downloads read for the add stay in memory only as long as needed.
+                    trim()
+                }
+            }
+        } catch {
+            schedule()
+            guard added > 0 else { throw error }
+            let wrapped = HaulError.wrapping(error)
+            throw HaulError(
+                wrapped.code,
+                "\(wrapped.message) (after the list's first \(added) downloads were added)",
+                status: wrapped.status, underlying: wrapped.underlying, downloadID: wrapped.downloadID)
+        }
+        if added != checked {
+            schedule()
+            throw HaulError(
+                .invalidArgument, "the list gave \(checked) requests, then \(added): it changed while it was added")
         }
         schedule()
-        return ids
     }
 
     /// How many requests of a long list are decided and written together, in one transaction.
@@ -72,7 +122,7 @@ extension DownloadManager {
         // the memory changes only once that has committed. Changes still waiting to be written go
         // first, so a download queued again here is not overwritten by its older record.
         let known = try known(requests)
-        var batch = Batch()
+        var batch = Batch(folders: OpenFolders(confinement: confinement))
         let answers = try requests.map { request in
             try add(request, priority: priority, known: known, batch: &batch)
         }
@@ -122,8 +172,10 @@ extension DownloadManager {
         init(_ requests: some Collection<DownloadRequest>, store: any QueueStore) throws {
             let identities = requests.map(Identity.init)
             for record in try store.downloads(keys: identities.map(\.key)) { byKey[record.key] = record }
+            // By file, those no key names (found by key, a download is not looked up by file).
+            let unnamed = identities.filter { byKey[$0.key] == nil }.compactMap(\.destination)
             // The latest download of a file wins (two downloads into a directory may have learnt one name).
-            for record in try store.downloads(destinations: identities.compactMap(\.destination)) {
+            for record in try store.downloads(destinations: unnamed) {
                 if let destination = record.destination { byDestination[destination] = record }
             }
         }
@@ -145,6 +197,8 @@ extension DownloadManager {
         /// Where in ``added`` the new download of each key, and of each destination, is.
         var addedByKey: [String: Int] = [:]
         var addedByDestination: [String: Int] = [:]
+        /// The directories of the new downloads, each opened once.
+        var folders: OpenFolders
 
         /// The new download of this batch `identity` names, as a place in ``added``.
         func find(_ identity: Identity) -> Int? {
@@ -185,6 +239,7 @@ extension DownloadManager {
         var replaced: [DownloadID] = []
         for chunk in Self.chunks(of: requests) {
             let known = try known(chunk)
+            var folders = OpenFolders(confinement: confinement)
             for request in chunk {
                 defer { position += 1 }
                 do {
@@ -193,7 +248,7 @@ extension DownloadManager {
                     try confinement.checkContains(identity.destination ?? identity.directory ?? "")
                     if let other = try downloadOfAnotherURL(for: request, known: known) { replaced.append(other) }
                     if known.find(identity) == nil {
-                        try checkNothingInTheWay(identity, overwriting: request.overwrite)
+                        try checkNothingInTheWay(identity, overwriting: request.overwrite, folders: &folders)
                     }
                 } catch {
                     return ((position, HaulError.wrapping(error)), [])
@@ -205,9 +260,8 @@ extension DownloadManager {
 
     /// Throws when a file Haul did not download is at the destination and the request does not
     /// overwrite it.
-    private func checkNothingInTheWay(_ identity: Identity, overwriting: Bool) throws {
-        if let destination = identity.destination, !overwriting,
-            let paths = try? DownloadPaths.open(destination, confinement: confinement),
+    private func checkNothingInTheWay(_ identity: Identity, overwriting: Bool, folders: inout OpenFolders) throws {
+        if let destination = identity.destination, !overwriting, let paths = folders.paths(destination),
             paths.folder.exists(paths.fileName), Self.storedProgress(paths) == nil
         {
             throw HaulError(.destinationExists, "\(destination) already exists")
@@ -230,11 +284,11 @@ extension DownloadManager {
             }
             return .known(record)
         }
-        try checkNothingInTheWay(identity, overwriting: request.overwrite)
+        try checkNothingInTheWay(identity, overwriting: request.overwrite, folders: &batch.folders)
         var record = StoredDownload(
             key: identity.key, definition: identity.normalized(request), destination: identity.destination,
             priority: priority.rawValue, owner: claim.name, now: Self.now)
-        Self.refreshFromDisk(&record, confinement: confinement)
+        Self.refreshFromDisk(&record, folders: &batch.folders)
         batch.add(identity, Entry(record: record))
         return .added(batch.added.count - 1)
     }

@@ -10,6 +10,10 @@ public protocol DownloadQueue: Sendable {
     /// added this way holds no answer for each download.
     func enqueue(_ requests: [DownloadRequest], priority: DownloadPriority) async throws -> [DownloadID]
 
+    /// Adds the downloads of a list read a chunk at a time, all of them or none when one is
+    /// refused, and returns their IDs in order (see ``DownloadManager/enqueue(_:priority:)-(DownloadRequestList,_)``).
+    func enqueue(_ list: DownloadRequestList, priority: DownloadPriority) async throws -> [DownloadID]
+
     /// A page of the downloads (those in `states`, when given), in the order they were added, and how
     /// many there are over every page.
     func downloads(in states: Set<DownloadState>?, offset: Int, limit: Int) async throws -> DownloadPage
@@ -48,6 +52,12 @@ extension DownloadQueue {
     /// The IDs of ``add(_:priority:)``'s answer.
     public func enqueue(_ requests: [DownloadRequest], priority: DownloadPriority) async throws -> [DownloadID] {
         try await add(requests, priority: priority).map(\.id)
+    }
+
+    /// ``enqueue(_:priority:)-([DownloadRequest],_)`` of every request of `list`, read into memory
+    /// at once (a queue elsewhere takes a list in one call).
+    public func enqueue(_ list: DownloadRequestList, priority: DownloadPriority) async throws -> [DownloadID] {
+        try await enqueue(try list.all(), priority: priority)
     }
 }
 

@@ -1,3 +1,4 @@
+import Foundation
 import HaulTestServer
 import Synchronization
 import Testing
@@ -47,6 +48,53 @@ struct LongQueueTests {
                 #expect(answered.map(\.id) == Array(ids.reversed()))
                 #expect(answered.allSatisfy { $0.state == .queued })
                 #expect(await manager.heldCount <= 2 * DownloadManager.windowSize + 500)
+            }
+        }
+    }
+
+    @Test("a list read a chunk at a time is checked whole before anything is added, then added in order")
+    func aListIsCheckedWholeThenAdded() async throws {
+        try await withTemporaryDirectory { directory in
+            let count = 2 * DownloadManager.enqueueBatch + 500
+            let reads = Mutex(0)
+            // Read in chunks of 700, counting each read of the whole list; `failingAt` throws there.
+            func list(failingAt failure: Int? = nil) -> DownloadRequestList {
+                DownloadRequestList { chunk in
+                    reads.withLock { $0 += 1 }
+                    for start in stride(from: 0, to: count, by: 700) {
+                        if let failure, (start..<start + 700).contains(failure) {
+                            throw HaulError(.invalidArgument, "list:\(failure + 1): not a request")
+                        }
+                        try chunk(
+                            (start..<min(count, start + 700)).map {
+                                DownloadRequest(
+                                    url: "http://127.0.0.1:9/f\($0)", destination: .file(directory + "/q\($0)"))
+                            })
+                    }
+                }
+            }
+            // A file Haul did not download in the way of one of the last requests: nothing is added.
+            let blocker = directory + "/q\(count - 10)"
+            try Data("mine".utf8).write(to: URL(fileURLWithPath: blocker))
+            try await withManager(directory + "/state") { manager in
+                await #expect(throws: HaulError.self) { try await manager.enqueue(list()) }
+                #expect(try await manager.counts() == [:])
+                #expect(reads.withLock { $0 } == 1, "the list is not read again once a request is refused")
+                // A list that cannot be read to its end adds nothing either.
+                let unreadable = await #expect(throws: HaulError.self) {
+                    try await manager.enqueue(list(failingAt: count - 3))
+                }
+                #expect(unreadable?.message == "list:\(count - 2): not a request")
+                #expect(try await manager.counts() == [:])
+                try FileManager.default.removeItem(atPath: blocker)
+                reads.withLock { $0 = 0 }
+                let ids = try await manager.enqueue(list())
+                #expect(reads.withLock { $0 } == 2, "checked, then added")
+                #expect(ids.count == count && ids == ids.sorted())
+                #expect(try await manager.counts() == [.queued: count])
+                #expect(await manager.heldCount <= DownloadManager.windowSize)
+                let last = try await manager.download(id: ids[count - 1])
+                #expect(last.destination == directory + "/q\(count - 1)")
             }
         }
     }
