@@ -115,23 +115,44 @@ struct RequestOptions: ParsableArguments {
     }
 
     /// The requests as a queue takes them: paths made absolute here (a haul daemon takes relative
-    /// ones from its download root), with `connections` each.
+    /// ones from its download root), with `connections` each; never empty.
     func queueRequests(_ transfer: TransferOptions, connections: Int?) throws -> [DownloadRequest] {
-        try requests(bytesPerSecondLimit: transfer.perDownloadRate).map { request in
-            var request = request
-            switch request.destination {
-            case .file(let path): request.destination = .file(POSIX.absolutePath(path))
-            case .directory(let path): request.destination = .directory(POSIX.absolutePath(path))
+        let requests = try queueList(transfer, connections: connections).all()
+        guard !requests.isEmpty else { throw noURL }
+        return requests
+    }
+
+    /// ``queueRequests(_:connections:)`` as a list read a chunk at a time: those of the command
+    /// line, then those of the input file (possibly none: the queue's answer tells).
+    func queueList(_ transfer: TransferOptions, connections: Int?) throws -> DownloadRequestList {
+        let rate = transfer.perDownloadRate
+        let commandLine = try commandLineRequests(bytesPerSecondLimit: rate)
+        let input = try inputList(bytesPerSecondLimit: rate)
+        return DownloadRequestList { chunk in
+            var paths = AbsolutePaths()
+            func queued(_ requests: [DownloadRequest]) -> [DownloadRequest] {
+                requests.map { request in
+                    var request = request
+                    switch request.destination {
+                    case .file(let path): request.destination = .file(paths.absolute(path))
+                    case .directory(let path): request.destination = .directory(paths.absolute(path))
+                    }
+                    request.connections = connections
+                    return request
+                }
             }
-            request.connections = connections
-            return request
+            if !commandLine.isEmpty { try chunk(queued(commandLine)) }
+            try input?.read(by: 2_000) { try chunk(queued($0)) }
         }
     }
 
-    /// The requests from the command line, then those of the input file; never empty.
-    func requests(bytesPerSecondLimit rate: Int64?) throws -> [DownloadRequest] {
+    /// The error for a command whose input lists no URL.
+    var noURL: HaulError { HaulError(.invalidArgument, "\(inputFile ?? "the input") lists no URL") }
+
+    /// The requests of the command line's URLs.
+    private func commandLineRequests(bytesPerSecondLimit rate: Int64?) throws -> [DownloadRequest] {
         let common = try parseHeaders(headers)
-        var requests = urls.map { url in
+        return urls.map { url in
             var request = DownloadRequest(
                 url: url, destination: Self.destination(output: output, directory: directory), headers: common,
                 overwrite: force, checksum: try? parsedChecksum(), bytesPerSecondLimit: rate, mirrors: mirrors,
@@ -139,17 +160,24 @@ struct RequestOptions: ParsableArguments {
             request.secretHeaders = secrets.names
             return request
         }
-        if let inputFile {
-            var base = DownloadRequest(
-                url: "", destination: .directory("."), headers: common, overwrite: force, bytesPerSecondLimit: rate,
-                label: label)
-            base.secretHeaders = secrets.names
-            requests += try InputFile(
-                text: try InputFile.read(inputFile), name: inputFile == "-" ? "standard input" : inputFile,
-                base: base, directory: directory
-            ).requests
-        }
-        guard !requests.isEmpty else { throw HaulError(.invalidArgument, "\(inputFile ?? "the input") lists no URL") }
+    }
+
+    /// The input file, opened, its requests starting from the command line's options.
+    private func inputList(bytesPerSecondLimit rate: Int64?) throws -> InputFile? {
+        guard let inputFile else { return nil }
+        var base = DownloadRequest(
+            url: "", destination: .directory("."), headers: try parseHeaders(headers), overwrite: force,
+            bytesPerSecondLimit: rate, label: label)
+        base.secretHeaders = secrets.names
+        return try InputFile(path: inputFile, base: base, directory: directory)
+    }
+
+    /// The requests from the command line, then those of the input file; never empty.
+    func requests(bytesPerSecondLimit rate: Int64?) throws -> [DownloadRequest] {
+        let requests =
+            try commandLineRequests(bytesPerSecondLimit: rate)
+            + (inputList(bytesPerSecondLimit: rate)?.requests() ?? [])
+        guard !requests.isEmpty else { throw noURL }
         return requests
     }
 
@@ -226,10 +254,31 @@ struct Add: AsyncParsableCommand {
         let transfer = TransferOptions.defaults
         let ids = try await withQueue(state) { queue in
             request.noteWeakChecksum(quiet: false)
-            return try await queue.enqueue(
-                try request.queueRequests(transfer, connections: nil), priority: try request.parsedPriority())
+            // A long list is read a chunk at a time, so that it is never held whole.
+            let ids = try await queue.enqueue(
+                try request.queueList(transfer, connections: nil), priority: try request.parsedPriority())
+            guard !ids.isEmpty else { throw request.noURL }
+            return ids
         }
         Output.standardOutput(ids.map { "\($0)\n" }.joined())
+    }
+}
+
+/// Paths made absolute against the current directory, read once: a list of a million files into
+/// one directory asks for it once, not once a file.
+struct AbsolutePaths {
+    private var directories: [Substring: String] = [:]
+
+    /// `path` from the root, with no `.` or `..` component.
+    mutating func absolute(_ path: String) -> String {
+        if POSIX.isNormalAbsolutePath(path) { return path }
+        let slash = path.lastIndex(of: "/")
+        let name = slash.map { path[path.index(after: $0)...] } ?? path[...]
+        guard name != "..", name != "." else { return POSIX.absolutePath(path) }
+        let directory = slash.map { path[..<$0] } ?? "."
+        let base = directories[directory] ?? POSIX.absolutePath(directory.isEmpty ? "/" : String(directory))
+        if directories.count < 64 { directories[directory] = base }
+        return name.isEmpty ? base : (base == "/" ? "/" : base + "/") + name
     }
 }
 

@@ -26,58 +26,94 @@ import Haul
 /// `limit-rate`, `user` (USER:PASSWORD, Basic credentials for that URL's site), `mirror` (another
 /// URL of the same file; repeatable). Blank lines and lines starting with `#` are ignored. Any
 /// other line is an error naming the file and line.
-struct InputFile {
+struct InputFile: Sendable {
     static let options = ["out", "dir", "checksum", "header", "secret-header", "limit-rate", "user", "mirror"]
 
-    /// The requests, one per URL line, in order.
-    let requests: [DownloadRequest]
+    /// What messages call the list: its path, or "standard input".
+    let name: String
+    private let source: InputSource
+    private let base: DownloadRequest
+    private let directory: String?
 
-    /// Reads the list `text` (called `name` in messages). Each URL's request starts as `base` (the
-    /// command line's headers, limit and the like) with the URL, into `directory` (the command's
-    /// `-d`, which a `dir=` line's relative directory is taken from).
-    init(text: String, name: String, base: DownloadRequest, directory: String?) throws {
+    /// Opens the list at `path` (`-`: standard input, kept in an unnamed temporary file so that it
+    /// can be read again). Each URL's request starts as `base` (the command line's headers, limit
+    /// and the like) with the URL, into `directory` (the command's `-d`, which a `dir=` line's
+    /// relative directory is taken from).
+    init(path: String, base: DownloadRequest, directory: String?) throws {
+        self.name = path == "-" ? "standard input" : path
+        self.source = try InputSource(path)
+        self.base = base
+        self.directory = directory
+    }
+
+    /// Reads the list from its start, passing its requests to `chunk`, `size` at a time, in order;
+    /// throws at the first line that is not right, naming the file and the line.
+    func read(by size: Int, _ chunk: ([DownloadRequest]) throws -> Void) throws {
+        var parser = Parser(name: name, base: base, directory: directory)
         var requests: [DownloadRequest] = []
+        requests.reserveCapacity(size)
+        func take(_ request: DownloadRequest?) throws {
+            guard let request else { return }
+            requests.append(request)
+            if requests.count >= size {
+                try chunk(requests)
+                requests.removeAll(keepingCapacity: true)
+            }
+        }
+        try source.forEachLine(name: name) { number, line in try take(try parser.read(line, number: number)) }
+        try take(try parser.finish())
+        if !requests.isEmpty { try chunk(requests) }
+    }
+
+    /// Every request of the list, in order.
+    func requests() throws -> [DownloadRequest] {
+        var all: [DownloadRequest] = []
+        try read(by: 1_000) { all += $0 }
+        return all
+    }
+
+    /// The lines of a list, one at a time: a request is given once the option lines below its URL
+    /// are read.
+    private struct Parser {
+        let name: String
+        let base: DownloadRequest
+        let directory: String?
+        /// The request of the last URL line, its `out=` and `dir=`, and its line number.
+        var request: DownloadRequest?
         var output: String?
         var folder: String?
         var line = 0
-        /// Gives the request of the URL line before its destination, once its options are read.
-        func finish() throws {
-            guard var request = requests.popLast() else { return }
-            let joined = folder.map { dir in directory.map { $0 + "/" + dir } ?? dir } ?? directory
-            request.destination = RequestOptions.destination(output: output, directory: joined)
-            if let unknown = request.secretHeaders.first(where: { name in
-                !request.headers.contains { $0.name.lowercased() == name.lowercased() }
-            }), !base.secretHeaders.contains(unknown) {
-                throw HaulError(
-                    .invalidArgument, "\(name):\(line): secret-header=\(unknown) names no header of this URL")
-            }
-            requests.append(request)
+
+        init(name: String, base: DownloadRequest, directory: String?) {
+            self.name = name
+            self.base = base
+            self.directory = directory
         }
-        for (index, rawLine) in text.split(separator: "\n", omittingEmptySubsequences: false).enumerated() {
-            let number = index + 1
-            let text = rawLine.hasSuffix("\r") ? rawLine.dropLast() : rawLine
+
+        /// Reads line `number`; returns the request of the URL line before it when this line starts
+        /// another.
+        mutating func read(_ text: Substring, number: Int) throws -> DownloadRequest? {
+            let text = text.hasSuffix("\r") ? text.dropLast() : text
             let trimmed = text.trimmingCharacters(in: " \t")
-            if trimmed.isEmpty || trimmed.hasPrefix("#") { continue }
+            if trimmed.isEmpty || trimmed.hasPrefix("#") { return nil }
             func fail(_ message: String) -> HaulError { HaulError(.invalidArgument, "\(name):\(number): \(message)") }
             guard text.first == " " || text.first == "\t" else {
                 guard !trimmed.contains(where: { $0 == " " || $0 == "\t" }) else {
                     throw fail("one URL per line; options go on the indented lines below it (e.g. '  out=NAME')")
                 }
-                try finish()
-                var request = base
-                request.url = trimmed
-                requests.append(request)
+                let finished = try finish()
+                request = base
+                request?.url = trimmed
                 (output, folder, line) = (nil, nil, number)
-                continue
+                return finished
             }
-            guard !requests.isEmpty else { throw fail("an option line must follow a URL line") }
+            guard request != nil else { throw fail("an option line must follow a URL line") }
             guard let equals = trimmed.firstIndex(of: "=") else {
-                throw fail("expected name=value, one of: \(Self.options.joined(separator: ", "))")
+                throw fail("expected name=value, one of: \(InputFile.options.joined(separator: ", "))")
             }
             let option = String(trimmed[..<equals])
             let value = String(trimmed[trimmed.index(after: equals)...])
             guard !value.isEmpty else { throw fail("\(option)= needs a value") }
-            let last = requests.count - 1
             do {
                 switch option {
                 case "out":
@@ -88,34 +124,138 @@ struct InputFile {
                 case "dir":
                     folder = value
                 case "checksum":
-                    requests[last].checksum = try Checksum(parsing: value)
+                    request?.checksum = try Checksum(parsing: value)
                 case "header":
                     guard let colon = value.firstIndex(of: ":"), colon != value.startIndex else {
                         throw fail("header= must look like 'Name: value'")
                     }
                     let headerName = value[..<colon].trimmingCharacters(in: " \t")
                     let headerValue = value[value.index(after: colon)...].trimmingCharacters(in: " \t")
-                    requests[last].headers.append((headerName, headerValue))
+                    request?.headers.append((headerName, headerValue))
                 case "secret-header":
-                    requests[last].secretHeaders.insert(value)
+                    request?.secretHeaders.insert(value)
                 case "user":
-                    requests[last].credentials = BasicCredentials(parsing: value)
+                    request?.credentials = BasicCredentials(parsing: value)
                 case "mirror":
                     do { _ = try DownloadURL(value) } catch let error as HaulError {
                         throw fail("mirror=: \(error.message)")
                     }
-                    requests[last].mirrors.append(value)
+                    request?.mirrors.append(value)
                 case "limit-rate":
-                    requests[last].bytesPerSecondLimit = try ByteRate.parse(value)
+                    request?.bytesPerSecondLimit = try ByteRate.parse(value)
                 default:
-                    throw fail("unknown option '\(option)'; known: \(Self.options.joined(separator: ", "))")
+                    throw fail("unknown option '\(option)'; known: \(InputFile.options.joined(separator: ", "))")
                 }
             } catch let error as HaulError where !error.message.hasPrefix(name + ":") {
                 throw fail(error.message)
             }
+            return nil
         }
-        try finish()
-        self.requests = requests
+
+        /// The request of the last URL line with its destination, once its options are read.
+        mutating func finish() throws -> DownloadRequest? {
+            guard var request else { return nil }
+            self.request = nil
+            let joined = folder.map { dir in directory.map { $0 + "/" + dir } ?? dir } ?? directory
+            request.destination = RequestOptions.destination(output: output, directory: joined)
+            if let unknown = request.secretHeaders.first(where: { name in
+                !request.headers.contains { $0.name.lowercased() == name.lowercased() }
+            }), !base.secretHeaders.contains(unknown) {
+                throw HaulError(
+                    .invalidArgument, "\(name):\(line): secret-header=\(unknown) names no header of this URL")
+            }
+            return request
+        }
+    }
+}
+
+/// The open file of an input list, read from its start as often as needed. Standard input is read
+/// once into an unnamed temporary file (it cannot be read twice).
+private final class InputSource: Sendable {
+    private let descriptor: Int32
+    private let path: String
+
+    init(_ path: String) throws {
+        self.path = path
+        guard path == "-" else {
+            let descriptor = open(path, O_RDONLY | O_CLOEXEC)
+            guard descriptor >= 0 else {
+                throw HaulError(.fileSystem, "cannot open \(path): \(String(cString: strerror(errno)))")
+            }
+            self.descriptor = descriptor
+            return
+        }
+        let directory = getenv("TMPDIR").map { String(cString: $0) }.flatMap { $0.isEmpty ? nil : $0 } ?? "/tmp"
+        var template = Array((directory + "/haul-input-XXXXXX").utf8CString)
+        let descriptor = template.withUnsafeMutableBufferPointer { mkstemp($0.baseAddress!) }
+        guard descriptor >= 0 else {
+            throw HaulError(
+                .fileSystem, "cannot keep standard input in \(directory): \(String(cString: strerror(errno)))")
+        }
+        unlink(template.withUnsafeBufferPointer { String(cString: $0.baseAddress!) })
+        self.descriptor = descriptor
+        var buffer = [UInt8](repeating: 0, count: 1 << 16)
+        while true {
+            let count = buffer.withUnsafeMutableBytes { systemRead(STDIN_FILENO, $0.baseAddress!, $0.count) }
+            if count < 0 && errno == EINTR { continue }
+            if count < 0 {
+                throw HaulError(.fileSystem, "cannot read standard input: \(String(cString: strerror(errno)))")
+            }
+            if count == 0 { break }
+            var written = 0
+            while written < count {
+                let result = buffer.withUnsafeBytes { write(descriptor, $0.baseAddress! + written, count - written) }
+                if result < 0 && errno == EINTR { continue }
+                guard result > 0 else {
+                    throw HaulError(
+                        .fileSystem, "cannot keep standard input in \(directory): \(String(cString: strerror(errno)))")
+                }
+                written += result
+            }
+        }
+    }
+
+    deinit { close(descriptor) }
+
+    /// Passes each line (without its line feed) and its number, from the first, to `body`; throws
+    /// for a line that is not UTF-8 (naming the list `name`).
+    func forEachLine(name: String, _ body: (Int, Substring) throws -> Void) throws {
+        var offset: off_t = 0
+        var number = 0
+        var carried: [UInt8] = []
+        var block = [UInt8](repeating: 0, count: 1 << 20)
+        func line(_ bytes: UnsafeBufferPointer<UInt8>) throws {
+            number += 1
+            guard let text = String(validating: bytes, as: UTF8.self) else {
+                throw HaulError(.invalidArgument, "\(name):\(number): not UTF-8 text")
+            }
+            try body(number, text[...])
+        }
+        while true {
+            let count = block.withUnsafeMutableBytes { pread(descriptor, $0.baseAddress!, $0.count, offset) }
+            if count < 0 && errno == EINTR { continue }
+            if count < 0 {
+                throw HaulError(.fileSystem, "cannot read \(path): \(String(cString: strerror(errno)))")
+            }
+            if count == 0 { break }
+            offset += off_t(count)
+            try block.withUnsafeBufferPointer { read in
+                var start = 0
+                let bytes = UnsafeBufferPointer(rebasing: read[0..<count])
+                while let end = bytes[start...].firstIndex(of: UInt8(ascii: "\n")) {
+                    if carried.isEmpty {
+                        try line(UnsafeBufferPointer(rebasing: bytes[start..<end]))
+                    } else {
+                        carried += bytes[start..<end]
+                        try carried.withUnsafeBufferPointer { try line($0) }
+                        carried.removeAll(keepingCapacity: true)
+                    }
+                    start = end + 1
+                }
+                carried += bytes[start...]
+            }
+        }
+        if !carried.isEmpty { try carried.withUnsafeBufferPointer { try line($0) } }
     }
 }
 

@@ -36,9 +36,10 @@ final class HaulProcess: Sendable {
     /// - Parameter stateDirectory: `XDG_STATE_HOME` for the child (the database goes in its `haul` folder).
     /// - Parameter environment: variables set for the child, over this process's; an empty value
     ///   removes one.
+    /// - Parameter standardInput: the file the child reads as its standard input.
     init(
         _ arguments: [String], directory: String? = nil, stateDirectory: String? = nil,
-        environment extra: [String: String] = [:]
+        environment extra: [String: String] = [:], standardInput: String = "/dev/null"
     ) throws {
         var environment = ProcessInfo.processInfo.environment
         environment["XDG_STATE_HOME"] = stateDirectory ?? Self.sharedStateHome
@@ -71,7 +72,7 @@ final class HaulProcess: Sendable {
                 #endif
                 posix_spawn_file_actions_init(&actions)
                 defer { posix_spawn_file_actions_destroy(&actions) }
-                posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+                posix_spawn_file_actions_addopen(&actions, 0, standardInput, O_RDONLY, 0)
                 posix_spawn_file_actions_adddup2(&actions, outputPipe[1], 1)
                 posix_spawn_file_actions_adddup2(&actions, errorPipe[1], 2)
                 // haul gets the signals the tests send it as a shell would give them (whatever this
@@ -135,10 +136,12 @@ final class HaulProcess: Sendable {
     /// Runs `haul` to completion.
     static func run(
         _ arguments: [String], directory: String? = nil, stateDirectory: String? = nil,
-        environment: [String: String] = [:]
+        environment: [String: String] = [:], standardInput: String = "/dev/null"
     ) async throws -> (status: Int32, output: String, errors: String) {
-        try await HaulProcess(arguments, directory: directory, stateDirectory: stateDirectory, environment: environment)
-            .finish()
+        try await HaulProcess(
+            arguments, directory: directory, stateDirectory: stateDirectory, environment: environment,
+            standardInput: standardInput
+        ).finish()
     }
 }
 

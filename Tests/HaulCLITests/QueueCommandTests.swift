@@ -327,6 +327,45 @@ struct SegmentedCommandTests {
     }
 }
 
+/// `haul add -i` with a list longer than what it reads at once: nothing is added when a line
+/// near its end is wrong; a right one is added whole, from a file or from standard input.
+@Suite(.timeLimit(.minutes(2)))
+struct LongListTests {
+    @Test func aLongListWithABadLineNearItsEndAddsNothingAndAFixedOneAddsAll() async throws {
+        let directory = try makeTemporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let state = directory + "/state"
+        let count = 5_000
+        let lines = (0..<count).map { "http://127.0.0.1:9/f\($0)?n=\($0)\n  out=q\($0)\n" }.joined()
+        let list = directory + "/list.txt"
+        try (lines + "  bogus=1\n").write(toFile: list, atomically: true, encoding: .utf8)
+        let bad = try await HaulProcess.run(["add", "-i", list, "-d", directory + "/files", "--state-dir", state])
+        #expect(bad.status == 2)
+        #expect(bad.errors.contains("\(list):\(2 * count + 1): unknown option 'bogus'"), "\(bad.errors)")
+        #expect(bad.output.isEmpty)
+        let empty = try await HaulProcess.run(["ls", "--json", "--state-dir", state])
+        #expect(empty.status == 0)
+        #expect((try JSONSerialization.jsonObject(with: Data(empty.output.utf8)) as? [Any])?.count == 0)
+
+        try lines.write(toFile: list, atomically: true, encoding: .utf8)
+        let added = try await HaulProcess.run(["add", "-i", list, "-d", directory + "/files", "--state-dir", state])
+        #expect(added.status == 0, "\(added.errors)")
+        let ids = added.output.split(separator: "\n").compactMap { Int($0) }
+        #expect(ids.count == count && ids == ids.sorted() && Set(ids).count == count)
+        // From standard input, which is read twice too: the same downloads, added again, same IDs.
+        let again = try await HaulProcess.run(
+            ["add", "-i", "-", "-d", directory + "/files", "--state-dir", state], standardInput: list)
+        #expect(again.status == 0, "\(again.errors)")
+        #expect(again.output.split(separator: "\n").compactMap { Int($0) } == ids)
+        let more = try await HaulProcess.run(
+            ["add", "-i", "-", "-d", directory + "/more", "--state-dir", state], standardInput: list)
+        #expect(more.status == 0, "\(more.errors)")
+        #expect(more.output.split(separator: "\n").count == count)
+        let stats = try await HaulProcess.run(["ls", "--json", "--state", "queued", "--state-dir", state])
+        #expect((try JSONSerialization.jsonObject(with: Data(stats.output.utf8)) as? [Any])?.count == 2 * count)
+    }
+}
+
 @Suite(.timeLimit(.minutes(2)))
 struct SharedStateTests {
     @Test func processesOpeningANewStateAtOnceAllSucceed() async throws {
