@@ -129,8 +129,8 @@ struct RequestOptions: ParsableArguments {
         let commandLine = try commandLineRequests(bytesPerSecondLimit: rate)
         let input = try inputList(bytesPerSecondLimit: rate)
         return DownloadRequestList { chunk in
-            var paths = AbsolutePaths()
-            func queued(_ requests: [DownloadRequest]) -> [DownloadRequest] {
+            /// The requests as a queue takes them: paths absolute, `connections` each.
+            @Sendable func queued(_ requests: [DownloadRequest], _ paths: inout AbsolutePaths) -> [DownloadRequest] {
                 requests.map { request in
                     var request = request
                     switch request.destination {
@@ -141,8 +141,15 @@ struct RequestOptions: ParsableArguments {
                     return request
                 }
             }
-            if !commandLine.isEmpty { try chunk(queued(commandLine)) }
-            try input?.read(by: 2_000) { try chunk(queued($0)) }
+            var paths = AbsolutePaths()
+            if !commandLine.isEmpty { try chunk(queued(commandLine, &paths)) }
+            guard let input else { return }
+            // The next chunks are read while the queue takes one.
+            try readingAhead(
+                { next in
+                    var paths = AbsolutePaths()
+                    try input.read(by: 2_000) { try next(queued($0, &paths)) }
+                }, consume: chunk)
         }
     }
 

@@ -347,7 +347,18 @@ struct LongListTests {
         #expect(empty.status == 0)
         #expect((try JSONSerialization.jsonObject(with: Data(empty.output.utf8)) as? [Any])?.count == 0)
 
+        // A file of someone else's in the way of one of the last: refused, nothing added.
         try lines.write(toFile: list, atomically: true, encoding: .utf8)
+        try FileManager.default.createDirectory(atPath: directory + "/files", withIntermediateDirectories: true)
+        let blocker = directory + "/files/q\(count - 5)"
+        try "theirs".write(toFile: blocker, atomically: true, encoding: .utf8)
+        let refused = try await HaulProcess.run(["add", "-i", list, "-d", directory + "/files", "--state-dir", state])
+        #expect(refused.status == 14, "\(refused.errors)")
+        #expect(refused.errors.contains("q\(count - 5) already exists"), "\(refused.errors)")
+        let stillEmpty = try await HaulProcess.run(["ls", "--json", "--state-dir", state])
+        #expect((try JSONSerialization.jsonObject(with: Data(stillEmpty.output.utf8)) as? [Any])?.count == 0)
+        try FileManager.default.removeItem(atPath: blocker)
+
         let added = try await HaulProcess.run(["add", "-i", list, "-d", directory + "/files", "--state-dir", state])
         #expect(added.status == 0, "\(added.errors)")
         let ids = added.output.split(separator: "\n").compactMap { Int($0) }

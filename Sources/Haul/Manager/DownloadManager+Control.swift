@@ -45,7 +45,7 @@ extension DownloadManager {
         -> [DownloadID]
     {
         var ids: [DownloadID] = []
-        try await enqueueEvery(list, priority: priority, withInfo: false) { ids += $0.lazy.map(\.id) }
+        try await enqueueEvery(list, priority: priority, withInfo: false) { answers in ids += answers.map { $0.id } }
         return ids
     }
 
@@ -126,7 +126,7 @@ extension DownloadManager {
         let answers = try requests.map { request in
             try add(request, priority: priority, known: known, batch: &batch)
         }
-        let newIDs = try write(QueueChanges(updates: batch.updates, inserts: batch.added.map(\.entry.record)))
+        let newIDs = try write(QueueChanges(updates: batch.updates, inserts: batch.added.map { $0.entry.record }))
         for (position, id) in newIDs.enumerated() { batch.added[position].entry.record.id = id.rawValue }
         for (_, entry) in batch.added {
             publish(.added, entry)
@@ -171,7 +171,7 @@ extension DownloadManager {
         /// with ``writeWaiting()``: a file a download learnt, a download removed).
         init(_ requests: some Collection<DownloadRequest>, store: any QueueStore) throws {
             let identities = requests.map(Identity.init)
-            for record in try store.downloads(keys: identities.map(\.key)) { byKey[record.key] = record }
+            for record in try store.downloads(keys: identities.map { $0.key }) { byKey[record.key] = record }
             // By file, those no key names (found by key, a download is not looked up by file).
             let unnamed = identities.filter { byKey[$0.key] == nil }.compactMap(\.destination)
             // The latest download of a file wins (two downloads into a directory may have learnt one name).

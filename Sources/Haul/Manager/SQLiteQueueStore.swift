@@ -649,10 +649,16 @@ extension StoredDownload: FetchableRecord, MutablePersistableRecord {
 
     /// The request as the `definition` column holds it: JSON with sorted keys, without secrets.
     static func encodeDefinition(_ definition: DownloadRequest) throws -> String {
+        String(decoding: try definitionEncoder.encode(definition), as: UTF8.self)
+    }
+
+    /// The encoder of ``encodeDefinition(_:)``: made once (a commit of thousands of records made
+    /// one each).
+    private static let definitionEncoder: JSONEncoder = {
         let encoder = JSONEncoder()
         encoder.outputFormatting = .sortedKeys
-        return String(decoding: try encoder.encode(definition), as: UTF8.self)
-    }
+        return encoder
+    }()
 
     /// The statement that inserts a row with every managed column (see ``Columns/managed``).
     static let insertManagedColumnsSQL =
