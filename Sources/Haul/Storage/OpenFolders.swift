@@ -10,11 +10,14 @@ struct OpenFolders {
     static let listingLimit = 4_096
 
     private let confinement: DownloadConfinement
+    private let listing: Bool
     private var opened: [String: DirectoryHandle?] = [:]
 
-    /// Opens directories as `confinement` allows.
-    init(confinement: DownloadConfinement) {
+    /// Opens directories as `confinement` allows, listing each when `listing` (for looks at many
+    /// names in it; a look at one name costs less without).
+    init(confinement: DownloadConfinement, listing: Bool = true) {
         self.confinement = confinement
+        self.listing = listing
     }
 
     /// The files of the download into `destination`, in its directory opened once; `nil` when
@@ -24,7 +27,8 @@ struct OpenFolders {
         if let folder = opened[directory] { return folder.map { DownloadPaths(in: $0, fileName: name) } }
         if opened.count >= Self.limit { opened.removeAll(keepingCapacity: true) }
         // Listed when small: most names looked at in it are not there yet.
-        let folder = (try? confinement.directory(directory))?.listed(atMost: Self.listingLimit)
+        let handle = try? confinement.directory(directory)
+        let folder = listing ? handle?.listed(atMost: Self.listingLimit) : handle
         opened[directory] = folder
         return folder.map { DownloadPaths(in: $0, fileName: name) }
     }
