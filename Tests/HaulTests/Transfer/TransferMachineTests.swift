@@ -431,6 +431,26 @@ struct TransferMachineScenarioTests {
         #expect(describe(end).contains("retrying 1 in 1.0 seconds"), "\(describe(end))")
     }
 
+    @Test func anAnswerReadPastACutMadeMeanwhileCountsItsBytesForTheRangeItGoesOnInto() throws {
+        var harness = MachineHarness(connections: 2)
+        harness.handle(.start(.nothing))
+        harness.answer(0, Harness.partial(0, Harness.total - 1))
+        let ranges = harness.machine.table!.segments
+        harness.wrote(0, segment: 0, upTo: 65_536)
+        harness.answer(1, Harness.partial(ranges[1].start, ranges[1].end - 1))
+        harness.wrote(1, segment: 1, upTo: ranges[1].end)
+        // Connection 1 is done and takes half of what connection 0 has left.
+        let claim = describe(harness.ended(1, .finished(at: ranges[1].end)))
+        let cut = try #require(harness.machine.table!.segments.last?.start)
+        #expect(claim.contains("limit 0 \(cut)") && claim.contains { $0.hasPrefix("send 1") }, "\(claim)")
+        // Connection 0 had already read to its old end: it reports those bytes, then asks at that end.
+        harness.wrote(0, segment: 0, upTo: ranges[0].end)
+        let actions = describe(harness.handle(.reachedLimit(harness.request(0), at: ranges[0].end)))
+        #expect(actions == ["proceed 0 into 2", "abandon 1"])
+        // The bytes past the cut are stored and count: nothing is left to fetch.
+        #expect(harness.machine.table!.isComplete)
+    }
+
     @Test func aConnectionHeldBackByARateLimitIsNeitherStalledNorTakenOver() throws {
         let (start, ranges) = Self.twoRangesThatCannotBeHalved()
         var harness = start

@@ -214,10 +214,10 @@ struct RangeReceiver: Sendable {
             position += Int64(count)
         }
 
-        /// Goes on into another range (the block is empty: it was just written out).
+        /// Goes on into another range (the block is empty: it was just written out); its limit is
+        /// set by whoever answered.
         mutating func continueInto(_ next: Continuation) {
             segment = next.segment
-            receiver.limit.set(next.limit)
             writeFrom = max(next.skipTo, position)
             block.reset(start: writeFrom)
             pieces = PieceHasher(

@@ -258,6 +258,9 @@ final class TransferDriver {
         case .setLimit(let connection, let end):
             limits[connection]?.set(end)
         case .proceed(let connection, let next):
+            // The new limit is set here, in order with the machine's later cuts of that range: set by
+            // the connection once it resumes, it could undo a cut made in between.
+            if let next { limits[connection]?.set(next.limit) }
             continuations.removeValue(forKey: connection)?.resolve(next)
         case .started(let facts):
             observe(

@@ -837,6 +837,13 @@ struct TransferMachine: Sendable {
             ]
         }
         let displaced = table.handOver(next, to: connection, now: now)
+        // A cut made while the answer was read may leave it past the start of `next`: the bytes it
+        // went on writing there are stored (written before it asked) and count for `next`.
+        let from = table.segments[next].position
+        if offset > from {
+            noteWritten(by: connections[connection].source, from: from, upTo: min(offset, table.segments[next].end))
+            table.advance(next, to: offset, now: now)
+        }
         self.table = table
         receiving.segment = next
         receiving.lastByte = max(receiving.lastByte, now)
