@@ -72,6 +72,8 @@ extension HaulTestServer {
             connection: connection, version: version
         )
         let (index, resource, faults) = state.withLock { state -> (Int, TestResource?, [Fault]) in
+            state.requestsAnswering += 1
+            state.maximumRequestsAnswering = max(state.maximumRequestsAnswering, state.requestsAnswering)
             state.requests.append(request)
             state.bodyBytesSent.append(0)
             var faults: [Fault] = []
@@ -85,6 +87,7 @@ extension HaulTestServer {
             }
             return (state.requests.count - 1, state.resources[request.path], faults)
         }
+        defer { state.withLock { $0.requestsAnswering -= 1 } }
         var reply = makeReply(for: head, resource: resource, faults: faults)
         for case .omitHeader(let name) in faults { reply.headers.remove(name: name) }
         for case .setHeader(let name, let value) in faults { reply.headers.replaceOrAdd(name: name, value: value) }

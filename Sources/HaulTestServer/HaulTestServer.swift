@@ -44,6 +44,9 @@ public final class HaulTestServer: Sendable {
         var openConnections = 0
         var maximumOpenConnections = 0
         var connectionsAccepted = 0
+        /// Requests being answered now: from their head's arrival until their answer is sent or fails.
+        var requestsAnswering = 0
+        var maximumRequestsAnswering = 0
         /// Body bytes written in answer to each request, indexed like `requests`.
         var bodyBytesSent: [Int64] = []
         /// The most body bytes per second the whole server sends, over all its connections.
@@ -250,6 +253,10 @@ public final class HaulTestServer: Sendable {
     public var maximumOpenConnections: Int { state.withLock { $0.maximumOpenConnections } }
 
     public var connectionsAccepted: Int { state.withLock { $0.connectionsAccepted } }
+
+    /// The most requests that were being answered at the same time (over HTTP/2, the streams of
+    /// every connection).
+    public var maximumRequestsAnswering: Int { state.withLock { $0.maximumRequestsAnswering } }
 
     /// Body bytes written to all connections so far.
     public var bodyBytesSent: Int64 { state.withLock { $0.bodyBytesSent.reduce(0, +) } }

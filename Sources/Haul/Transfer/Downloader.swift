@@ -29,6 +29,9 @@ public final class Downloader: Sendable {
     public let configuration: DownloaderConfiguration
     /// One HTTP client per connection of a download, for each way out (see ``ProxiedLanes``).
     let lanes: ProxiedLanes
+    /// The cap on connections to one host, when there is one
+    /// (``DownloaderConfiguration/maxConnectionsPerHost``).
+    let hostCap: HostConnectionCap?
     let logger: Logger
     /// Where the rules about time (retry delays, stalls, take-overs, checkpoints, rates) read it.
     let clock: TransferClock
@@ -75,9 +78,11 @@ public final class Downloader: Sendable {
         clientConfiguration.connectionPool.retryConnectionEstablishment = false
         // Connection k of every download goes through client k: a limit the caller gives is shared out
         // over the clients (each needs about as many connections to a host as downloads run at once).
+        // Under a cap, HTTP/1.1 requests all go through the first client, whose pool the cap bounds.
         let lanes = max(1, configuration.segmentation.connections)
+        hostCap = configuration.maxConnectionsPerHost.map { HostConnectionCap(limit: $0) }
         clientConfiguration.connectionPool.concurrentHTTP1ConnectionsPerHostSoftLimit =
-            configuration.connectionsPerHost.map { max(1, ($0 + lanes - 1) / lanes) } ?? 8
+            hostCap?.limit ?? configuration.connectionsPerHost.map { max(1, ($0 + lanes - 1) / lanes) } ?? 8
         clientConfiguration.http2StreamChannelDebugInitializer = { HTTP2BodyCoalescer.install(on: $0) }
         self.lanes = ProxiedLanes(count: configuration.segmentation.connections, configuration: clientConfiguration)
     }

@@ -122,7 +122,8 @@ public struct DownloaderConfiguration: Sendable {
         public var trustedCertificateFiles: [String] = []
         /// Speak HTTP/2 with servers that offer it (by ALPN, over https). Connection `k` of every
         /// download to one host shares one HTTP/2 connection, so a download's connections are still
-        /// separate TCP connections. `false` keeps to HTTP/1.1.
+        /// separate TCP connections (under ``DownloaderConfiguration/maxConnectionsPerHost``,
+        /// connection `k` modulo the cap). `false` keeps to HTTP/1.1.
         public var allowHTTP2: Bool = true
 
         /// The defaults.
@@ -142,7 +143,30 @@ public struct DownloaderConfiguration: Sendable {
     /// concurrent downloads times the connections per download. A request that asks for more
     /// connections than ``Segmentation/connections`` (``DownloadRequest/connections``) adds clients
     /// with the same share each, so the total may pass this limit by that share per added connection.
+    /// Left aside when ``maxConnectionsPerHost`` is set.
     public var connectionsPerHost: Int?
+    /// The most connections open to one host (scheme, name and port) at once, over all downloads of
+    /// a downloader and all their connections, as curl's `--parallel-max-host`; `nil` (the
+    /// default): no cap beyond ``connectionsPerHost``. Less than 1 counts as 1.
+    ///
+    /// A request beyond the cap waits for a connection, first come first served, before it is sent:
+    /// the wait is no stall (the stall timeout runs from when it is sent), and a paused or cancelled
+    /// download leaves the line at once. The connections of a segmented download that find no room
+    /// leave their ranges to the ones that have it, so the download runs with fewer rather than
+    /// failing.
+    ///
+    /// - Over HTTP/1.1 a connection carries one request at a time, so the cap counts requests in
+    ///   flight. They all go through one pool that opens no more connections to a host than the cap
+    ///   and keeps them open for the next request: the connections left open between requests are
+    ///   within the cap too.
+    /// - Over HTTP/2 a connection carries many requests as streams, and the cap counts connections,
+    ///   as curl's does: every request goes at once, connection `k` of a download over connection
+    ///   `k` modulo the cap.
+    /// - Which of the two a host speaks is known from its first answer (only https may be HTTP/2):
+    ///   until then, one request goes to it at a time.
+    /// - Through a proxy the cap counts the connections to the host the requests are for, not to
+    ///   the proxy.
+    public var maxConnectionsPerHost: Int?
     /// How long to wait for a connection and for data.
     public var timeouts = Timeouts()
     /// Which redirects are followed.

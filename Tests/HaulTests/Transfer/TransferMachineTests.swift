@@ -451,6 +451,40 @@ struct TransferMachineScenarioTests {
         #expect(harness.machine.table!.isComplete)
     }
 
+    @Test func aRequestWaitingForAConnectionToItsHostIsNotStalledAndItsStallClockStartsWhenItIsSent() throws {
+        var harness = Harness.probing(connections: 1)
+        let request = harness.request(0)
+        #expect(harness.machine.nextDeadline == harness.now + .seconds(30))
+        // The cap on connections per host holds the request back: no stall clock runs while it waits.
+        harness.handle(.queued(request))
+        #expect(harness.machine.nextDeadline == nil)
+        #expect(harness.machine.openConnections == 0)
+        harness.advance(.seconds(600))
+        #expect(describe(harness.handle(.timer)).isEmpty)
+        // Sent at last: the stall timeout runs from now.
+        harness.handle(.admitted(request))
+        #expect(harness.machine.nextDeadline == harness.now + .seconds(30))
+        harness.advance(.seconds(30))
+        #expect(describe(harness.handle(.timer)) == ["abandon 0"])
+    }
+
+    @Test func theFirstAnswerGoesOnIntoARangeWhoseConnectionWaitsForTheHostAndAPauseLeavesTheLine() throws {
+        var harness = Harness.transferring()
+        let ranges = harness.machine.table!.segments
+        for connection in 1...3 { harness.handle(.queued(harness.request(connection))) }
+        // Sent just now after a long wait: its range is not taken over for the time it waited.
+        harness.advance(.seconds(10))
+        harness.handle(.admitted(harness.request(3)))
+        harness.wrote(0, segment: 0, upTo: ranges[0].end)
+        // Connection 1 has no connection to the host yet: the first answer delivers its range instead.
+        let actions = describe(harness.handle(.reachedLimit(harness.request(0), at: ranges[0].end)))
+        #expect(actions == ["proceed 0 into 1", "abandon 1"])
+        #expect(harness.machine.table!.segments[3].lastProgress == harness.now)
+        // Pausing abandons the requests still waiting too.
+        let pause = describe(harness.handle(.cancel))
+        #expect(pause.filter { $0.hasPrefix("abandon") } == ["abandon 0", "abandon 2", "abandon 3"])
+    }
+
     @Test func aConnectionHeldBackByARateLimitIsNeitherStalledNorTakenOver() throws {
         let (start, ranges) = Self.twoRangesThatCannotBeHalved()
         var harness = start

@@ -17,13 +17,15 @@ struct HTTPFetcher: Sendable {
     let sources: [DownloadURL]
     let request: DownloadRequest
     let clients: ProxiedLanes
+    /// The cap on connections to one host, if any: every request enters it before it is sent.
+    let hostCap: HostConnectionCap?
     let configuration: DownloaderConfiguration
     let logger: Logger
 
     /// A fetcher of `request` from `sources` (its URL, then its mirrors: see
     /// ``DownloadRequest/sources()``).
     init(
-        sources: [DownloadURL], request: DownloadRequest, clients: ProxiedLanes,
+        sources: [DownloadURL], request: DownloadRequest, clients: ProxiedLanes, hostCap: HostConnectionCap?,
         configuration: DownloaderConfiguration, logger: Logger
     ) {
         precondition(!sources.isEmpty, "a download has a URL")
@@ -31,6 +33,7 @@ struct HTTPFetcher: Sendable {
         self.sources = sources
         self.request = request
         self.clients = clients
+        self.hostCap = hostCap
         self.configuration = configuration
         self.logger = logger
     }
@@ -38,9 +41,10 @@ struct HTTPFetcher: Sendable {
     /// Sends `ask` on connection `connection` to source `source` (0: the request's URL, then its
     /// mirrors) and gives `consume` the final (non-redirect) answer and its URL; returns what
     /// `consume` returns. Credentials the caller gave go to the request URL's origin only: a mirror
-    /// elsewhere gets none.
+    /// elsewhere gets none. `waiting` hears `true` when a request waits for a connection to its host
+    /// (``DownloaderConfiguration/maxConnectionsPerHost``), `false` when it got one.
     func fetch<Result>(
-        _ ask: RangeAsk, connection: Int, source: Int = 0,
+        _ ask: RangeAsk, connection: Int, source: Int = 0, waiting: (Bool) -> Void = { _ in },
         _ consume: (HTTPClientResponse, DownloadURL) async -> Result
     ) async throws -> Result {
         var current = sources.indices.contains(source) ? sources[source] : url
@@ -65,7 +69,8 @@ struct HTTPFetcher: Sendable {
                 outgoing.headers.replaceOrAdd(name: "Cookie", value: given.map { $0 + "; " + cookies } ?? cookies)
             }
             let from = current
-            let hop: Hop<Result> = try await exchange(outgoing, to: current, connection: connection) { response in
+            let hop: Hop<Result> = try await exchange(outgoing, to: current, connection: connection, waiting: waiting) {
+                response in
                 request.cookies?.store(setCookie: response.headers["set-cookie"], from: from.url, now: now)
                 guard [301, 302, 303, 307, 308].contains(response.status.code),
                     let location = response.headers.first(name: "location")
@@ -99,19 +104,34 @@ struct HTTPFetcher: Sendable {
 
     /// Sends one request the way its URL's scheme and host say (a redirect may leave a proxy): a
     /// plain-http one through an HTTP proxy is forwarded, every other one goes through the HTTP
-    /// client of connection `connection` for that way out. `handle` reads the answer.
+    /// client of connection `connection` for that way out (under a cap, the client its pass
+    /// names). `handle` reads the answer; the request holds its place under the cap until then.
     private func exchange<Result>(
-        _ outgoing: HTTPClientRequest, to url: DownloadURL, connection: Int,
+        _ outgoing: HTTPClientRequest, to url: DownloadURL, connection: Int, waiting: (Bool) -> Void,
         _ handle: (HTTPClientResponse) async -> Result
     ) async throws -> Result {
         let proxy = configuration.proxy.proxy(for: url.url)
         do {
+            var pass: HostConnectionCap.Pass?
+            if let hostCap {
+                var waited = false
+                pass = try await hostCap.enter(
+                    host: url.origin, connection: connection,
+                    mayMultiplex: url.isHTTPS && configuration.tls.allowHTTP2
+                ) {
+                    waited = true
+                    waiting(true)
+                }
+                if waited { waiting(false) }
+            }
+            defer { if let pass { hostCap?.leave(pass) } }
             if let proxy, proxy.kind == .http, !url.isHTTPS {
                 return try await ProxyForwarding.execute(
                     outgoing, url: url, through: proxy, connectTimeout: configuration.timeouts.connect, handle)
             }
-            let client = try await clients.lanes(to: url.url, through: proxy).client(for: connection)
+            let client = try await clients.lanes(to: url.url, through: proxy).client(for: pass?.lane ?? connection)
             let response = try await client.execute(outgoing, deadline: .distantFuture)
+            if let entered = pass { pass = hostCap?.answered(entered, multiplexed: response.version.major >= 2) }
             return await handle(response)
         } catch let error as HaulError {
             throw error

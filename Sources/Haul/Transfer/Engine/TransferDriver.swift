@@ -75,8 +75,8 @@ final class TransferDriver {
             bootID: BootIdentity.current, now: downloader.clock.now)
         self.files = files
         self.fetcher = HTTPFetcher(
-            sources: sources, request: request, clients: downloader.lanes, configuration: configuration,
-            logger: downloader.logger)
+            sources: sources, request: request, clients: downloader.lanes, hostCap: downloader.hostCap,
+            configuration: configuration, logger: downloader.logger)
         self.clock = downloader.clock
         self.observe = observe
         self.beforeFinishing = beforeFinishing
@@ -287,8 +287,10 @@ final class TransferDriver {
         tasks[request] = Task {
             let end: ConnectionEnd
             do {
-                end = try await fetcher.fetch(ask, connection: connection, source: request.source) {
-                    response, finalURL in
+                end = try await fetcher.fetch(
+                    ask, connection: connection, source: request.source,
+                    waiting: { post.yield(.machine($0 ? .queued(request) : .admitted(request))) }
+                ) { response, finalURL in
                     let reply = Reply<Verdict>()
                     let head = ResponseHead(
                         status: Int(response.status.code), headers: response.headers, finalURL: finalURL.string,

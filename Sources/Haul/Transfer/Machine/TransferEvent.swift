@@ -86,6 +86,10 @@ enum TransferEvent: Sendable {
     case storedDataChecked(StoredData)
     /// The destination named by the first answer was opened.
     case destinationChosen(FoundDownload)
+    /// A request waits for a connection to its host (the cap on connections per host) before it is sent.
+    case queued(RequestTag)
+    /// A request that waited for a connection got one and is sent.
+    case admitted(RequestTag)
     /// A request received the head of its answer.
     case head(RequestTag, ResponseHead)
     /// A request wrote its range's bytes up to `upTo`, completing the pieces in `pieces`.

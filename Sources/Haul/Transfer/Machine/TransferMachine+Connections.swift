@@ -21,6 +21,9 @@ extension TransferMachine {
             case idle
             /// `ask` was sent for `segment` (`nil` before the file's ranges are known).
             case requesting(RangeAsk, segment: Int?, since: Moment)
+            /// `ask` for `segment` waits for a connection to the host (the cap on connections per
+            /// host): it has not been sent, so no stall clock runs.
+            case queued(RangeAsk, segment: Int?)
             /// Writing the answer's body.
             case receiving(Receiving)
             /// Waiting before the next attempt.
@@ -68,7 +71,7 @@ extension TransferMachine {
         /// Whether a request of this connection is under way.
         var isBusy: Bool {
             switch state {
-            case .requesting, .receiving, .stopping: true
+            case .requesting, .queued, .receiving, .stopping: true
             case .idle, .waiting, .retired: false
             }
         }
@@ -92,7 +95,7 @@ extension TransferMachine {
         connections.count { connection in
             switch connection.state {
             case .requesting, .receiving: true
-            case .idle, .waiting, .stopping, .retired: false
+            case .idle, .queued, .waiting, .stopping, .retired: false
             }
         }
     }

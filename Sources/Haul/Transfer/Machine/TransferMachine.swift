@@ -100,6 +100,12 @@ struct TransferMachine: Sendable {
         case .start(let found): return start(found, now: now)
         case .storedDataChecked(let data): return resume(data, now: now)
         case .destinationChosen(let found): return destinationChosen(found, now: now)
+        case .queued(let request):
+            queued(request)
+            return []
+        case .admitted(let request):
+            admitted(request, now: now)
+            return []
         case .head(let request, let head):
             guard isCurrent(request) else { return [.drop(connection: request.connection)] }
             return received(head, on: request.connection, now: now)
@@ -136,7 +142,7 @@ struct TransferMachine: Sendable {
             case .requesting(_, _, let since): deadlines.append(since + settings.stallTimeout)
             case .receiving(let receiving): deadlines.append(receiving.lastByte + settings.stallTimeout)
             case .waiting(let until): deadlines.append(until)
-            case .idle, .stopping, .retired: break
+            case .idle, .queued, .stopping, .retired: break
             }
         }
         guard phase.kind == .transferring else { return deadlines.min() }
@@ -743,6 +749,25 @@ struct TransferMachine: Sendable {
         }
     }
 
+    // MARK: Waiting for a connection
+
+    /// A request waits for a connection to its host before it is sent: its stall clock stops.
+    private mutating func queued(_ request: RequestTag) {
+        guard isCurrent(request), case .requesting(let ask, let segment, _) = connections[request.connection].state
+        else { return }
+        connections[request.connection].state = .queued(ask, segment: segment)
+    }
+
+    /// A request that waited for a connection is sent: its stall clock starts now, and its range is
+    /// not taken over for having made no progress while it waited.
+    private mutating func admitted(_ request: RequestTag, now: Moment) {
+        guard isCurrent(request), case .queued(let ask, let segment) = connections[request.connection].state else {
+            return
+        }
+        connections[request.connection].state = .requesting(ask, segment: segment, since: now)
+        if let segment { table?.hold(segment, until: now) }
+    }
+
     // MARK: Progress
 
     /// A rate limit holds the request's bytes back until `until`: neither its stall clock nor a
@@ -910,9 +935,9 @@ struct TransferMachine: Sendable {
             connections[connection].state = .idle
         case (.receiving(let receiving), .finished(let offset)):
             actions = finishedReceiving(connection, segment: receiving.segment, at: offset, now: now)
-        case (.receiving, .failed(let failure)), (.requesting, .failed(let failure)):
+        case (.receiving, .failed(let failure)), (.requesting, .failed(let failure)), (.queued, .failed(let failure)):
             actions = failed(connection, failure, now: now)
-        case (.receiving, _), (.requesting, _):
+        case (.receiving, _), (.requesting, _), (.queued, _):
             table?.releaseAll(of: connection)
             connections[connection].state = .idle
         case (.idle, _), (.waiting, _), (.retired, _):
@@ -925,7 +950,7 @@ struct TransferMachine: Sendable {
     /// a wait ends. One already stopping keeps its cause (a stall still counts as a failed attempt).
     private mutating func stopConnection(_ index: Int, _ cause: Connection.StopCause) -> [TransferAction] {
         switch connections[index].state {
-        case .requesting, .receiving:
+        case .requesting, .queued, .receiving:
             connections[index].state = .stopping(cause)
             return [.abandon(connection: index)]
         case .waiting:
