@@ -38,6 +38,13 @@ struct TransferOptions: ParsableArguments {
     /// The most connections a download opens when `-x` is not given.
     static let adaptiveConnections = 4
 
+    @Option(
+        help: ArgumentHelp(
+            "The most connections open to one host at once, over all downloads and their connections; "
+                + "over HTTP/2 it counts connections, not requests (curl --parallel-max-host).",
+            valueName: "n"))
+    var maxConnectionsPerHost: Int?
+
     @Option(help: ArgumentHelp("No part is split smaller than this, e.g. 1M.", valueName: "size"))
     var minSplitSize: String = "1M"
 
@@ -109,6 +116,9 @@ struct TransferOptions: ParsableArguments {
         if let connections, !(1...DownloadRequest.maximumConnections).contains(connections) {
             throw ValidationError("--connections must be from 1 to \(DownloadRequest.maximumConnections)")
         }
+        if let maxConnectionsPerHost, maxConnectionsPerHost < 1 {
+            throw ValidationError("--max-connections-per-host must be 1 or more")
+        }
         guard try Self.size(minSplitSize, option: "--min-split-size") >= 64 * 1024 else {
             throw ValidationError("--min-split-size must be at least 64k")
         }
@@ -140,6 +150,7 @@ struct TransferOptions: ParsableArguments {
         let defaults = Self.defaults
         let settings: [(String, Bool)] = [
             ("--jobs", jobs != defaults.jobs), ("--min-split-size", minSplitSize != defaults.minSplitSize),
+            ("--max-connections-per-host", maxConnectionsPerHost != nil),
             ("--total-limit-rate", totalLimitRate != nil), ("--retries", retries != defaults.retries),
             ("--retry-delay", retryDelay != defaults.retryDelay),
             ("--stall-timeout", stallTimeout != defaults.stallTimeout),
@@ -198,6 +209,7 @@ struct TransferOptions: ParsableArguments {
         configuration.storage.durableCheckpointInterval = .milliseconds(Int64(durableCheckpointInterval * 1000))
         configuration.segmentation.connections = connections ?? Self.adaptiveConnections
         configuration.segmentation.adaptive = connections == nil
+        configuration.maxConnectionsPerHost = maxConnectionsPerHost
         configuration.storage.fileAllocation = DownloaderConfiguration.FileAllocation(rawValue: fileAllocation) ?? .none
         configuration.segmentation.minimumSplit = (try? Self.size(minSplitSize, option: "")) ?? (1 << 20)
         configuration.tls.trustedCertificateFiles = caCertificates

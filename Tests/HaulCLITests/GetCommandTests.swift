@@ -406,3 +406,40 @@ struct LockCommandTests {
         }
     }
 }
+
+@Suite(.timeLimit(.minutes(1)))
+struct HostCapCommandTests {
+    @Test func maxConnectionsPerHostCapsEveryDownloadOfTheRunAndRefusesWhatIsNoCount() async throws {
+        try await HaulTestServer.withRunning { server in
+            let names = (1...4).map { "capped\($0).bin" }
+            for (index, name) in names.enumerated() {
+                server.add("/\(name)", TestResource(name: name, size: 300_000 + Int64(index)))
+                server.setStandingFaults("/\(name)", [.throttle(bytesPerSecond: 1 << 20)])
+            }
+            let directory = try makeTemporaryDirectory()
+            defer { try? FileManager.default.removeItem(atPath: directory) }
+            let capped = try await HaulProcess.run(
+                ["get", "-j", "4", "-x", "2", "--max-connections-per-host", "1", "-d", directory, "-q", "--no-daemon"]
+                    + names.map { server.url("/\($0)") }, stateDirectory: directory + "/state")
+            #expect(capped.status == 0, "\(capped.errors)")
+            for name in names { #expect(contents(directory + "/" + name) == server.resource("/\(name)")?.content) }
+            #expect(server.maximumOpenConnections == 1)
+            #expect(server.maximumRequestsAnswering == 1)
+
+            for bad in ["0", "-3", "many"] {
+                let refused = try await HaulProcess.run(
+                    [
+                        "get", server.url("/capped1.bin"), "--max-connections-per-host", bad, "-d", directory,
+                        "--no-daemon",
+                    ],
+                    stateDirectory: directory + "/state")
+                #expect(refused.status == 64, "\(bad): \(refused.errors)")
+                #expect(refused.errors.split(separator: "\n").first?.contains("--max-connections-per-host") == true)
+            }
+            for command in [["get"], ["daemon"], ["resume"]] {
+                let help = try await HaulProcess.run(command + ["--help"])
+                #expect(help.output.contains("--max-connections-per-host <n>"), "\(command)")
+            }
+        }
+    }
+}
