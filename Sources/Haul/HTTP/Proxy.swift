@@ -24,7 +24,8 @@ public struct Proxy: Sendable, Hashable, CustomStringConvertible {
     public enum Kind: String, Sendable {
         /// An HTTP proxy.
         case http
-        /// A SOCKS5 proxy given addresses: Haul resolves host names itself, as curl does.
+        /// A SOCKS5 proxy given addresses: Haul resolves host names itself, as curl does, and keeps
+        /// an answer for a minute.
         case socks5
         /// A SOCKS5 proxy that resolves host names itself.
         case socks5h

@@ -84,7 +84,9 @@ public final class Downloader: Sendable {
         clientConfiguration.connectionPool.concurrentHTTP1ConnectionsPerHostSoftLimit =
             hostCap?.limit ?? configuration.connectionsPerHost.map { max(1, ($0 + lanes - 1) / lanes) } ?? 8
         clientConfiguration.http2StreamChannelDebugInitializer = { HTTP2BodyCoalescer.install(on: $0) }
-        self.lanes = ProxiedLanes(count: configuration.segmentation.connections, configuration: clientConfiguration)
+        self.lanes = ProxiedLanes(
+            count: configuration.segmentation.connections, configuration: clientConfiguration,
+            addresses: AddressCache(clock: self.clock))
     }
 
     /// Closes the connections. Call it once no download is running any more.

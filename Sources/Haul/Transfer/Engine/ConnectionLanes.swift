@@ -66,7 +66,8 @@ final class ConnectionLanes: Sendable {
 /// The connection lanes of each way out: directly, or through each proxy a download's requests
 /// take (see ``ProxySettings``); made when first needed. A `socks5://` proxy is given addresses,
 /// not names (as curl's): its lanes are per host, their client told the address Haul resolved for
-/// it, and the server's certificate is still checked against the host's name.
+/// it (kept a minute: ``AddressCache``), and the server's certificate is still checked against the
+/// host's name.
 final class ProxiedLanes: Sendable {
     /// One way out: a proxy (`nil`: directly), and for a `socks5://` proxy the host and the address
     /// resolved for it.
@@ -78,11 +79,13 @@ final class ProxiedLanes: Sendable {
 
     private let count: Int
     private let configuration: HTTPClient.Configuration
+    private let addresses: AddressCache
     private let lanes: Mutex<(byRoute: [Route: ConnectionLanes], shutDown: Bool)> = Mutex(([:], false))
 
-    init(count: Int, configuration: HTTPClient.Configuration) {
+    init(count: Int, configuration: HTTPClient.Configuration, addresses: AddressCache) {
         self.count = count
         self.configuration = configuration
+        self.addresses = addresses
     }
 
     /// The lanes for requests through `proxy` (`nil`: directly).
@@ -91,14 +94,14 @@ final class ProxiedLanes: Sendable {
     }
 
     /// The lanes for requests to `url` through `proxy` (`nil`: directly): for a `socks5://` proxy,
-    /// the host's name is resolved here first, for every request as curl does for every
-    /// connection, so an address that changes is followed (the proxy is given the address; the
-    /// lanes of an address already used, and their open connections, serve it again).
+    /// the host's name is resolved here first, its answer kept a minute as curl keeps it, so an
+    /// address that changes is followed within a minute (the proxy is given the address; the lanes
+    /// of an address already used, and their open connections, serve it again).
     func lanes(to url: URL, through proxy: Proxy?) async throws -> ConnectionLanes {
         guard let proxy, proxy.kind == .socks5, let host = url.host, IPAddress(host) == nil,
             !host.hasPrefix("[")
         else { return lanes(through: proxy) }
-        let address = try await HostResolution.address(of: host)
+        let address = try await addresses.address(of: host)
         return lanes(for: Route(proxy: proxy, host: host, address: address))
     }
 
