@@ -21,6 +21,36 @@ func reaching(_ server: HaulTestServer, _ configuration: DownloaderConfiguration
     server.transport == .plain ? configuration : try trustingTestServer(configuration, in: directory)
 }
 
+/// Downloads every resource (each served at its name) into `directory` at once, with one downloader.
+func downloadAtOnce(
+    _ server: HaulTestServer, _ resources: [TestResource], into directory: String,
+    configuration: DownloaderConfiguration
+) async throws {
+    try await withDownloader(configuration) { downloader in
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for resource in resources {
+                group.addTask {
+                    try await downloader.download(
+                        DownloadRequest(
+                            url: server.url("/\(resource.name)"), destination: .file(directory + "/" + resource.name)))
+                }
+            }
+            try await group.waitForAll()
+        }
+    }
+    for resource in resources { #expect(try readFile(directory + "/" + resource.name) == resource.content) }
+}
+
+/// Throttled resources served at their names, so that downloads of them overlap.
+func throttled(_ server: HaulTestServer, _ names: [String], size: Int64, rate: Int) -> [TestResource] {
+    names.enumerated().map { index, name in
+        let resource = TestResource(name: name, size: size + Int64(index))
+        server.add("/\(name)", resource)
+        server.setStandingFaults("/\(name)", [.throttle(bytesPerSecond: rate)])
+        return resource
+    }
+}
+
 /// Over TLS the test server offers HTTP/2, so every request should speak it.
 func expectHTTP2OverTLS(_ server: HaulTestServer, sourceLocation: SourceLocation = #_sourceLocation) {
     guard server.transport == .tls else { return }
@@ -103,26 +133,9 @@ func expectHTTP2OverTLS(_ server: HaulTestServer, sourceLocation: SourceLocation
     func downloadsMultiplexed() async throws {
         try await HaulTestServer.withRunning(transport: .tls) { server in
             try await withTemporaryDirectory { directory in
-                let resources = (0..<6).map { TestResource(name: "shared\($0)", size: 300_000 + Int64($0)) }
-                for resource in resources {
-                    server.add("/\(resource.name)", resource)
-                    server.setStandingFaults("/\(resource.name)", [.throttle(bytesPerSecond: 1 << 20)])
-                }
+                let resources = throttled(server, (0..<6).map { "shared\($0)" }, size: 300_000, rate: 1 << 20)
                 let configuration = try trustingTestServer(testConfiguration(), in: directory)
-                try await withDownloader(configuration) { downloader in
-                    try await withThrowingTaskGroup(of: Void.self) { group in
-                        for resource in resources {
-                            group.addTask {
-                                try await downloader.download(
-                                    DownloadRequest(
-                                        url: server.url("/\(resource.name)"),
-                                        destination: .file(directory + "/" + resource.name)))
-                            }
-                        }
-                        try await group.waitForAll()
-                    }
-                }
-                for resource in resources { #expect(try readFile(directory + "/" + resource.name) == resource.content) }
+                try await downloadAtOnce(server, resources, into: directory, configuration: configuration)
                 #expect(server.requests.count == 6)
                 #expect(server.requests.allSatisfy { $0.version == "HTTP/2" })
                 #expect(server.connectionsAccepted == 1)
@@ -134,29 +147,12 @@ func expectHTTP2OverTLS(_ server: HaulTestServer, sourceLocation: SourceLocation
     func connectionsPerHostIsShared() async throws {
         try await HaulTestServer.withRunning { server in
             try await withTemporaryDirectory { directory in
-                let resources = (0..<4).map { TestResource(name: "limited\($0)", size: 200_000 + Int64($0)) }
-                for resource in resources {
-                    server.add("/\(resource.name)", resource)
-                    server.setStandingFaults("/\(resource.name)", [.throttle(bytesPerSecond: 1 << 20)])
-                }
+                let resources = throttled(server, (0..<4).map { "limited\($0)" }, size: 200_000, rate: 1 << 20)
                 // Two connections to the host, over four downloads of one connection each: two at a time.
                 var configuration = testConfiguration()
                 configuration.segmentation.connections = 1
                 configuration.connectionsPerHost = 2
-                try await withDownloader(configuration) { downloader in
-                    try await withThrowingTaskGroup(of: Void.self) { group in
-                        for resource in resources {
-                            group.addTask {
-                                try await downloader.download(
-                                    DownloadRequest(
-                                        url: server.url("/\(resource.name)"),
-                                        destination: .file(directory + "/" + resource.name)))
-                            }
-                        }
-                        try await group.waitForAll()
-                    }
-                }
-                for resource in resources { #expect(try readFile(directory + "/" + resource.name) == resource.content) }
+                try await downloadAtOnce(server, resources, into: directory, configuration: configuration)
                 #expect(server.maximumOpenConnections == 2)
             }
         }

@@ -4,26 +4,6 @@ import Testing
 
 @testable import Haul
 
-/// Downloads every resource (each served at its name) into `directory` at once, with one downloader.
-private func downloadAtOnce(
-    _ server: HaulTestServer, _ resources: [TestResource], into directory: String,
-    configuration: DownloaderConfiguration
-) async throws {
-    try await withDownloader(configuration) { downloader in
-        try await withThrowingTaskGroup(of: Void.self) { group in
-            for resource in resources {
-                group.addTask {
-                    try await downloader.download(
-                        DownloadRequest(
-                            url: server.url("/\(resource.name)"), destination: .file(directory + "/" + resource.name)))
-                }
-            }
-            try await group.waitForAll()
-        }
-    }
-    for resource in resources { #expect(try readFile(directory + "/" + resource.name) == resource.content) }
-}
-
 /// How `task` ended, once it has (waiting in real time, at most 10 s): a task that would never end
 /// fails the test rather than hang it.
 private func ending<Value: Sendable>(_ task: Task<Value, any Error>) async throws -> Result<Value, any Error> {
@@ -39,16 +19,6 @@ private final class Outcome<Value: Sendable>: Sendable {
     var value: Result<Value, any Error>? { result.withLock { $0 } }
 
     func set(_ value: Result<Value, any Error>) { result.withLock { $0 = value } }
-}
-
-/// Throttled resources served at their names, so that downloads of them overlap.
-private func throttled(_ server: HaulTestServer, _ names: [String], size: Int64, rate: Int) -> [TestResource] {
-    names.enumerated().map { index, name in
-        let resource = TestResource(name: name, size: size + Int64(index))
-        server.add("/\(name)", resource)
-        server.setStandingFaults("/\(name)", [.throttle(bytesPerSecond: rate)])
-        return resource
-    }
 }
 
 @Suite("A cap on connections per host", .timeLimit(.minutes(1)))
