@@ -179,15 +179,6 @@ struct RequestOptions: ParsableArguments {
         return try InputFile(path: inputFile, base: base, directory: directory)
     }
 
-    /// The requests from the command line, then those of the input file; never empty.
-    func requests(bytesPerSecondLimit rate: Int64?) throws -> [DownloadRequest] {
-        let requests =
-            try commandLineRequests(bytesPerSecondLimit: rate)
-            + (inputList(bytesPerSecondLimit: rate)?.requests() ?? [])
-        guard !requests.isEmpty else { throw noURL }
-        return requests
-    }
-
     /// Says once that an MD5 or SHA-1 checksum catches corruption but not forgery.
     func noteWeakChecksum(quiet: Bool) {
         if let expected = try? parsedChecksum(), expected.algorithm.isWeak, !quiet {

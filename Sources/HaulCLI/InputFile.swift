@@ -65,13 +65,6 @@ struct InputFile: Sendable {
         if !requests.isEmpty { try chunk(requests) }
     }
 
-    /// Every request of the list, in order.
-    func requests() throws -> [DownloadRequest] {
-        var all: [DownloadRequest] = []
-        try read(by: 1_000) { all += $0 }
-        return all
-    }
-
     /// The lines of a list, one at a time: a request is given once the option lines below its URL
     /// are read.
     private struct Parser {
@@ -176,51 +169,39 @@ private final class InputSource: Sendable {
     private let path: String
 
     init(_ path: String) throws {
-        self.path = path
         guard path == "-" else {
-            let descriptor = open(path, O_RDONLY | O_CLOEXEC)
-            guard descriptor >= 0 else {
-                throw HaulError(.fileSystem, "cannot open \(path): \(String(cString: strerror(errno)))")
-            }
-            self.descriptor = descriptor
+            self.path = path
+            descriptor = try POSIX.open(path, flags: O_RDONLY)
             return
         }
         let directory = getenv("TMPDIR").map { String(cString: $0) }.flatMap { $0.isEmpty ? nil : $0 } ?? "/tmp"
         var template = Array((directory + "/haul-input-XXXXXX").utf8CString)
         let descriptor = template.withUnsafeMutableBufferPointer { mkstemp($0.baseAddress!) }
-        guard descriptor >= 0 else {
-            throw HaulError(
-                .fileSystem, "cannot keep standard input in \(directory): \(String(cString: strerror(errno)))")
-        }
-        unlink(template.withUnsafeBufferPointer { String(cString: $0.baseAddress!) })
+        guard descriptor >= 0 else { throw POSIX.error("keep standard input in", path: directory) }
+        let kept = template.withUnsafeBufferPointer { String(cString: $0.baseAddress!) }
+        unlink(kept)
         self.descriptor = descriptor
+        self.path = "standard input"
         var buffer = [UInt8](repeating: 0, count: 1 << 16)
+        var size: Int64 = 0
         while true {
             let count = buffer.withUnsafeMutableBytes { systemRead(STDIN_FILENO, $0.baseAddress!, $0.count) }
             if count < 0 && errno == EINTR { continue }
-            if count < 0 {
-                throw HaulError(.fileSystem, "cannot read standard input: \(String(cString: strerror(errno)))")
-            }
+            if count < 0 { throw POSIX.error("read", path: "standard input") }
             if count == 0 { break }
-            var written = 0
-            while written < count {
-                let result = buffer.withUnsafeBytes { write(descriptor, $0.baseAddress! + written, count - written) }
-                if result < 0 && errno == EINTR { continue }
-                guard result > 0 else {
-                    throw HaulError(
-                        .fileSystem, "cannot keep standard input in \(directory): \(String(cString: strerror(errno)))")
-                }
-                written += result
+            try buffer.withUnsafeBytes {
+                try POSIX.write(descriptor, UnsafeRawBufferPointer(rebasing: $0[0..<count]), at: size, path: kept)
             }
+            size += Int64(count)
         }
     }
 
-    deinit { close(descriptor) }
+    deinit { POSIX.close(descriptor) }
 
     /// Passes each line (without its line feed) and its number, from the first, to `body`; throws
     /// for a line that is not UTF-8 (naming the list `name`).
     func forEachLine(name: String, _ body: (Int, Substring) throws -> Void) throws {
-        var offset: off_t = 0
+        var offset: Int64 = 0
         var number = 0
         var carried: [UInt8] = []
         var block = [UInt8](repeating: 0, count: 1 << 20)
@@ -232,13 +213,11 @@ private final class InputSource: Sendable {
             try body(number, text[...])
         }
         while true {
-            let count = block.withUnsafeMutableBytes { pread(descriptor, $0.baseAddress!, $0.count, offset) }
-            if count < 0 && errno == EINTR { continue }
-            if count < 0 {
-                throw HaulError(.fileSystem, "cannot read \(path): \(String(cString: strerror(errno)))")
+            let count = try block.withUnsafeMutableBytes {
+                try POSIX.readInto(descriptor, $0, count: $0.count, at: offset, path: path)
             }
             if count == 0 { break }
-            offset += off_t(count)
+            offset += Int64(count)
             try block.withUnsafeBufferPointer { read in
                 var start = 0
                 let bytes = UnsafeBufferPointer(rebasing: read[0..<count])
