@@ -66,6 +66,8 @@ extension DownloadManager {
         _ list: DownloadRequestList, priority: DownloadPriority, withInfo: Bool,
         answered: ([(id: DownloadID, info: DownloadInfo?)]) -> Void
     ) async throws {
+        // What was added starts (in a running queue) however the add ends.
+        defer { schedule() }
         // Every refusal is found before any download is replaced or added.
         var replaced: [DownloadID] = []
         var checked = 0
@@ -88,7 +90,6 @@ extension DownloadManager {
                 }
             }
         } catch {
-            schedule()
             guard added > 0 else { throw error }
             let wrapped = HaulError.wrapping(error)
             throw HaulError(
@@ -97,11 +98,9 @@ extension DownloadManager {
                 status: wrapped.status, underlying: wrapped.underlying, downloadID: wrapped.downloadID)
         }
         if added != checked {
-            schedule()
             throw HaulError(
                 .invalidArgument, "the list gave \(checked) requests, then \(added): it changed while it was added")
         }
-        schedule()
     }
 
     /// How many requests of a long list are decided and written together, in one transaction.

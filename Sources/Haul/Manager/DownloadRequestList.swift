@@ -25,9 +25,7 @@ public struct DownloadRequestList: Sendable {
     /// The requests of `requests`, in chunks.
     public init(_ requests: [DownloadRequest]) {
         self.init { chunk in
-            for start in stride(from: 0, to: requests.count, by: DownloadManager.enqueueBatch) {
-                try chunk(Array(requests[start..<min(requests.count, start + DownloadManager.enqueueBatch)]))
-            }
+            for slice in DownloadManager.chunks(of: requests) { try chunk(Array(slice)) }
         }
     }
 
