@@ -299,16 +299,12 @@ final class SQLiteQueueStore: QueueStore {
     /// The stored state of each of these records (those that exist).
     private static func states(of ids: [Int64], _ db: Database) throws -> [Int64: String] {
         var states: [Int64: String] = [:]
-        var start = 0
-        while start < ids.count {
-            let chunk = Array(ids[start..<min(ids.count, start + listChunk)])
-            start += chunk.count
-            let rows = try Row.fetchAll(
-                db,
-                sql: "SELECT id, state FROM download WHERE id IN (" + chunk.map { _ in "?" }.joined(separator: ",")
-                    + ")",
-                arguments: StatementArguments(chunk))
-            for row in rows { states[row["id"]] = row["state"] }
+        try inLists(of: ids) { list, arguments in
+            for row in try Row.fetchAll(
+                db, sql: "SELECT id, state FROM download WHERE id IN \(list)", arguments: arguments)
+            {
+                states[row["id"]] = row["state"]
+            }
         }
         return states
     }
@@ -419,6 +415,17 @@ final class SQLiteQueueStore: QueueStore {
     /// At most this many values in one `IN (…)` list.
     private static let listChunk = 500
 
+    /// Calls `body` with each ``listChunk`` of `values` as the text of an `IN` list (`(?,?,…)`) and
+    /// its arguments.
+    private static func inLists<Value: DatabaseValueConvertible>(
+        of values: [Value], _ body: (_ list: String, _ arguments: StatementArguments) throws -> Void
+    ) throws {
+        for start in stride(from: 0, to: values.count, by: listChunk) {
+            let chunk = values[start..<min(values.count, start + listChunk)]
+            try body("(" + chunk.map { _ in "?" }.joined(separator: ",") + ")", StatementArguments(chunk))
+        }
+    }
+
     /// Records whose `column` is one of `values`, in ID order, read `IN` lists of
     /// ``listChunk`` values at a time in one snapshot.
     private func downloads<Value: DatabaseValueConvertible & Hashable & Sendable>(
@@ -428,15 +435,9 @@ final class SQLiteQueueStore: QueueStore {
         let unique = Array(Set(values))
         return try read { db in
             var found: [StoredDownload] = []
-            var start = 0
-            while start < unique.count {
-                let chunk = Array(unique[start..<min(unique.count, start + Self.listChunk)])
-                start += chunk.count
+            try Self.inLists(of: unique) { list, arguments in
                 found += try StoredDownload.fetchAll(
-                    db,
-                    sql: "SELECT * FROM download WHERE \(column) IN ("
-                        + chunk.map { _ in "?" }.joined(separator: ",") + ")",
-                    arguments: StatementArguments(chunk))
+                    db, sql: "SELECT * FROM download WHERE \(column) IN \(list)", arguments: arguments)
             }
             return found.sorted { $0.downloadID < $1.downloadID }
         }
@@ -626,7 +627,7 @@ extension StoredDownload: FetchableRecord, MutablePersistableRecord {
         let definition: String = row[Columns.definition.rawValue]
         self.init(
             id: row[Columns.id.rawValue], key: row[Columns.key.rawValue],
-            definition: try JSONDecoder().decode(DownloadRequest.self, from: Data(definition.utf8)),
+            definition: try Self.definitionDecoder.decode(DownloadRequest.self, from: Data(definition.utf8)),
             destination: row[Columns.destination.rawValue], priority: row[Columns.priority.rawValue],
             state: downloadState,
             error: (
@@ -651,6 +652,9 @@ extension StoredDownload: FetchableRecord, MutablePersistableRecord {
     static func encodeDefinition(_ definition: DownloadRequest) throws -> String {
         String(decoding: try definitionEncoder.encode(definition), as: UTF8.self)
     }
+
+    /// The decoder of the `definition` column, made once (an add reads thousands of records).
+    private static let definitionDecoder = JSONDecoder()
 
     /// The encoder of ``encodeDefinition(_:)``: made once (a commit of thousands of records made
     /// one each).
