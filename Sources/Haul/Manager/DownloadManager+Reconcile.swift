@@ -138,7 +138,7 @@ extension DownloadManager {
     /// Sets a record's bytes (and state, where the files tell) from what is on disk now, as far as
     /// `confinement` lets its directory be opened (one that cannot be holds nothing).
     static func refreshFromDisk(_ record: inout StoredDownload, confinement: DownloadConfinement) {
-        var folders = OpenFolders(confinement: confinement, listing: false)
+        var folders = OpenFolders(confinement: confinement)
         refreshFromDisk(&record, folders: &folders)
     }
 

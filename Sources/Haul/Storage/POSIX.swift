@@ -176,11 +176,12 @@ package enum POSIX {
     static func names(in directory: DirectoryStream, limit: Int = .max) -> [String]? {
         var names: [String] = []
         while let entry = readdir(directory) {
-            if names.count > limit { return nil }
             let name = withUnsafePointer(to: entry.pointee.d_name) {
                 $0.withMemoryRebound(to: CChar.self, capacity: Int(NAME_MAX) + 1) { String(cString: $0) }
             }
-            if name != "." && name != ".." { names.append(name) }
+            guard name != "." && name != ".." else { continue }
+            if names.count == limit { return nil }
+            names.append(name)
         }
         return names
     }
