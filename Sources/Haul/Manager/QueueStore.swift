@@ -15,7 +15,7 @@
 ///
 /// The requirements are synchronous: the manager is an actor whose every step reads its memory,
 /// writes the store and updates its memory, and relies on nothing else running on it in between.
-protocol QueueStore: Sendable {
+package protocol QueueStore: Sendable {
     /// Every record, in ID order.
     func allDownloads() throws -> [StoredDownload]
 
@@ -106,32 +106,40 @@ protocol QueueStore: Sendable {
 extension QueueStore {
     /// Adds `records` all together (or none, when one's key is taken) and returns their IDs in order.
     @discardableResult
-    func insert(_ records: [StoredDownload]) throws -> [DownloadID] {
+    package func insert(_ records: [StoredDownload]) throws -> [DownloadID] {
         try commit(QueueChanges(inserts: records))
     }
 
     /// Writes every field of `records` but their ``StoredDownload/request``, all together; fails and
     /// writes none when one of them is gone.
-    func update(_ records: [StoredDownload]) throws {
+    package func update(_ records: [StoredDownload]) throws {
         try commit(QueueChanges(updates: records))
     }
 
     /// Deletes the download's record; one that is gone already is no error.
-    func delete(_ id: DownloadID) throws {
+    package func delete(_ id: DownloadID) throws {
         try commit(QueueChanges(deletes: [id]))
     }
 }
 
 /// What a ``QueueStore`` sums over the records of one state (``QueueStore/totals()``).
-struct QueueTotals: Sendable, Equatable {
+package struct QueueTotals: Sendable, Equatable {
     /// How many records.
-    var count = 0
+    package var count = 0
     /// Their ``StoredDownload/bytes`` together.
-    var bytes: Int64 = 0
+    package var bytes: Int64 = 0
     /// Their known ``StoredDownload/totalBytes`` together.
-    var totalBytes: Int64 = 0
+    package var totalBytes: Int64 = 0
     /// How many have no ``StoredDownload/totalBytes``.
-    var unknownTotals = 0
+    package var unknownTotals = 0
+
+    /// Totals with these values (none, unless given).
+    package init(count: Int = 0, bytes: Int64 = 0, totalBytes: Int64 = 0, unknownTotals: Int = 0) {
+        self.count = count
+        self.bytes = bytes
+        self.totalBytes = totalBytes
+        self.unknownTotals = unknownTotals
+    }
 }
 
 /// Changes a ``QueueStore`` makes in one transaction (``QueueStore/commit(_:)``), in this order:
@@ -142,20 +150,20 @@ struct QueueTotals: Sendable, Equatable {
 /// everything first (which file is in the way, which download is queued again), so a transaction
 /// holds the storage only as long as it takes to write, and a store that talks to a server
 /// sends them in one go.
-struct QueueChanges: Sendable {
+package struct QueueChanges: Sendable {
     /// Records written only when they are still stored (changes that waited to be written while
     /// the download was removed). An update writes every field but ``StoredDownload/request``.
-    var updatesIfPresent: [StoredDownload] = []
+    package var updatesIfPresent: [StoredDownload] = []
     /// Records written (every field but ``StoredDownload/request``); one that is gone fails the
     /// transaction.
-    var updates: [StoredDownload] = []
+    package var updates: [StoredDownload] = []
     /// New records, their ``StoredDownload/id`` ignored; a key already taken fails the transaction.
-    var inserts: [StoredDownload] = []
+    package var inserts: [StoredDownload] = []
     /// Records to delete; one that is gone already is no error.
-    var deletes: [DownloadID] = []
+    package var deletes: [DownloadID] = []
 
     /// Changes with the given parts (each empty unless given).
-    init(
+    package init(
         updatesIfPresent: [StoredDownload] = [], updates: [StoredDownload] = [], inserts: [StoredDownload] = [],
         deletes: [DownloadID] = []
     ) {
@@ -166,5 +174,5 @@ struct QueueChanges: Sendable {
     }
 
     /// Whether there is nothing to do.
-    var isEmpty: Bool { updatesIfPresent.isEmpty && updates.isEmpty && inserts.isEmpty && deletes.isEmpty }
+    package var isEmpty: Bool { updatesIfPresent.isEmpty && updates.isEmpty && inserts.isEmpty && deletes.isEmpty }
 }

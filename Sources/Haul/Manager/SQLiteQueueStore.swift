@@ -600,10 +600,10 @@ final class SQLiteQueueStore: QueueStore {
 
 /// A record as a row of the `download` table; its request is the `definition` column, as JSON.
 extension StoredDownload: FetchableRecord, MutablePersistableRecord {
-    static let databaseTableName = "download"
+    package static let databaseTableName = "download"
 
     /// The table's columns, by name.
-    enum Columns: String, ColumnExpression, CaseIterable {
+    package enum Columns: String, ColumnExpression, CaseIterable {
         case id, key, definition, destination, priority, state, errorCode, errorMessage, errorStatus, bytes
         case totalBytes, bytesPerSecond, owner, request, hook, createdAt, startedAt, finishedAt, updatedAt
 
@@ -614,7 +614,7 @@ extension StoredDownload: FetchableRecord, MutablePersistableRecord {
 
     /// A record from a row of the table, read column by column (reading records through their
     /// `Decodable` conformance cost more than the query when an add looks up thousands).
-    init(row: Row) throws {
+    package init(row: Row) throws {
         let state: String = row[Columns.state.rawValue]
         guard let downloadState = DownloadState(rawValue: state) else {
             throw HaulError(.database, "the state database holds an unknown download state '\(state)'")
@@ -627,7 +627,7 @@ extension StoredDownload: FetchableRecord, MutablePersistableRecord {
         let definition: String = row[Columns.definition.rawValue]
         self.init(
             id: row[Columns.id.rawValue], key: row[Columns.key.rawValue],
-            definition: try Self.definitionDecoder.decode(DownloadRequest.self, from: Data(definition.utf8)),
+            definition: try Self.decodeDefinition(definition),
             destination: row[Columns.destination.rawValue], priority: row[Columns.priority.rawValue],
             state: downloadState,
             error: (
@@ -641,28 +641,12 @@ extension StoredDownload: FetchableRecord, MutablePersistableRecord {
     }
 
     /// Takes the ID SQLite gave the new row.
-    mutating func didInsert(_ inserted: InsertionSuccess) { id = inserted.rowID }
+    package mutating func didInsert(_ inserted: InsertionSuccess) { id = inserted.rowID }
 
     /// The statement that writes every managed column (see ``Columns/managed``) of one row.
     static let updateManagedColumnsSQL =
         "UPDATE download SET "
         + Columns.managed.map { "\"\($0.rawValue)\" = ?" }.joined(separator: ", ") + " WHERE id = ?"
-
-    /// The request as the `definition` column holds it: JSON with sorted keys, without secrets.
-    static func encodeDefinition(_ definition: DownloadRequest) throws -> String {
-        String(decoding: try definitionEncoder.encode(definition), as: UTF8.self)
-    }
-
-    /// The decoder of the `definition` column, made once (an add reads thousands of records).
-    private static let definitionDecoder = JSONDecoder()
-
-    /// The encoder of ``encodeDefinition(_:)``: made once (a commit of thousands of records made
-    /// one each).
-    private static let definitionEncoder: JSONEncoder = {
-        let encoder = JSONEncoder()
-        encoder.outputFormatting = .sortedKeys
-        return encoder
-    }()
 
     /// The statement that inserts a row with every managed column (see ``Columns/managed``).
     static let insertManagedColumnsSQL =
