@@ -10,6 +10,7 @@ let package = Package(
         .library(name: "Haul", targets: ["Haul"]),
         .library(name: "HaulTestServer", targets: ["HaulTestServer"]),
         .library(name: "HaulDaemon", targets: ["HaulDaemon"]),
+        .library(name: "HaulPostgreSQL", targets: ["HaulPostgreSQL"]),
         .executable(name: "haul", targets: ["HaulCLI"]),
         .executable(name: "haul-torture", targets: ["HaulTorture"]),
         .executable(name: "haul-fuzz", targets: ["HaulFuzz"]),
@@ -26,6 +27,9 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-crypto.git", from: "4.5.2"),
         .package(url: "https://github.com/apple/swift-collections.git", from: "1.6.0"),
         .package(url: "https://github.com/groue/GRDB.swift.git", from: "7.10.0"),
+        // A queue several daemons share (the fleet): its client, in a module of its own, so an app
+        // that embeds Haul does not build it.
+        .package(url: "https://github.com/vapor/postgres-nio.git", from: "1.33.2"),
         // The daemon's HTTP server. Its default traits pull in swift-configuration, which Haul does not use.
         .package(url: "https://github.com/hummingbird-project/hummingbird.git", from: "2.28.1", traits: []),
         .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.13.0"),
@@ -53,6 +57,16 @@ let package = Package(
             ]
         ),
         .target(name: "CHaulSystem"),
+        .target(
+            name: "HaulPostgreSQL",
+            dependencies: [
+                "Haul",
+                .product(name: "PostgresNIO", package: "postgres-nio"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
         .target(
             name: "HaulDaemon",
             dependencies: [
@@ -110,7 +124,7 @@ let package = Package(
         .testTarget(
             name: "HaulTests",
             dependencies: [
-                "Haul", "HaulTestServer", "HaulDaemon",
+                "Haul", "HaulTestServer", "HaulDaemon", "HaulPostgreSQL",
                 .product(name: "HummingbirdTesting", package: "hummingbird"),
                 .product(name: "HTTPTypes", package: "swift-http-types"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),

@@ -1,3 +1,4 @@
+import HaulPostgreSQL
 import Testing
 
 @testable import Haul
@@ -12,8 +13,11 @@ import Testing
 struct QueueStoreStorage {
     /// Opens another store on this storage, as another process would.
     let open: () throws -> any QueueStore
-    /// Damages the storage as a failing disk might; no store is open on it meanwhile.
+    /// Damages the storage as a failing disk (or a hand that edits it) might; no store is open on
+    /// it meanwhile.
     let damage: () throws -> Void
+    /// What the error about damaged storage must tell the user to do.
+    let advice: String
 }
 
 /// A kind of ``QueueStore`` the conformance suite checks: how to make fresh storage for it.
@@ -27,7 +31,7 @@ struct QueueStoreKind: Sendable, CustomTestStringConvertible {
     var testDescription: String { name }
 
     /// Every store Haul has: each must pass the whole suite.
-    static let all: [QueueStoreKind] = [.sqlite]
+    static let all: [QueueStoreKind] = [.sqlite, .postgresql]
 
     /// ``SQLiteQueueStore``, in a file of a temporary directory.
     static let sqlite = QueueStoreKind(name: "SQLite") { body in
@@ -40,8 +44,20 @@ struct QueueStoreKind: Sendable, CustomTestStringConvertible {
                         let size = try readFile(path).count
                         try writeFile(path, [UInt8](repeating: 0x5A, count: size))
                         for file in [path + "-wal", path + "-shm"] { _ = unlink(file) }
-                    }))
+                    }, advice: "move it aside"))
         }
+    }
+
+    /// ``PostgreSQLQueueStore``, in a database of its own on the tests' PostgreSQL server (see
+    /// ``PostgreSQLTestServer``).
+    static let postgresql = QueueStoreKind(name: "PostgreSQL") { body in
+        let location = try PostgreSQLTestServer.makeDatabase()
+        defer { PostgreSQLTestServer.dropDatabase(location) }
+        try await body(
+            QueueStoreStorage(
+                open: { try PostgreSQLQueueStore(location: location) },
+                damage: { try PostgreSQLTestServer.sql("ALTER TABLE download DROP COLUMN definition", in: location) },
+                advice: "restore it from a backup"))
     }
 }
 
@@ -323,7 +339,7 @@ struct QueueStoreKind: Sendable, CustomTestStringConvertible {
     }
 
     /// Storage found damaged gives one ``HaulError/Code/database`` error that says so and what to
-    /// do (move it aside), in one line, whether opening or the first read meets the damage.
+    /// do (the store's advice), in one line, whether opening or the first read meets the damage.
     @Test(arguments: QueueStoreKind.all)
     func damagedStorageSaysToMoveItAside(_ kind: QueueStoreKind) async throws {
         try await kind.withStorage { storage in
@@ -337,7 +353,7 @@ struct QueueStoreKind: Sendable, CustomTestStringConvertible {
                 _ = try store.allDownloads()
             }
             let message = error?.message ?? ""
-            #expect(message.contains("is damaged") && message.contains("move it aside"), "\(message)")
+            #expect(message.contains("is damaged") && message.contains(storage.advice), "\(message)")
             #expect(!message.contains("\n"))
         }
     }

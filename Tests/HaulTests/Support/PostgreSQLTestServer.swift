@@ -1,0 +1,230 @@
+import Foundation
+import HaulPostgreSQL
+import Synchronization
+
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Darwin)
+    import Darwin
+#endif
+
+#if canImport(FoundationEssentials)
+    import FoundationEssentials
+#endif
+
+/// The PostgreSQL server the tests of the PostgreSQL store use: started by the test process on
+/// loopback, in a temporary folder, the first time a test asks for it, and stopped when the
+/// process ends (however it ends: the server's shell watches a pipe the process holds).
+///
+/// `HAUL_TEST_POSTGRES_URL` names a server to use instead (its user may create databases). Each
+/// test gets a database of its own.
+enum PostgreSQLTestServer {
+    /// Where the server listens, and the user the tests connect as.
+    struct Server: Sendable {
+        let host: String
+        let port: Int
+        let user: String
+        let password: String?
+        /// The folder of the server's programs (`psql`, `pg_isready`).
+        let programs: String
+    }
+
+    private static let started = Mutex<Result<Server, TestFailure>?>(nil)
+    private static let databases = Mutex(0)
+
+    /// The server, started on first use.
+    static func server() throws -> Server {
+        try started.withLock { started in
+            if let started { return try started.get() }
+            let result: Result<Server, TestFailure>
+            do {
+                result = .success(try start())
+            } catch let failure as TestFailure {
+                result = .failure(failure)
+            } catch {
+                result = .failure(TestFailure("could not start PostgreSQL for the tests: \(error)"))
+            }
+            started = result
+            return try result.get()
+        }
+    }
+
+    /// A new, empty database on the server, for one test.
+    static func makeDatabase() throws -> PostgreSQLLocation {
+        let server = try server()
+        let number = databases.withLock { value -> Int in
+            value += 1
+            return value
+        }
+        let name = "haul_test_\(getpid())_\(number)"
+        try sql("CREATE DATABASE \(name)", database: "postgres", server: server)
+        var location = try PostgreSQLLocation(
+            parsing: "postgresql://\(server.user)@\(server.host):\(server.port)/\(name)?sslmode=disable")
+        location.password = server.password
+        return location
+    }
+
+    /// Drops a database ``makeDatabase()`` made, with whatever is still connected to it.
+    static func dropDatabase(_ location: PostgreSQLLocation) {
+        guard let server = try? server() else { return }
+        try? sql("DROP DATABASE IF EXISTS \(location.database) WITH (FORCE)", database: "postgres", server: server)
+    }
+
+    /// Runs one SQL statement with `psql`, failing on any error.
+    static func sql(_ statement: String, database: String, server: Server) throws {
+        var environment = ProcessInfo.processInfo.environment
+        if let password = server.password { environment["PGPASSWORD"] = password }
+        let output = try run(
+            server.programs + "/psql",
+            [
+                "-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", server.host, "-p", "\(server.port)", "-U", server.user,
+                "-d", database, "-c", statement,
+            ], environment: environment)
+        guard output.status == 0 else {
+            throw TestFailure("psql failed (\(output.status)) on \(statement): \(output.text)")
+        }
+    }
+
+    /// Runs `statement` in a test's database.
+    static func sql(_ statement: String, in location: PostgreSQLLocation) throws {
+        try sql(statement, database: location.database, server: try server())
+    }
+
+    // MARK: Starting
+
+    private static func start() throws -> Server {
+        if let url = ProcessInfo.processInfo.environment["HAUL_TEST_POSTGRES_URL"], !url.isEmpty {
+            let location = try PostgreSQLLocation(parsing: url)
+            return Server(
+                host: location.host, port: location.port, user: location.user, password: location.password,
+                programs: try programs())
+        }
+        let programs = try programs()
+        let folder = try makeFolder()
+        let asPostgres = geteuid() == 0
+        // initdb refuses to run as root: the server runs as the postgres user the package made.
+        if asPostgres {
+            let owned = try run("/bin/chown", ["postgres:postgres", folder])
+            guard owned.status == 0 else {
+                throw TestFailure("cannot give \(folder) to the postgres user: \(owned.text)")
+            }
+        }
+        func command(_ arguments: [String]) -> (String, [String]) {
+            asPostgres
+                ? ("/usr/sbin/runuser", ["-u", "postgres", "--"] + arguments)
+                : (arguments[0], Array(arguments.dropFirst()))
+        }
+        let (initdb, initArguments) = command([
+            programs + "/initdb", "-D", folder + "/data", "-U", "haul", "--auth=trust", "-E", "UTF8", "--no-sync",
+            "--no-instructions",
+        ])
+        let initialized = try run(initdb, initArguments)
+        guard initialized.status == 0 else {
+            throw TestFailure("initdb failed (\(initialized.status)): \(initialized.text)")
+        }
+        let port = try freePort()
+        // The shell starts the server, then waits for the end of its standard input, a pipe this
+        // process holds open: when this process ends, the server stops and its folder goes.
+        let script = """
+            "$1" -D "$2/data" -p "$3" -k "$2" -c listen_addresses=127.0.0.1 -c fsync=off \
+                -c synchronous_commit=off -c full_page_writes=off -c max_connections=200 > "$2/log" 2>&1 &
+            server=$!
+            cat > /dev/null
+            kill -INT $server
+            wait $server
+            rm -rf "$2"
+            """
+        let (shell, shellArguments) = command([
+            "/bin/sh", "-c", script, "sh", programs + "/postgres", folder, "\(port)",
+        ])
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: shell)
+        process.arguments = shellArguments
+        let keeper = Pipe()
+        process.standardInput = keeper
+        process.standardOutput = FileHandle.nullDevice
+        process.standardError = FileHandle.nullDevice
+        try process.run()
+        // Held for the life of this process: never written, never closed.
+        keepers.withLock { $0.append(keeper) }
+        let server = Server(host: "127.0.0.1", port: port, user: "haul", password: nil, programs: programs)
+        let deadline = Date().addingTimeInterval(30)
+        while Date() < deadline {
+            let ready = try run(programs + "/pg_isready", ["-q", "-h", server.host, "-p", "\(port)"])
+            if ready.status == 0 { return server }
+            guard process.isRunning else { break }
+            usleep(100_000)
+        }
+        let log = (try? String(contentsOfFile: folder + "/log", encoding: .utf8)) ?? ""
+        throw TestFailure("PostgreSQL did not start within 30 s: \(log)")
+    }
+
+    private static let keepers = Mutex<[Pipe]>([])
+
+    /// The folder of the PostgreSQL server's programs: the newest `/usr/lib/postgresql/N/bin`
+    /// (Debian's), else the one `pg_config` names.
+    private static func programs() throws -> String {
+        let root = "/usr/lib/postgresql"
+        let versions = ((try? FileManager.default.contentsOfDirectory(atPath: root)) ?? [])
+            .compactMap(Int.init).sorted()
+        for version in versions.reversed()
+        where FileManager.default.isExecutableFile(atPath: "\(root)/\(version)/bin/initdb") {
+            return "\(root)/\(version)/bin"
+        }
+        if let found = try? run("/usr/bin/env", ["pg_config", "--bindir"]), found.status == 0 {
+            let folder = found.text.trimmingCharacters(in: .whitespacesAndNewlines)
+            if FileManager.default.isExecutableFile(atPath: folder + "/initdb") { return folder }
+        }
+        throw TestFailure(
+            "PostgreSQL's server is not installed, and the PostgreSQL store's tests need one: "
+                + "install it (apt-get install postgresql) or set HAUL_TEST_POSTGRES_URL to a server's URL")
+    }
+
+    private static func makeFolder() throws -> String {
+        var template = Array((NSTemporaryDirectory() + "/haul-postgresql-XXXXXX").utf8CString)
+        guard let made = mkdtemp(&template) else { throw TestFailure("mkdtemp failed: \(errno)") }
+        let folder = String(cString: made)
+        chmod(folder, 0o755)
+        return folder
+    }
+
+    /// A TCP port nothing listens on now, on loopback.
+    private static func freePort() throws -> Int {
+        let socket = Glibc.socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        guard socket >= 0 else { throw TestFailure("socket failed: \(errno)") }
+        defer { close(socket) }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        address.sin_port = 0
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let bound = withUnsafeMutablePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { pointer in
+                bind(socket, pointer, length) == 0 && getsockname(socket, pointer, &length) == 0
+            }
+        }
+        guard bound else { throw TestFailure("bind failed: \(errno)") }
+        return Int(UInt16(bigEndian: address.sin_port))
+    }
+
+    /// Runs a program to its end (at most 60 s) and returns its exit status and what it printed.
+    private static func run(_ program: String, _ arguments: [String], environment: [String: String]? = nil) throws
+        -> (status: Int32, text: String)
+    {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: program)
+        process.arguments = arguments
+        if let environment { process.environment = environment }
+        let output = Pipe()
+        process.standardOutput = output
+        process.standardError = output
+        process.standardInput = FileHandle.nullDevice
+        try process.run()
+        let watchdog = DispatchWorkItem { if process.isRunning { process.terminate() } }
+        DispatchQueue.global().asyncAfter(deadline: .now() + 60, execute: watchdog)
+        let data = output.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        watchdog.cancel()
+        return (process.terminationStatus, String(decoding: data, as: UTF8.self))
+    }
+}
