@@ -125,6 +125,7 @@ let package = Package(
             name: "HaulTests",
             dependencies: [
                 "Haul", "HaulTestServer", "HaulDaemon", "HaulPostgreSQL",
+                .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "HummingbirdTesting", package: "hummingbird"),
                 .product(name: "HTTPTypes", package: "swift-http-types"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),

@@ -1,5 +1,6 @@
 import Haul
 import NIOCore
+import NIOPosix
 import PostgresNIO
 
 #if canImport(FoundationEssentials)
@@ -23,10 +24,15 @@ package final class PostgreSQLQueueStore: QueueStore {
 
     /// Connects to the database at `location` and brings its tables up to date (creating them in an
     /// empty database). Fails with ``HaulError/Code/database`` when the server cannot be reached or
-    /// refuses.
-    package init(location: PostgreSQLLocation, statementTimeout: TimeAmount = .seconds(30)) throws {
+    /// refuses. A statement waits for the server at most `statementTimeout`, connecting and
+    /// signing in at most `connectTimeout`.
+    package init(
+        location: PostgreSQLLocation, statementTimeout: TimeAmount = .seconds(30),
+        connectTimeout: TimeAmount = .seconds(10)
+    ) throws {
         self.location = location
-        self.connector = PostgreSQLConnector(location: location, statementTimeout: statementTimeout)
+        self.connector = PostgreSQLConnector(
+            location: location, statementTimeout: statementTimeout, connectTimeout: connectTimeout)
         try run("cannot open the queue database") { session in try PostgreSQLSchema.migrate(session) }
     }
 
@@ -446,14 +452,28 @@ package final class PostgreSQLQueueStore: QueueStore {
 
     // MARK: Sessions and errors
 
-    /// Runs `body` with the connection, turning failures into ``HaulError/Code/database``.
+    /// Runs `body` with the connection, turning failures into ``HaulError/Code/database``. A
+    /// connection found lost is made again and `body` run once more: every caller of this is a
+    /// single statement or a transaction, which the server made all or nothing of.
     private func run<T>(_ doing: String, _ body: (PostgreSQLSession) throws -> T) throws -> T {
-        do {
-            return try connector.withSession(body)
-        } catch let error as HaulError {
-            throw error
-        } catch {
-            throw failure(error, doing: doing)
+        var attempt = 0
+        while true {
+            attempt += 1
+            do {
+                return try connector.withSession(body)
+            } catch let error as HaulError {
+                throw error
+            } catch let error as PostgreSQLSession.CommitOutcomeUnknown {
+                throw HaulError(
+                    .database,
+                    "\(doing) \(location): the connection was lost while a change was being committed, which may "
+                        + "or may not have been made (\(Self.describe(error.underlying)))",
+                    underlying: error.underlying)
+            } catch let error where attempt < 2 && PostgreSQLSession.isLostConnection(error) {
+                continue
+            } catch {
+                throw failure(error, doing: doing)
+            }
         }
     }
 
@@ -510,9 +530,14 @@ package final class PostgreSQLQueueStore: QueueStore {
                 let state = error.serverInfo?[.sqlState].map { " (SQLSTATE \($0))" } ?? ""
                 return message + state
             }
-            if let underlying = error.underlying { return "\(error.code): \(underlying)" }
+            if let underlying = error.underlying { return describe(underlying) }
             return "\(error.code)"
         }
+        if let error = error as? NIOConnectionError {
+            let reasons = error.connectionErrors.map { describe($0.error) }
+            return "cannot connect: " + (reasons.isEmpty ? "\(error)" : Set(reasons).sorted().joined(separator: "; "))
+        }
+        if let error = error as? IOError { return error.description.replacingOccurrences(of: " (error set)", with: "") }
         return "\(error)".split(whereSeparator: \.isNewline).joined(separator: " ")
     }
 }

@@ -15,13 +15,16 @@ final class PostgreSQLConnector: Sendable {
     let location: PostgreSQLLocation
     /// How long a statement may take before the connection is closed and the statement fails.
     let statementTimeout: TimeAmount
+    /// How long connecting (and signing in) may take.
+    let connectTimeout: TimeAmount
     private let connection = Mutex<PostgresConnection?>(nil)
     private let serial = Mutex(0)
     private static let logger = Logger(label: "haul.postgresql", factory: { _ in SwiftLogNoOpLogHandler() })
 
-    init(location: PostgreSQLLocation, statementTimeout: TimeAmount = .seconds(30)) {
+    init(location: PostgreSQLLocation, statementTimeout: TimeAmount, connectTimeout: TimeAmount) {
         self.location = location
         self.statementTimeout = statementTimeout
+        self.connectTimeout = connectTimeout
     }
 
     deinit {
@@ -53,15 +56,19 @@ final class PostgreSQLConnector: Sendable {
         var configuration = PostgresConnection.Configuration(
             host: location.host, port: location.port, username: location.user, password: location.password,
             database: location.database, tls: tls)
-        configuration.options.connectTimeout = .seconds(10)
+        configuration.options.connectTimeout = connectTimeout
         configuration.options.additionalStartupParameters = [("application_name", "haul")]
         let id = serial.withLock { value -> Int in
             value += 1
             return value
         }
-        return try PostgresConnection.connect(
-            on: MultiThreadedEventLoopGroup.singleton.any(), configuration: configuration, id: id, logger: Self.logger
-        ).wait()
+        let connecting = PostgresConnection.connect(
+            on: MultiThreadedEventLoopGroup.singleton.any(), configuration: configuration, id: id, logger: Self.logger)
+        // A server that takes the connection but never finishes the handshake: the connection,
+        // should it come after all, is closed.
+        return try waitAtMost(connectTimeout, for: connecting) {
+            connecting.whenSuccess { late in late.close().whenComplete { _ in withExtendedLifetime(late) {} } }
+        }
     }
 }
 
@@ -76,21 +83,75 @@ struct PostgreSQLSession {
     @discardableResult
     func query(_ sql: String, _ binds: PostgresBindings = PostgresBindings()) throws -> PostgresQueryResult {
         let connection = self.connection
-        let timer = connection.eventLoop.scheduleTask(in: timeout) { connection.close().whenComplete { _ in } }
-        defer { timer.cancel() }
-        return try connection.query(PostgresQuery(unsafeSQL: sql, binds: binds), logger: logger).wait()
+        let answer = connection.query(PostgresQuery(unsafeSQL: sql, binds: binds), logger: logger)
+        // The limit fails the wait itself: a statement written to a connection that closed at
+        // that moment is never answered at all.
+        return try waitAtMost(timeout, for: answer) { connection.close().whenComplete { _ in } }
+    }
+
+    /// A statement the server did not answer in time; its connection was closed.
+    struct TimedOut: Error, CustomStringConvertible {
+        let after: TimeAmount
+        var description: String {
+            let milliseconds = after.nanoseconds / 1_000_000
+            let seconds = milliseconds % 1000 == 0 ? "\(milliseconds / 1000)" : "\(Double(milliseconds) / 1000)"
+            return "the server did not answer within \(seconds) s; the connection was closed"
+        }
     }
 
     /// Runs `body` in one transaction, committed when it returns and rolled back when it throws.
+    /// A connection lost while the commit was under way throws ``CommitOutcomeUnknown``: the
+    /// server may have made the changes or not.
     func transaction<T>(_ body: () throws -> T) throws -> T {
         try query("BEGIN")
+        let value: T
         do {
-            let value = try body()
-            try query("COMMIT")
-            return value
+            value = try body()
         } catch {
             if !connection.isClosed { _ = try? query("ROLLBACK") }
             throw error
         }
+        do {
+            try query("COMMIT")
+        } catch let error where PostgreSQLSession.isLostConnection(error) {
+            throw CommitOutcomeUnknown(underlying: error)
+        }
+        return value
     }
+
+    /// A commit whose answer never came: the connection broke after it was sent.
+    struct CommitOutcomeUnknown: Error {
+        let underlying: any Error
+    }
+
+    /// Whether `error` says the connection to the server is gone (the server stopped, restarted or
+    /// ended this session, or the network dropped it), so that a statement not yet sent may be sent
+    /// again on a new connection.
+    static func isLostConnection(_ error: (any Error)?) -> Bool {
+        guard let error = error as? PSQLError else { return false }
+        if [.serverClosedConnection, .uncleanShutdown, .connectionError].contains(error.code) { return true }
+        // The server ended the session: an administrator, a shutdown, a crash, or it cannot take
+        // connections yet.
+        guard let state = error.serverInfo?[.sqlState] else { return false }
+        return ["57P01", "57P02", "57P03", "08000", "08003", "08006"].contains(state)
+    }
+}
+
+/// Waits for `future` at most `limit`, from a thread that is not an event loop's; past the limit,
+/// runs `expire` (on the future's event loop) and throws ``PostgreSQLSession/TimedOut``.
+func waitAtMost<Value: Sendable>(
+    _ limit: TimeAmount, for future: EventLoopFuture<Value>, expire: @escaping @Sendable () -> Void
+) throws -> Value {
+    let loop = future.eventLoop
+    let outcome = loop.makePromise(of: Value.self)
+    let timer = loop.scheduleTask(in: limit) {
+        outcome.fail(PostgreSQLSession.TimedOut(after: limit))
+        expire()
+    }
+    future.whenComplete { result in
+        timer.cancel()
+        // A second completion of a promise is ignored: whichever came first stands.
+        outcome.completeWith(result)
+    }
+    return try outcome.futureResult.wait()
 }
