@@ -66,7 +66,7 @@ package final class PostgreSQLQueueStore: QueueStore {
     }
 
     package func commit(_ changes: QueueChanges) throws -> [DownloadID] {
-        guard !changes.isEmpty else { return [] }
+        guard !changes.isEmpty || changes.fence != nil else { return [] }
         // Each list once per record, the last of its changes winning, as the SQLite store's
         // statements one after another would leave it.
         let updatesIfPresent = Self.lastOfEach(changes.updatesIfPresent)
@@ -75,7 +75,9 @@ package final class PostgreSQLQueueStore: QueueStore {
         let present = try Self.json(updatesIfPresent)
         let required = try Self.json(updates)
         let touched = (updatesIfPresent + updates).compactMap(\.id) + changes.deletes.map(\.rawValue)
+        let fence = changes.fence
         return try transaction("could not update the queue database") { session in
+            if let fence { try Self.check(fence, session) }
             // The rows this transaction changes, locked in ID order (two commits never wait on
             // each other in a circle), with the state each has now.
             var states: [Int64: String] = [:]
@@ -300,6 +302,27 @@ package final class PostgreSQLQueueStore: QueueStore {
             """, binds)
     }
 
+    package func claimQueued(for owner: String, limit: Int, now: Double) throws -> [StoredDownload] {
+        guard limit > 0 else { return [] }
+        var binds = PostgresBindings()
+        binds.append(owner)
+        binds.append(now)
+        binds.append(Int64(limit))
+        let result = try transaction("could not update the queue database") { session in
+            // Rows another worker is claiming now are locked, and skipped rather than waited for.
+            try session.query(
+                """
+                UPDATE download SET owner = $1, updated_at = $2 WHERE id IN (
+                    SELECT id FROM download WHERE owner IS NULL AND state = 'queued'
+                    ORDER BY priority DESC, id LIMIT $3 FOR UPDATE SKIP LOCKED)
+                RETURNING \(Self.columns)
+                """, binds)
+        }
+        return try result.map(Self.record).sorted {
+            ($0.priority, -($0.id ?? 0)) > ($1.priority, -($1.id ?? 0))
+        }
+    }
+
     package func reassignQueued(
         from owners: [String], includingUnowned: Bool, to newOwner: String?, now: Double
     ) throws -> Int {
@@ -330,6 +353,137 @@ package final class PostgreSQLQueueStore: QueueStore {
                 "UPDATE download SET owner = NULL, updated_at = $1 WHERE owner = $2 AND NOT (id = ANY($3))", binds)
         }
         return result.metadata.rows ?? 0
+    }
+
+    // MARK: Workers and their leases
+
+    /// Registers the worker `name` with a lease until `now + duration` and returns the number of
+    /// this registration (its fence). A registration of that name still there is replaced.
+    package func registerWorker(_ name: String, host: String, pid: Int, duration: Double, now: Double) throws -> Int64 {
+        var binds = PostgresBindings()
+        binds.append(name)
+        binds.append(now + duration)
+        binds.append(host)
+        binds.append(Int32(truncatingIfNeeded: pid))
+        binds.append(now)
+        let result = try run("could not register with the queue database") { session in
+            try session.query(
+                """
+                INSERT INTO haul_worker (name, fence, expires_at, host, pid, started_at)
+                VALUES ($1, nextval('haul_worker_fence'), $2, $3, $4, $5)
+                ON CONFLICT (name) DO UPDATE SET fence = excluded.fence, expires_at = excluded.expires_at,
+                    host = excluded.host, pid = excluded.pid, started_at = excluded.started_at
+                RETURNING fence
+                """, binds)
+        }
+        guard let fence = try result.first?.decode(Int64.self) else {
+            throw HaulError(.database, "the queue database \(location) gave no number to the worker \(name)")
+        }
+        return fence
+    }
+
+    /// Moves the end of the worker's lease to `now + duration`, while the registration `fence` is
+    /// still the worker's and its lease has not run out; returns whether it did (when not, the lease
+    /// is lost for good: another worker may have taken its downloads).
+    package func renewWorker(_ name: String, fence: Int64, duration: Double, now: Double) throws -> Bool {
+        var binds = PostgresBindings()
+        binds.append(now + duration)
+        binds.append(name)
+        binds.append(fence)
+        binds.append(now)
+        let result = try run("could not renew the lease in the queue database") { session in
+            try session.query(
+                "UPDATE haul_worker SET expires_at = $1 WHERE name = $2 AND fence = $3 AND expires_at > $4", binds)
+        }
+        return (result.metadata.rows ?? 0) > 0
+    }
+
+    /// Whether the worker `name` holds a lease at `now`.
+    package func workerIsAlive(_ name: String, now: Double) throws -> Bool {
+        var binds = PostgresBindings()
+        binds.append(name)
+        binds.append(now)
+        let result = try run("could not read the queue database") { session in
+            try session.query("SELECT 1 FROM haul_worker WHERE name = $1 AND expires_at > $2", binds)
+        }
+        return !result.rows.isEmpty
+    }
+
+    /// The workers registered now, by name, with the end of their lease and where they run.
+    package func workers() throws -> [(name: String, expiresAt: Double, host: String, pid: Int)] {
+        let result = try run("could not read the queue database") { session in
+            try session.query("SELECT name, expires_at, host, pid FROM haul_worker ORDER BY name")
+        }
+        return try result.map { row in
+            let (name, expires, host, pid) = try row.decode((String, Double, String, Int32).self)
+            return (name, expires, host, Int(pid))
+        }
+    }
+
+    /// Ends the registration `fence` of the worker `name` (a worker that stops).
+    package func removeWorker(_ name: String, fence: Int64) throws {
+        var binds = PostgresBindings()
+        binds.append(name)
+        binds.append(fence)
+        _ = try run("could not update the queue database") { session in
+            try session.query("DELETE FROM haul_worker WHERE name = $1 AND fence = $2", binds)
+        }
+    }
+
+    /// Takes over from every worker whose lease ran out by `now`: ends its registration (its later
+    /// commits fail their fence), and gives every download it owned back to the queue, nobody's, a
+    /// running one queued again, in one transaction. Returns the workers taken over from.
+    @discardableResult
+    package func takeOverExpiredWorkers(now: Double) throws -> [String] {
+        try transaction("could not update the queue database") { session in
+            let gone = try session.query(
+                "DELETE FROM haul_worker WHERE expires_at <= $1 RETURNING name", Self.binds(now)
+            ).map { try $0.decode(String.self) }
+            guard !gone.isEmpty else { return [] }
+            var binds = PostgresBindings()
+            binds.append(gone)
+            binds.append(now)
+            let running =
+                try session.query(
+                    """
+                    WITH released AS (
+                        UPDATE download AS d SET owner = NULL, bytes_per_second = NULL, updated_at = $2,
+                            state = CASE WHEN d.state = 'running' THEN 'queued' ELSE d.state END
+                        FROM (SELECT id, state AS old FROM download WHERE owner = ANY($1) ORDER BY id FOR UPDATE) AS o
+                        WHERE d.id = o.id
+                        RETURNING o.old)
+                    SELECT count(*) FROM released WHERE old = 'running'
+                    """, binds
+                ).first?.decode(Int64.self) ?? 0
+            if running > 0 {
+                var counts = PostgresBindings()
+                counts.append(["queued", "running"])
+                counts.append([running, -running])
+                try session.query(
+                    """
+                    INSERT INTO download_count (state, n) SELECT * FROM unnest($1::text[], $2::bigint[])
+                    ON CONFLICT (state) DO UPDATE SET n = download_count.n + excluded.n
+                    """, counts)
+            }
+            return gone
+        }
+    }
+
+    /// Fails the transaction with ``HaulError/Code/locked`` unless `fence`'s worker holds that
+    /// registration and its lease at `fence.now`; the row stays locked until the transaction ends,
+    /// so a take-over waits for it.
+    private static func check(_ fence: QueueFence, _ session: PostgreSQLSession) throws {
+        var binds = PostgresBindings()
+        binds.append(fence.owner)
+        binds.append(fence.token)
+        binds.append(fence.now)
+        let held = try session.query(
+            "SELECT 1 FROM haul_worker WHERE name = $1 AND fence = $2 AND expires_at > $3 FOR SHARE", binds)
+        guard held.rows.isEmpty else { return }
+        throw HaulError(
+            .locked,
+            "this worker's lease on the queue (\(fence.owner), registration \(fence.token)) has run out or was "
+                + "taken over: its downloads may run elsewhere now, so it writes nothing more")
     }
 
     // MARK: Statements

@@ -49,7 +49,25 @@ enum PostgreSQLSchema {
                 // Kept by the transactions that change the records (counting a million per state
                 // for each page of the API would take longer than the page).
                 "CREATE TABLE download_count (state TEXT PRIMARY KEY, n BIGINT NOT NULL)",
-            ])
+            ]),
+        Migration(
+            version: 2, name: "the workers' leases",
+            statements: [
+                // A worker is alive while its lease runs (`expires_at`, seconds since 1970 by the
+                // workers' clocks); `fence` is new at every registration, and a commit of the worker
+                // checks it (see QueueFence).
+                """
+                CREATE TABLE haul_worker (
+                    name TEXT PRIMARY KEY,
+                    fence BIGINT NOT NULL,
+                    expires_at DOUBLE PRECISION NOT NULL,
+                    host TEXT NOT NULL,
+                    pid INTEGER NOT NULL,
+                    started_at DOUBLE PRECISION NOT NULL
+                )
+                """,
+                "CREATE SEQUENCE haul_worker_fence",
+            ]),
     ]
 
     /// The number the advisory lock of a migration takes: stores opening one database at once

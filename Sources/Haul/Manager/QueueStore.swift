@@ -88,6 +88,12 @@ package protocol QueueStore: Sendable {
         ownedBy owner: String?, in states: Set<DownloadState>?, after: DownloadID?, limit: Int
     ) throws -> [StoredDownload]
 
+    /// Gives at most `limit` queued records nobody owns to `owner`, best first (higher priority,
+    /// then lower ID), and returns them as they are now, in that order. Records another store is
+    /// claiming at the same moment are passed over: two stores never get the same record. Each
+    /// claimed record's ``StoredDownload/updatedAt`` is set to `now`.
+    func claimQueued(for owner: String, limit: Int, now: Double) throws -> [StoredDownload]
+
     /// Gives every queued record that one of `owners` owns (or nobody, when `includingUnowned`) to
     /// `newOwner` (nobody when `nil`), in one transaction, without reading them; returns how many
     /// changed. Each changed record's ``StoredDownload/bytesPerSecond`` is cleared and its
@@ -161,18 +167,42 @@ package struct QueueChanges: Sendable {
     package var inserts: [StoredDownload] = []
     /// Records to delete; one that is gone already is no error.
     package var deletes: [DownloadID] = []
+    /// The lease the changes are made under, when the store keeps leases (a fleet's): the
+    /// transaction first checks that it still holds, and makes none of the changes when it does not.
+    package var fence: QueueFence?
 
     /// Changes with the given parts (each empty unless given).
     package init(
         updatesIfPresent: [StoredDownload] = [], updates: [StoredDownload] = [], inserts: [StoredDownload] = [],
-        deletes: [DownloadID] = []
+        deletes: [DownloadID] = [], fence: QueueFence? = nil
     ) {
         self.updatesIfPresent = updatesIfPresent
         self.updates = updates
         self.inserts = inserts
         self.deletes = deletes
+        self.fence = fence
     }
 
-    /// Whether there is nothing to do.
+    /// Whether there is nothing to do (a fence alone is nothing).
     package var isEmpty: Bool { updatesIfPresent.isEmpty && updates.isEmpty && inserts.isEmpty && deletes.isEmpty }
+}
+
+/// A worker's lease as a commit names it (``QueueChanges/fence``): the worker, the number its
+/// registration was given, and the time by the worker's clock. A store that keeps leases refuses the
+/// commit, with ``HaulError/Code/locked``, when that worker's lease has another number or ran out by
+/// then: another worker may have taken its downloads over.
+package struct QueueFence: Sendable, Equatable {
+    /// The worker (the owner name its records carry).
+    package var owner: String
+    /// The number of its registration.
+    package var token: Int64
+    /// Now, by the worker's clock, in seconds since 1970.
+    package var now: Double
+
+    /// A fence of `owner`'s registration `token` at `now`.
+    package init(owner: String, token: Int64, now: Double) {
+        self.owner = owner
+        self.token = token
+        self.now = now
+    }
 }

@@ -233,6 +233,10 @@ final class SQLiteQueueStore: QueueStore {
     /// written with GRDB's cached statements, so frequent progress writes build no SQL. The count of
     /// each state (`download_count`) changes in the same transaction.
     func commit(_ changes: QueueChanges) throws -> [DownloadID] {
+        // Its owners are processes of one machine, told alive by their locks (ProcessClaim).
+        guard changes.fence == nil else {
+            throw HaulError(.database, "the SQLite queue keeps no leases: a fenced commit is for a PostgreSQL queue")
+        }
         guard !changes.isEmpty else { return [] }
         return try write { db in
             // The state each changed record has now, kept up to date as it is written.
@@ -510,6 +514,28 @@ final class SQLiteQueueStore: QueueStore {
                 db,
                 sql: "SELECT * FROM download WHERE owner IS ? AND \(condition.sql) AND id > ? ORDER BY id LIMIT ?",
                 arguments: StatementArguments([owner]) + condition.arguments + [after?.rawValue ?? 0, limit])
+        }
+    }
+
+    /// Claims queued records nobody owns (see ``QueueStore/claimQueued(for:limit:now:)``): one
+    /// write transaction, which SQLite runs alone.
+    func claimQueued(for owner: String, limit: Int, now: Double) throws -> [StoredDownload] {
+        guard limit > 0 else { return [] }
+        return try write { db in
+            var records = try StoredDownload.fetchAll(
+                db,
+                sql: """
+                    SELECT * FROM download WHERE owner IS NULL AND state = 'queued'
+                    ORDER BY priority DESC, id LIMIT ?
+                    """,
+                arguments: [limit])
+            for index in records.indices {
+                records[index].owner = owner
+                records[index].updatedAt = now
+                try db.cachedStatement(sql: "UPDATE download SET owner = ?, updatedAt = ? WHERE id = ?")
+                    .execute(arguments: [owner, now, records[index].id])
+            }
+            return records
         }
     }
 

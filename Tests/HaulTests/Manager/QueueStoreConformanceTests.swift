@@ -565,4 +565,49 @@ struct QueueStoreKind: Sendable, CustomTestStringConvertible {
             #expect(try ones.allSatisfy { try Self.stored(store, $0.downloadID).owner == nil })
         }
     }
+
+    /// Two stores claiming queued records nobody owns at the same time never get the same one;
+    /// each claim takes the best first, and never a record someone owns or that is not queued.
+    @Test(arguments: QueueStoreKind.all)
+    func claimsOfQueuedRecordsNeverOverlap(_ kind: QueueStoreKind) async throws {
+        try await kind.withStorage { storage in
+            let store = try storage.open()
+            // 3 owned, 2 paused: never claimed; 3 of the rest have a higher priority.
+            let records = try Self.stored(
+                store, count: 205, states: [.queued],
+                owner: { $0 < 3 ? "1.1" : nil }, priority: { [10, 11, 12].contains($0) ? 5 : 0 })
+            try store.update(
+                try records[3...4].map { record in
+                    var record = record
+                    try record.move(to: .paused, at: 3)
+                    return record
+                })
+            let first = try store.claimQueued(for: "9.1", limit: 4, now: 7)
+            #expect(first.map(\.key) == ["file:/d/10", "file:/d/11", "file:/d/12", "file:/d/5"])
+            #expect(first.allSatisfy { $0.owner == "9.1" && $0.updatedAt == 7 && $0.state == .queued })
+            let stores = [try storage.open(), try storage.open()]
+            let claimed = try await withThrowingTaskGroup(of: [StoredDownload].self) { group in
+                for (side, store) in stores.enumerated() {
+                    group.addTask {
+                        var mine: [StoredDownload] = []
+                        while true {
+                            let batch = try store.claimQueued(for: "\(side).2", limit: 7, now: 8)
+                            guard !batch.isEmpty else { return mine }
+                            mine += batch
+                        }
+                    }
+                }
+                return try await group.reduce(into: []) { $0 += $1 }
+            }
+            let ids = (first + claimed).map(\.downloadID)
+            #expect(ids.count == 200 && Set(ids).count == 200)
+            #expect(Set(ids) == Set(records[5...].map(\.downloadID)))
+            for record in try store.allDownloads() {
+                let position = records.firstIndex { $0.downloadID == record.downloadID } ?? -1
+                if position < 3 { #expect(record.owner == "1.1") }
+                if position == 3 || position == 4 { #expect(record.owner == nil && record.state == .paused) }
+            }
+            #expect(try store.claimQueued(for: "9.1", limit: 4, now: 9).isEmpty)
+        }
+    }
 }
