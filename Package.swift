@@ -70,7 +70,7 @@ let package = Package(
         .target(
             name: "HaulDaemon",
             dependencies: [
-                "Haul", "CHaulSystem",
+                "Haul", "CHaulSystem", "HaulPostgreSQL",
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "HummingbirdCore", package: "hummingbird"),
                 .product(name: "NIOHTTPTypesHTTP1", package: "swift-nio-extras"),

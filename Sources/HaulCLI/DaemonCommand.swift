@@ -3,6 +3,12 @@ import Haul
 import HaulDaemon
 import Logging
 
+#if canImport(FoundationEssentials)
+    import FoundationEssentials
+#else
+    import Foundation
+#endif
+
 #if canImport(Glibc)
     import Glibc
 #elseif canImport(Musl)
@@ -69,8 +75,26 @@ struct DaemonCommand: AsyncParsableCommand {
     @Option(help: ArgumentHelp("Seconds a --on-complete or --on-error program may run before it is killed."))
     var hookTimeLimit: Double = 60
 
+    @Option(
+        help: ArgumentHelp(
+            "Share a queue in PostgreSQL with other daemons, as one worker of a fleet (default: $HAUL_QUEUE_URL; "
+                + "none: the state directory's own queue).",
+            valueName: "postgresql://user[:password]@host[:port]/database"))
+    var queue: String?
+
+    @Option(
+        help: ArgumentHelp(
+            "Seconds a worker's lease on a --queue lasts without a renewal: a worker that dies has its downloads "
+                + "taken over this long after.", valueName: "seconds"))
+    var leaseTime: Double = 30
+
     @OptionGroup var transfer: TransferOptions
     @OptionGroup var state: StateOptions
+
+    /// The PostgreSQL queue: `--queue`, else `$HAUL_QUEUE_URL`, else none.
+    var queueURL: String? {
+        queue ?? ProcessInfo.processInfo.environment["HAUL_QUEUE_URL"].flatMap { $0.isEmpty ? nil : $0 }
+    }
 
     func validate() throws {
         guard Self.splitListen(listen) != nil else {
@@ -81,6 +105,9 @@ struct DaemonCommand: AsyncParsableCommand {
             throw ValidationError("--hook-time-limit must be a number of seconds from 0 to 86400")
         }
         guard requestsPerSecond >= 1 else { throw ValidationError("--requests-per-second must be at least 1") }
+        guard leaseTime >= 3, leaseTime <= 3_600 else {
+            throw ValidationError("--lease-time must be a number of seconds from 3 to 3600")
+        }
         guard Logger.Level(rawValue: logLevel) != nil else {
             throw ValidationError("--log-level must be one of trace, debug, info, notice, warning, error, critical")
         }
@@ -121,6 +148,8 @@ struct DaemonCommand: AsyncParsableCommand {
         options.hooks.onComplete = onComplete.map(POSIX.absolutePath)
         options.hooks.onError = onError.map(POSIX.absolutePath)
         options.hooks.timeLimit = .milliseconds(Int64(hookTimeLimit * 1000))
+        options.queueURL = queueURL
+        options.leaseTime = .milliseconds(Int64(leaseTime * 1000))
         var logger = Logger(label: "haul.daemon") { StreamLogHandler.standardError(label: $0) }
         logger.logLevel = Logger.Level(rawValue: logLevel) ?? .info
         Self.raiseFileLimit()

@@ -1,4 +1,5 @@
 import Haul
+import HaulPostgreSQL
 import Hummingbird
 import HummingbirdCore
 import Logging
@@ -55,6 +56,13 @@ public final class Daemon: Sendable {
         public var requestsPerSecond = 200
         /// How many connections the listener holds and for how long.
         public var connections = ConnectionLimits()
+        /// A queue in PostgreSQL (`postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE`) that this
+        /// daemon shares with others, as one worker of a fleet; `nil`: the state directory's own
+        /// queue. The password is never logged or shown.
+        public var queueURL: String?
+        /// How long a fleet worker's lease lasts without a renewal: a worker that dies or is cut
+        /// off from the database has its downloads taken over this long after its last renewal.
+        public var leaseTime: Duration = .seconds(30)
 
         /// Options for a daemon over `stateDirectory` writing into `downloadRoots`.
         public init(stateDirectory: String, downloadRoots: [String]) {
@@ -122,9 +130,21 @@ public final class Daemon: Sendable {
         // The roots are checked again when each download's files are opened, beneath them.
         var transfer = options.downloader
         transfer.downloadRoots = roots.directories
-        manager = try DownloadManager(
-            stateDirectory: directory, configuration: queue, downloaderConfiguration: transfer,
-            logger: logger, clock: clock)
+        if let queueURL = options.queueURL {
+            let location = try PostgreSQLLocation(parsing: queueURL)
+            let store = try PostgreSQLQueueStore(location: location)
+            let parts = options.leaseTime.components
+            let lease = try FleetLease(
+                store: store, duration: Double(parts.seconds) + Double(parts.attoseconds) / 1e18)
+            logger.info("a worker of the queue \(location) as \(lease.name)")
+            manager = try DownloadManager(
+                store: store, ownership: lease, stateDirectory: directory, configuration: queue,
+                downloaderConfiguration: transfer, logger: logger, clock: clock)
+        } else {
+            manager = try DownloadManager(
+                stateDirectory: directory, configuration: queue, downloaderConfiguration: transfer,
+                logger: logger, clock: clock)
+        }
     }
 
     /// What one run of the daemon shares between its routes and its services.

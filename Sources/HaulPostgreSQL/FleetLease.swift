@@ -17,7 +17,7 @@ import Synchronization
 /// stops writing files (``isHeld``) a third of the lease before the lease runs out by its own
 /// clock, so that nobody takes over a download while it still writes. Workers' clocks must agree
 /// to within that third (10 s of a 30 s lease; NTP keeps them to milliseconds).
-package final class FleetLease: Sendable {
+package final class FleetLease: QueueOwnership, QueueLease {
     /// The worker's name, as the records it owns carry it: `host.pid.n`.
     package let name: String
     /// How long a lease lasts without renewal, in seconds.
@@ -100,6 +100,24 @@ package final class FleetLease: Sendable {
         if owner == name { return isHeld }
         return (try? store.workerIsAlive(owner, now: clock())) ?? true
     }
+
+    /// Registers again, with a new fence, once the lease was lost (see ``QueueLease/rejoin()``).
+    package func rejoin() throws {
+        // What this worker owned under its old registration goes back to the queue first: the
+        // worker forgot it when the lease was lost.
+        try store.takeOverExpiredWorkers(now: clock(), also: name)
+        let now = clock()
+        let pid = Int(ProcessInfo.processInfo.processIdentifier)
+        let fence = try store.registerWorker(
+            name, host: ProcessInfo.processInfo.hostName, pid: pid, duration: duration, now: now)
+        state.withLock { $0 = State(fence: fence, renewedAt: now) }
+    }
+
+    /// `worker NAME`.
+    package func describe(_ owner: String) -> String { "worker \(owner)" }
+
+    /// This lease.
+    package var lease: (any QueueLease)? { self }
 
     /// Gives the lease back: from now on this worker reads as gone.
     package func release() {

@@ -433,14 +433,21 @@ package final class PostgreSQLQueueStore: QueueStore {
     /// Takes over from every worker whose lease ran out by `now`: ends its registration (its later
     /// commits fail their fence), and gives every download it owned back to the queue, nobody's, a
     /// running one queued again, in one transaction. Returns the workers taken over from.
+    ///
+    /// `also`: a worker given up in any case (one that lost its lease and joins again: what it
+    /// owned under its old registration is the queue's).
     @discardableResult
-    package func takeOverExpiredWorkers(now: Double) throws -> [String] {
+    package func takeOverExpiredWorkers(now: Double, also named: String? = nil) throws -> [String] {
         try transaction("could not update the queue database") { session in
-            let gone = try session.query(
-                "DELETE FROM haul_worker WHERE expires_at <= $1 RETURNING name", Self.binds(now)
-            ).map { try $0.decode(String.self) }
-            guard !gone.isEmpty else { return [] }
             var binds = PostgresBindings()
+            binds.append(now)
+            binds.append(named)
+            var gone = try session.query(
+                "DELETE FROM haul_worker WHERE expires_at <= $1 OR name = $2 RETURNING name", binds
+            ).map { try $0.decode(String.self) }
+            if let named, !gone.contains(named) { gone.append(named) }
+            guard !gone.isEmpty else { return [] }
+            binds = PostgresBindings()
             binds.append(gone)
             binds.append(now)
             let running =

@@ -286,7 +286,7 @@ extension DownloadManager {
         try checkNothingInTheWay(identity, overwriting: request.overwrite, folders: &batch.folders)
         var record = StoredDownload(
             key: identity.key, definition: identity.normalized(request), destination: identity.destination,
-            priority: priority.rawValue, owner: claim.name, now: Self.now)
+            priority: priority.rawValue, owner: claim.lease == nil ? claim.name : nil, now: Self.now)
         Self.refreshFromDisk(&record, folders: &batch.folders)
         batch.add(identity, Entry(record: record))
         return .added(batch.added.count - 1)
@@ -335,7 +335,7 @@ extension DownloadManager {
             throw HaulError(
                 .locked,
                 "\(entry.info.name) (download \(id)) is being downloaded by another haul process "
-                    + "(pid \(ProcessClaim.processID(of: owner)))"
+                    + "(\(claim.describe(owner)))"
             )
         }
         let kept = entry.record.definition
@@ -514,7 +514,7 @@ extension DownloadManager {
         if let owner = entry.record.owner, owner != claim.name, claim.isAlive(owner) {
             throw HaulError(
                 .locked,
-                "download \(id) is run by another haul process (pid \(ProcessClaim.processID(of: owner))); "
+                "download \(id) is run by another haul process (\(claim.describe(owner))); "
                     + "pause it there, or stop that process")
         }
         return entry
@@ -533,7 +533,8 @@ extension DownloadManager {
     /// Marks the entry queued and owned by this manager.
     func markQueued(_ entry: inout Entry) {
         entry.move(to: .queued)
-        entry.record.owner = claim.name
+        // A fleet's worker leaves it to whichever worker claims it first (see refillWindow()).
+        entry.record.owner = claim.lease == nil ? claim.name : nil
     }
 
     /// Keeps a queued entry whose record is stored, puts it in line and starts what can start.
@@ -548,6 +549,12 @@ extension DownloadManager {
     /// once the downloads before it have started. One that takes the place of the worst in line
     /// sends that one back to the store.
     func line(_ entry: Entry) {
+        // A fleet's queued download nobody owns waits in the store, for the next claim.
+        if claim.lease != nil && entry.record.owner == nil {
+            moreWaiting = true
+            if jobs[entry.id] == nil && !unwritten.holds(entry.id) { entries[entry.id] = entry }
+            return
+        }
         let place = WaitingDownload(priority: entry.record.priority, id: entry.id)
         if waiting.count < Self.windowSize && !moreWaiting {
             entries[entry.id] = entry

@@ -22,7 +22,7 @@ extension DownloadManager {
     /// and whether there are more. Other records are reconciled with the disk when they are read
     /// (see ``reload(_:)``).
     static func reconcile(
-        store: any QueueStore, claim: ProcessClaim, restoring: Configuration.RestoredDownloads,
+        store: any QueueStore, claim: any QueueOwnership, restoring: Configuration.RestoredDownloads,
         confinement: DownloadConfinement
     ) throws -> (entries: [DownloadID: Entry], waiting: Heap<WaitingDownload>, more: Bool) {
         let gone = try store.owners().filter { $0 == claim.name || !claim.isAlive($0) }

@@ -36,7 +36,7 @@ extension DownloadManager {
         try store.clearRequest(for: id)
         throw HaulError(
             .locked,
-            "haul process \(ProcessClaim.processID(of: owner)) did not \(request.verb) download \(id) in time")
+            "haul process (\(claim.describe(owner))) did not \(request.verb) download \(id) in time")
     }
 
     /// Carries out the requests other processes wrote for downloads this manager owns.
@@ -91,6 +91,8 @@ extension DownloadManager.StopReason {
         case .pause: .pause
         case .cancel: .cancel
         case .remove(let deletingFiles): deletingFiles ? .removeFiles : .remove
+        // A worker's own: never asked of another.
+        case .leaseLost: .pause
         }
     }
 }

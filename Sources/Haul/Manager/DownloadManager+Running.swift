@@ -1,3 +1,4 @@
+import HeapModule
 import Synchronization
 
 #if canImport(FoundationEssentials)
@@ -106,6 +107,10 @@ extension DownloadManager {
     /// those before them have started.
     func refillWindow() {
         writeWaiting()
+        if claim.lease != nil {
+            claimFromQueue()
+            return
+        }
         let held = Set(entries.keys)
         guard
             let (window, more) = try? Self.loadWindow(
@@ -122,6 +127,61 @@ extension DownloadManager {
             else { continue }
             waiting.insert(WaitingDownload(priority: entry.record.priority, id: id))
         }
+    }
+
+    /// A fleet's worker claims as many queued downloads nobody owns as it has free slots, best
+    /// first, and puts them in line; none while its lease may have run out. A claim that finds
+    /// fewer says the queue has no more, until the next tick or a download queued here.
+    func claimFromQueue() {
+        guard let lease = claim.lease, lease.isHeld, !leaseLost else {
+            moreWaiting = false
+            return
+        }
+        let wanted = max(1, configuration.maxConcurrentDownloads - jobs.count)
+        guard let claimed = try? store.claimQueued(for: claim.name, limit: wanted, now: Self.now) else {
+            moreWaiting = false
+            return
+        }
+        moreWaiting = claimed.count == wanted
+        var folders = OpenFolders(confinement: confinement)
+        var changed: [StoredDownload] = []
+        for original in claimed {
+            var record = original
+            // Headers given in this process (secrets the store never has) stay with the download.
+            if let known = entries[record.downloadID] { record.keepSecrets(of: known.record) }
+            // What a worker that died left behind: its bytes from the manifest on the shared root.
+            Self.refreshFromDisk(&record, folders: &folders)
+            if record.state == .completed { record.owner = nil }
+            if record != original {
+                record.updatedAt = Self.now
+                changed.append(record)
+            }
+            let entry = Entry(record: record)
+            entries[entry.id] = entry
+            if record.state == .queued { waiting.insert(WaitingDownload(priority: record.priority, id: entry.id)) }
+        }
+        if !changed.isEmpty { try? write(changed) }
+    }
+
+    /// A fleet's worker, every tick: renews its lease, takes over from workers whose lease ran
+    /// out, and looks for queued downloads again. One that lost its lease stops every download
+    /// without writing anything of them, forgets what it held, and joins the queue again.
+    func keepLease() async {
+        guard let lease = claim.lease else { return }
+        if !lease.renew() { leaseLost = true }
+        if leaseLost {
+            for id in Array(jobs.keys) { await stop(id, .leaseLost) }
+            entries = [:]
+            waiting = Heap()
+            unwritten = WriteBehind()
+            interrupted = []
+            // The database still cannot be reached: the next tick tries again.
+            guard (try? lease.rejoin()) != nil else { return }
+            leaseLost = false
+        }
+        _ = try? lease.takeOverExpired()
+        moreWaiting = true
+        schedule()
     }
 
     /// Lets go of the downloads held in memory that nothing needs there any more (ended, or read
@@ -233,6 +293,21 @@ extension DownloadManager {
             for waiter in job?.waiters ?? [] { waiter.resume() }
             schedule()
         }
+        // The download may run elsewhere now: nothing of it is written, and the record is read
+        // again when needed.
+        if case .leaseLost = job?.reason {
+            entries[id] = nil
+            return
+        }
+        // Stopped by its write permit: this worker's lease may have run out before its tick saw
+        // it. Nothing is written; the next tick joins the queue again.
+        if let lease = claim.lease, case .failure(let error) = outcome, error.code == .locked,
+            leaseLost || !lease.isHeld
+        {
+            leaseLost = true
+            entries[id] = nil
+            return
+        }
         guard var entry = entries[id] else { return }
         entry.bytesPerSecond = nil
         entry.secondsRemaining = nil
@@ -265,7 +340,7 @@ extension DownloadManager {
                 try? deleteFiles(of: entry.record, finished: false)
                 entry.move(to: .cancelled)
                 entry.record.owner = nil
-            case .remove, nil:
+            case .remove, .leaseLost, nil:
                 // The manager is stopping: the download waits for the next one (or the next start).
                 entry.move(to: .queued)
                 entry.record.owner = nil
@@ -316,6 +391,7 @@ extension DownloadManager {
                 return
             }
             persistProgress()
+            await keepLease()
             await applyRequests()
             if clock.now - lastSpaceCheck >= configuration.spaceCheckInterval {
                 lastSpaceCheck = clock.now

@@ -71,10 +71,31 @@ extension DownloadManager {
     /// `changes` writes wins over them.
     @discardableResult
     func write(_ changes: QueueChanges) throws -> [DownloadID] {
-        let ids = try store.commit(unwritten.carried(into: changes))
+        var carried = unwritten.carried(into: changes)
+        // A fleet's worker writes under its lease: once it may have run out, nothing more.
+        if let lease = claim.lease {
+            guard lease.isHeld, !leaseLost else {
+                leaseLost = true
+                throw Self.leaseLostError
+            }
+            carried.fence = lease.fence()
+        }
+        let ids: [DownloadID]
+        do {
+            ids = try store.commit(carried)
+        } catch let error as HaulError where error.code == .locked && claim.lease != nil {
+            leaseLost = true
+            throw error
+        }
         unwritten.written()
         return ids
     }
+
+    /// What a fleet's worker that lost its lease answers a change with.
+    static let leaseLostError = HaulError(
+        .locked,
+        "this worker's lease on the queue ran out (the database could not be reached in time, or another worker "
+            + "took its downloads over): it changes nothing until it has joined the queue again")
 
     /// Notes a change to write with the next transaction: the group commit that follows
     /// ``Configuration/commitInterval`` after the first change waiting, unless another write

@@ -91,7 +91,8 @@ public actor DownloadManager {
     let store: any QueueStore
     /// What runs each download (Haul's own engine unless a test or an adapter gives another).
     let transport: any DownloadTransport
-    let claim: ProcessClaim
+    /// Who this manager is among those sharing the queue (see ``QueueOwnership``).
+    let claim: any QueueOwnership
     /// Where downloads may write (``DownloaderConfiguration/downloadRoots``): their files are
     /// opened, and deleted, beneath those roots only.
     nonisolated let confinement: DownloadConfinement
@@ -123,6 +124,8 @@ public actor DownloadManager {
     var unwritten = WriteBehind()
     /// Downloads a stop of the queue left queued and unowned, for the next ``start()`` to take back.
     var interrupted: Set<DownloadID> = []
+    /// A fleet's worker found its lease lost: its next tick stops every download and joins again.
+    var leaseLost = false
 
     /// Opens (creating when needed) the state in `location` and reconciles it with the files on disk.
     ///
@@ -159,10 +162,27 @@ public actor DownloadManager {
         let directory = POSIX.absolutePath(stateDirectory)
         // It holds the downloads' headers and URLs: its owner's alone.
         try POSIX.makePrivateDirectory(directory, marker: Self.databaseName)
-        self.stateDirectory = directory
+        try self.init(
+            store: try SQLiteQueueStore(path: directory + "/" + Self.databaseName),
+            ownership: try ProcessClaim(stateDirectory: directory), stateDirectory: directory,
+            configuration: configuration, downloaderConfiguration: downloaderConfiguration, logger: logger, clock: clock
+        )
+    }
+
+    /// Opens the queue in `store`, as the manager `ownership` names, and reconciles it with the
+    /// files on disk. A fleet's worker (an `ownership` with a lease) first takes over from the
+    /// workers whose lease ran out, and leaves what was queued to whichever worker claims it.
+    ///
+    /// - Parameters:
+    ///   - stateDirectory: the directory of this manager's own files (absolute).
+    package init(
+        store: any QueueStore, ownership: any QueueOwnership, stateDirectory: String, configuration: Configuration,
+        downloaderConfiguration: DownloaderConfiguration, logger: Logger?, clock: any Clock<Duration>
+    ) throws {
+        self.stateDirectory = stateDirectory
         self.configuration = configuration
-        self.store = try SQLiteQueueStore(path: directory + "/" + Self.databaseName)
-        self.claim = try ProcessClaim(stateDirectory: directory)
+        self.store = store
+        self.claim = ownership
         var transfer = downloaderConfiguration
         transfer.storage.freeSpaceMargin = configuration.freeSpaceMargin
         transfer.progressInterval = configuration.progressInterval
@@ -173,6 +193,7 @@ public actor DownloadManager {
         let limiter =
             transfer.sharedRateLimiter ?? RateLimiter(bytesPerSecond: configuration.bytesPerSecondLimit, clock: clock)
         transfer.sharedRateLimiter = limiter
+        if let lease = ownership.lease { transfer.writePermit = { lease.isHeld } }
         self.rateLimiter = limiter
         let downloader = Downloader(configuration: transfer, logger: logger, clock: clock)
         self.transport = downloader
@@ -180,11 +201,14 @@ public actor DownloadManager {
         self.lastSpaceCheck = self.clock.now
         let confinement = DownloadConfinement(roots: transfer.downloadRoots)
         self.confinement = confinement
+        if let lease = ownership.lease { _ = try lease.takeOverExpired() }
         let (entries, waiting, more) = try Self.reconcile(
-            store: store, claim: claim, restoring: configuration.restoredDownloads, confinement: confinement)
+            store: store, claim: ownership,
+            restoring: ownership.lease == nil ? configuration.restoredDownloads : .leave, confinement: confinement)
         self.entries = entries
         self.waiting = waiting
-        self.moreWaiting = more
+        // A fleet's worker looks for queued downloads nobody owns as soon as it runs.
+        self.moreWaiting = more || ownership.lease != nil
     }
 
     /// Closes the connections and ends every event stream. Call it after ``run()`` has returned; a
@@ -283,6 +307,9 @@ extension DownloadManager {
         case pause
         case cancel
         case remove(deletingFiles: Bool)
+        /// A fleet's worker lost its lease: the download may run elsewhere now, and this manager
+        /// writes nothing more of it.
+        case leaseLost
     }
 
     /// A download that is transferring now.

@@ -14,7 +14,7 @@ import Synchronization
 /// NAME (`pid.n`) is what it writes into the `owner` column of the downloads it runs. The operating
 /// system drops the lock when the process dies, however it dies, so a claim whose file can be locked
 /// by someone else is stale; process IDs being reused later does not matter.
-final class ProcessClaim: Sendable {
+final class ProcessClaim: QueueOwnership {
     let name: String
     private let directory: String
     private let path: String
@@ -52,6 +52,12 @@ final class ProcessClaim: Sendable {
 
     /// The process ID in a claim's name, for messages.
     static func processID(of owner: String) -> String { String(owner.prefix { $0 != "." }) }
+
+    /// `pid N`, the process of a claim's name.
+    func describe(_ owner: String) -> String { "pid \(Self.processID(of: owner))" }
+
+    /// Processes of one machine hold no lease.
+    var lease: (any QueueLease)? { nil }
 
     /// Whether the manager named `owner` still runs. A stale claim's file is removed on the way.
     func isAlive(_ owner: String) -> Bool {

@@ -196,6 +196,10 @@ public struct DownloaderConfiguration: Sendable {
     public var overlapCheckBytes: Int = 64 * 1024
     /// A limit shared by every download of this downloader (and of any other given the same limiter).
     public var sharedRateLimiter: RateLimiter?
+    /// Asked before every checkpoint, every change of a partial file's size or name, and the final
+    /// rename: a download stops with ``HaulError/Code/locked`` and writes nothing more once it says
+    /// no (a fleet's worker whose lease on the queue may have run out). `nil`: always allowed.
+    package var writePermit: (@Sendable () -> Bool)?
     /// The least time between two progress events.
     public var progressInterval: Duration = .milliseconds(200)
 

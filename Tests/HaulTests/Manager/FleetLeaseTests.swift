@@ -18,17 +18,17 @@ import Testing
     /// Runs `body` with a fresh queue database, two stores on it and a clock.
     func withFleet(
         _ body: (PostgreSQLQueueStore, PostgreSQLQueueStore, TestClock) throws -> Void
-    ) throws {
-        let location = try PostgreSQLTestServer.makeDatabase()
-        defer { PostgreSQLTestServer.dropDatabase(location) }
-        try body(
-            try PostgreSQLQueueStore(location: location), try PostgreSQLQueueStore(location: location), TestClock())
+    ) async throws {
+        try await PostgreSQLTestServer.withDatabase { location in
+            try body(
+                try PostgreSQLQueueStore(location: location), try PostgreSQLQueueStore(location: location), TestClock())
+        }
     }
 
     /// A lease holds while it is renewed; the worker stops writing two thirds into a lease that is
     /// not renewed, and others see it gone once the lease has run out.
-    @Test func aLeaseHoldsWhileItIsRenewed() throws {
-        try withFleet { first, second, clock in
+    @Test func aLeaseHoldsWhileItIsRenewed() async throws {
+        try await withFleet { first, second, clock in
             let a = try FleetLease(store: first, duration: 30, clock: clock.read)
             let b = try FleetLease(store: second, duration: 30, clock: clock.read)
             #expect(a.name != b.name && a.token != b.token)
@@ -56,8 +56,8 @@ import Testing
     /// A worker whose lease ran out is taken over: its registration ends, every download it owned
     /// is nobody's, a running one queued again (the counts follow), and a commit it makes
     /// afterwards fails with `locked` and writes nothing. A live worker is not touched.
-    @Test func aWorkerWhoseLeaseRanOutIsTakenOver() throws {
-        try withFleet { first, second, clock in
+    @Test func aWorkerWhoseLeaseRanOutIsTakenOver() async throws {
+        try await withFleet { first, second, clock in
             let a = try FleetLease(store: first, duration: 30, clock: clock.read)
             let b = try FleetLease(store: second, duration: 30, clock: clock.read)
             var records = try QueueStoreConformanceTests.stored(
@@ -93,8 +93,8 @@ import Testing
 
     /// A fence of another registration of the same worker name (a worker that registered again)
     /// is refused: only the registration that holds the lease writes.
-    @Test func aStaleRegistrationWritesNothing() throws {
-        try withFleet { first, _, clock in
+    @Test func aStaleRegistrationWritesNothing() async throws {
+        try await withFleet { first, _, clock in
             let a = try FleetLease(store: first, duration: 30, clock: clock.read)
             let stale = QueueFence(owner: a.name, token: a.token - 1, now: clock.read())
             let record = QueueStoreConformanceTests.record("x", owner: a.name)

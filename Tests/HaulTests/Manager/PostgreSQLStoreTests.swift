@@ -40,8 +40,8 @@ import Testing
 
     /// A server that cannot be reached fails the open with one ``HaulError/Code/database`` line
     /// that names the queue without the password.
-    @Test func anUnreachableServerIsNamedWithoutThePassword() throws {
-        let server = try PostgreSQLTestServer.server()
+    @Test func anUnreachableServerIsNamedWithoutThePassword() async throws {
+        let server = try await PostgreSQLTestServer.server()
         // A port of the test server's host where nothing listens: the server's own, plus one.
         let location = try PostgreSQLLocation(
             parsing: "postgresql://haul:hunter2@127.0.0.1:\(server.port + 1)/nothing?sslmode=disable")
@@ -89,51 +89,52 @@ import Testing
     /// A statement the server does not answer in time fails with a database error that says so,
     /// and the next call works on a new connection.
     @Test func aStatementThatWaitsTooLongFailsAndTheStoreGoesOn() async throws {
-        let location = try PostgreSQLTestServer.makeDatabase()
-        defer { PostgreSQLTestServer.dropDatabase(location) }
-        let store = try PostgreSQLQueueStore(location: location, statementTimeout: .milliseconds(300))
-        try store.insert([QueueStoreConformanceTests.record("a")])
-        // Another session holds the table, so that a read waits.
-        let holder = try await PostgresConnection.connect(
-            on: MultiThreadedEventLoopGroup.singleton.any(),
-            configuration: .init(
-                host: location.host, port: location.port, username: location.user, password: nil,
-                database: location.database, tls: .disable),
-            id: 1, logger: Logger(label: "test"))
-        try await holder.query("BEGIN", logger: Logger(label: "test"))
-        try await holder.query("LOCK TABLE download IN ACCESS EXCLUSIVE MODE", logger: Logger(label: "test"))
-        let error = await expectHaulError(.database) { _ = try store.allDownloads() }
-        #expect(error?.message.contains("did not answer within 0.3 s") == true, "\(error?.message ?? "")")
-        try await holder.query("ROLLBACK", logger: Logger(label: "test"))
-        try await holder.close()
-        #expect(try store.allDownloads().map(\.key) == ["file:/d/a"])
+        try await PostgreSQLTestServer.withDatabase { location in
+            let store = try PostgreSQLQueueStore(location: location, statementTimeout: .milliseconds(300))
+            try store.insert([QueueStoreConformanceTests.record("a")])
+            // Another session holds the table, so that a read waits.
+            let holder = try await PostgresConnection.connect(
+                on: MultiThreadedEventLoopGroup.singleton.any(),
+                configuration: .init(
+                    host: location.host, port: location.port, username: location.user, password: nil,
+                    database: location.database, tls: .disable),
+                id: 1, logger: Logger(label: "test"))
+            try await holder.query("BEGIN", logger: Logger(label: "test"))
+            try await holder.query("LOCK TABLE download IN ACCESS EXCLUSIVE MODE", logger: Logger(label: "test"))
+            let error = await expectHaulError(.database) { _ = try store.allDownloads() }
+            #expect(error?.message.contains("did not answer within 0.3 s") == true, "\(error?.message ?? "")")
+            try await holder.query("ROLLBACK", logger: Logger(label: "test"))
+            try await holder.close()
+            #expect(try store.allDownloads().map(\.key) == ["file:/d/a"])
+        }
     }
 
     /// The server ending the store's session (a restart, an administrator) costs nothing: the
     /// next call connects again and is carried out.
     @Test func aLostConnectionIsMadeAgain() async throws {
-        let location = try PostgreSQLTestServer.makeDatabase()
-        defer { PostgreSQLTestServer.dropDatabase(location) }
-        let store = try PostgreSQLQueueStore(location: location)
-        let first = try store.insert([QueueStoreConformanceTests.record("a")])
-        try PostgreSQLTestServer.sql(
-            """
-            SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-            WHERE application_name = 'haul' AND datname = '\(location.database)'
-            """, in: location)
-        #expect(try store.download(first[0])?.key == "file:/d/a")
-        let second = try store.insert([QueueStoreConformanceTests.record("b")])
-        #expect(try store.allDownloads().map(\.downloadID) == first + second)
+        try await PostgreSQLTestServer.withDatabase { location in
+            let store = try PostgreSQLQueueStore(location: location)
+            let first = try store.insert([QueueStoreConformanceTests.record("a")])
+            try await PostgreSQLTestServer.sql(
+                """
+                SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                WHERE application_name = 'haul' AND datname = '\(location.database)'
+                """, in: location)
+            #expect(try store.download(first[0])?.key == "file:/d/a")
+            let second = try store.insert([QueueStoreConformanceTests.record("b")])
+            #expect(try store.allDownloads().map(\.downloadID) == first + second)
+        }
     }
 
     /// A database whose schema a newer haul made is refused, not written.
-    @Test func aSchemaFromANewerHaulIsRefused() throws {
-        let location = try PostgreSQLTestServer.makeDatabase()
-        defer { PostgreSQLTestServer.dropDatabase(location) }
-        _ = try PostgreSQLQueueStore(location: location)
-        try PostgreSQLTestServer.sql("INSERT INTO haul_migration (version, name) VALUES (99, 'later')", in: location)
-        let error = #expect(throws: HaulError.self) { _ = try PostgreSQLQueueStore(location: location) }
-        #expect(error?.code == .database)
-        #expect(error?.message.contains("schema version 99") == true, "\(error?.message ?? "")")
+    @Test func aSchemaFromANewerHaulIsRefused() async throws {
+        try await PostgreSQLTestServer.withDatabase { location in
+            _ = try PostgreSQLQueueStore(location: location)
+            try await PostgreSQLTestServer.sql(
+                "INSERT INTO haul_migration (version, name) VALUES (99, 'later')", in: location)
+            let error = #expect(throws: HaulError.self) { _ = try PostgreSQLQueueStore(location: location) }
+            #expect(error?.code == .database)
+            #expect(error?.message.contains("schema version 99") == true, "\(error?.message ?? "")")
+        }
     }
 }

@@ -15,7 +15,7 @@ struct QueueStoreStorage {
     let open: () throws -> any QueueStore
     /// Damages the storage as a failing disk (or a hand that edits it) might; no store is open on
     /// it meanwhile.
-    let damage: () throws -> Void
+    let damage: () async throws -> Void
     /// What the error about damaged storage must tell the user to do.
     let advice: String
 }
@@ -51,13 +51,15 @@ struct QueueStoreKind: Sendable, CustomTestStringConvertible {
     /// ``PostgreSQLQueueStore``, in a database of its own on the tests' PostgreSQL server (see
     /// ``PostgreSQLTestServer``).
     static let postgresql = QueueStoreKind(name: "PostgreSQL") { body in
-        let location = try PostgreSQLTestServer.makeDatabase()
-        defer { PostgreSQLTestServer.dropDatabase(location) }
-        try await body(
-            QueueStoreStorage(
-                open: { try PostgreSQLQueueStore(location: location) },
-                damage: { try PostgreSQLTestServer.sql("ALTER TABLE download DROP COLUMN definition", in: location) },
-                advice: "restore it from a backup"))
+        try await PostgreSQLTestServer.withDatabase { location in
+            try await body(
+                QueueStoreStorage(
+                    open: { try PostgreSQLQueueStore(location: location) },
+                    damage: {
+                        try await PostgreSQLTestServer.sql("ALTER TABLE download DROP COLUMN definition", in: location)
+                    },
+                    advice: "restore it from a backup"))
+        }
     }
 }
 
@@ -347,7 +349,7 @@ struct QueueStoreKind: Sendable, CustomTestStringConvertible {
                 let store = try storage.open()
                 try store.insert((0..<50).map { Self.record("\($0)") })
             }
-            try storage.damage()
+            try await storage.damage()
             let error = await expectHaulError(.database) {
                 let store = try storage.open()
                 _ = try store.allDownloads()

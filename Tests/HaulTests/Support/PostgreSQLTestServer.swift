@@ -33,7 +33,49 @@ enum PostgreSQLTestServer {
     private static let databases = Mutex(0)
 
     /// The server, started on first use.
-    static func server() throws -> Server {
+    static func server() async throws -> Server {
+        try await offThread { try startedServer() }
+    }
+
+    /// Runs `body` with a new, empty database of its own, dropped afterwards.
+    static func withDatabase<Result>(_ body: (PostgreSQLLocation) async throws -> Result) async throws -> Result {
+        let location = try await offThread { try makeDatabase() }
+        do {
+            let result = try await body(location)
+            await offThread { dropDatabase(location) }
+            return result
+        } catch {
+            await offThread { dropDatabase(location) }
+            throw error
+        }
+    }
+
+    /// Runs `statement` in a test's database.
+    static func sql(_ statement: String, in location: PostgreSQLLocation) async throws {
+        try await offThread { try sql(statement, database: location.database, server: try startedServer()) }
+    }
+
+    /// Runs `work` on a thread of Dispatch's, not on one of the few the tests share: the server's
+    /// programs take seconds to start, and a test waits on each one it runs.
+    private static func offThread<Value: Sendable>(_ work: @escaping @Sendable () throws -> Value) async throws
+        -> Value
+    {
+        try await withCheckedThrowingContinuation { continuation in
+            DispatchQueue.global().async { continuation.resume(with: Result { try work() }) }
+        }
+    }
+
+    private static func offThread(_ work: @escaping @Sendable () -> Void) async {
+        await withCheckedContinuation { continuation in
+            DispatchQueue.global().async {
+                work()
+                continuation.resume()
+            }
+        }
+    }
+
+    /// The server, started by the first caller.
+    private static func startedServer() throws -> Server {
         try started.withLock { started in
             if let started { return try started.get() }
             let result: Result<Server, TestFailure>
@@ -50,8 +92,8 @@ enum PostgreSQLTestServer {
     }
 
     /// A new, empty database on the server, for one test.
-    static func makeDatabase() throws -> PostgreSQLLocation {
-        let server = try server()
+    private static func makeDatabase() throws -> PostgreSQLLocation {
+        let server = try startedServer()
         let number = databases.withLock { value -> Int in
             value += 1
             return value
@@ -65,13 +107,13 @@ enum PostgreSQLTestServer {
     }
 
     /// Drops a database ``makeDatabase()`` made, with whatever is still connected to it.
-    static func dropDatabase(_ location: PostgreSQLLocation) {
-        guard let server = try? server() else { return }
+    private static func dropDatabase(_ location: PostgreSQLLocation) {
+        guard let server = try? startedServer() else { return }
         try? sql("DROP DATABASE IF EXISTS \(location.database) WITH (FORCE)", database: "postgres", server: server)
     }
 
     /// Runs one SQL statement with `psql`, failing on any error.
-    static func sql(_ statement: String, database: String, server: Server) throws {
+    private static func sql(_ statement: String, database: String, server: Server) throws {
         var environment = ProcessInfo.processInfo.environment
         if let password = server.password { environment["PGPASSWORD"] = password }
         let output = try run(
@@ -83,11 +125,6 @@ enum PostgreSQLTestServer {
         guard output.status == 0 else {
             throw TestFailure("psql failed (\(output.status)) on \(statement): \(output.text)")
         }
-    }
-
-    /// Runs `statement` in a test's database.
-    static func sql(_ statement: String, in location: PostgreSQLLocation) throws {
-        try sql(statement, database: location.database, server: try server())
     }
 
     // MARK: Starting

@@ -204,6 +204,12 @@ final class TransferDriver {
     /// Carries out one action; returns the event it results in when the shell completes it at once.
     private func execute(_ action: TransferAction) async throws -> TransferEvent? {
         switch action {
+        case .prepareFile, .checkpoint, .lastCheckpoint, .cut, .discard, .finish:
+            try checkWritePermit()
+        default:
+            break
+        }
+        switch action {
         case .checkStoredData(let manifest):
             return .storedDataChecked(try await files.checkStoredData(manifest))
         case .chooseDestination(let connection):
@@ -235,6 +241,7 @@ final class TransferDriver {
         case .finish(let total, let manifest):
             await checkpointTask?.value
             await beforeFinishing()
+            try checkWritePermit()
             _ = try await files.finish(totalBytes: total, manifest: manifest)
             return .finished
         case .send(let request, let ask):
@@ -276,6 +283,16 @@ final class TransferDriver {
             self.outcome = outcome
         }
         return nil
+    }
+
+    /// Throws ``HaulError/Code/locked`` when the downloader may not write any more (see
+    /// ``DownloaderConfiguration/writePermit``).
+    private func checkWritePermit() throws {
+        guard let permit = files.configuration.writePermit, !permit() else { return }
+        throw HaulError(
+            .locked,
+            "this worker's lease on the queue may have run out: it writes nothing more of this download, "
+                + "which another worker takes over")
     }
 
     /// Starts connection `connection`'s request: the answer's head goes to the machine, and the body

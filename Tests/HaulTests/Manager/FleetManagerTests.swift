@@ -1,0 +1,154 @@
+import HaulPostgreSQL
+import HaulTestServer
+import Synchronization
+import Testing
+
+@testable import Haul
+
+/// Download managers as workers of one queue in PostgreSQL (on the tests' server), writing into
+/// one shared download root: each download runs on one worker at a time, whichever claims it.
+@Suite(.timeLimit(.minutes(2))) struct FleetManagerTests {
+    /// A worker of the queue at `location`: its own state directory, a lease on `clock`, and a
+    /// `User-Agent` that names it, so the server tells the workers apart.
+    static func worker(
+        _ label: String, location: PostgreSQLLocation, root: String, state: String,
+        clock: FleetLeaseTests.TestClock
+    ) throws -> DownloadManager {
+        let store = try PostgreSQLQueueStore(location: location)
+        let lease = try FleetLease(store: store, duration: 30, clock: clock.read)
+        var transfer = testConfiguration()
+        transfer.downloadRoots = [root]
+        transfer.userAgent = "haul-\(label)"
+        try POSIX.makePrivateDirectory(state + "/" + label, marker: ".")
+        return try DownloadManager(
+            store: store, ownership: lease, stateDirectory: state + "/" + label, configuration: managerConfiguration(),
+            downloaderConfiguration: transfer, logger: nil, clock: ContinuousClock())
+    }
+
+    /// Waits until `condition` holds, at most 30 s.
+    static func waitUntil(_ what: String, _ condition: () async throws -> Bool) async throws {
+        let deadline = ContinuousClock.now + .seconds(30)
+        while try await !condition() {
+            guard ContinuousClock.now < deadline else { throw TestFailure("timed out waiting until \(what)") }
+            try await Task.sleep(for: .milliseconds(20))
+        }
+    }
+
+    /// Downloads queued through one worker are run by both, each exactly once, into files that
+    /// are byte for byte the server's; the queue ends with every one completed and nobody's.
+    @Test func aSharedQueueRunsEachDownloadOnceOnEitherWorker() async throws {
+        try await PostgreSQLTestServer.withDatabase { location in
+            try await HaulTestServer.withRunning { server in
+                try await withTemporaryDirectory { directory in
+                    let root = directory + "/root"
+                    try POSIX.makePrivateDirectory(root, marker: ".")
+                    let names = (1...12).map { "f\($0)" }
+                    for name in names { server.add("/" + name, TestResource(name: name, size: 256 << 10)) }
+                    // Slow enough that the second worker claims some while the first runs.
+                    server.limitBandwidth(bytesPerSecond: 4 << 20)
+                    let clock = FleetLeaseTests.TestClock()
+                    let a = try Self.worker("a", location: location, root: root, state: directory, clock: clock)
+                    let b = try Self.worker("b", location: location, root: root, state: directory, clock: clock)
+                    _ = try await a.enqueue(
+                        names.map { DownloadRequest(url: server.url("/" + $0), destination: .directory(root)) })
+                    async let first: Void = a.runUntilIdle()
+                    async let second: Void = b.runUntilIdle()
+                    _ = await (first, second)
+                    await a.close()
+                    await b.close()
+
+                    for name in names {
+                        let requests = server.requests(for: "/" + name)
+                        #expect(requests.count == 1, "\(name) was asked for \(requests.count) times")
+                        let expected = try #require(server.resource("/" + name)).bytes(0..<(256 << 10))
+                        #expect(try readFile(root + "/" + name) == expected, "\(name)")
+                    }
+                    let agents = Set(server.requests.compactMap { $0.header("User-Agent") })
+                    #expect(agents == ["haul-a", "haul-b"], "both workers ran downloads: \(agents)")
+                    let store = try PostgreSQLQueueStore(location: location)
+                    let records = try store.allDownloads()
+                    #expect(records.count == 12 && records.allSatisfy { $0.state == .completed && $0.owner == nil })
+                    #expect(try store.counts() == [.completed: 12])
+                }
+            }
+        }
+    }
+
+    /// A worker whose lease ran out (cut off from the database longer than the lease) stops its
+    /// downloads without writing them, gives them back when it joins again, and the download
+    /// then resumes from its stored bytes (`Range` with `If-Range`) into the same file.
+    @Test func aWorkerThatLostItsLeaseGivesItsDownloadsBackAndTheyResume() async throws {
+        try await PostgreSQLTestServer.withDatabase { location in
+            try await HaulTestServer.withRunning { server in
+                try await withTemporaryDirectory { directory in
+                    let root = directory + "/root"
+                    try POSIX.makePrivateDirectory(root, marker: ".")
+                    let size: Int64 = 4 << 20
+                    server.add("/big", TestResource(name: "big", size: size))
+                    server.limitBandwidth(bytesPerSecond: 2 << 20)
+                    let clock = FleetLeaseTests.TestClock()
+                    let a = try Self.worker("a", location: location, root: root, state: directory, clock: clock)
+                    let id = try await a.enqueue(
+                        DownloadRequest(url: server.url("/big"), destination: .directory(root)))
+                    let run = Task { await a.run() }
+                    // Under way, with a checkpoint on disk.
+                    try await Self.waitUntil("the download wrote a checkpoint") {
+                        (await a.download(id)?.bytes ?? 0) > 256 << 10 && fileExists(root + "/big.haul.json")
+                    }
+                    // The worker is cut off for longer than its lease: it must stop writing.
+                    clock.advance(31)
+                    let reader = try PostgreSQLQueueStore(location: location)
+                    try await Self.waitUntil("the download completed after the lease was lost") {
+                        (try? reader.download(id))?.state == .completed
+                    }
+                    run.cancel()
+                    await run.value
+                    await a.close()
+                    let requests = server.requests(for: "/big")
+                    #expect(requests.count >= 2, "\(requests.count) requests")
+                    let resumed = try #require(requests.last)
+                    #expect(
+                        resumed.header("Range")?.hasPrefix("bytes=") == true && resumed.header("Range") != "bytes=0-")
+                    #expect(resumed.header("If-Range") != nil)
+                    let expected = try #require(server.resource("/big")).bytes(0..<size)
+                    #expect(try readFile(root + "/big") == expected)
+                    let record = try #require(try PostgreSQLQueueStore(location: location).download(id))
+                    #expect(record.owner == nil && record.errorCode == nil)
+                }
+            }
+        }
+    }
+
+    /// Once the write permit says no (a worker's lease may have run out), the download writes
+    /// nothing more: no checkpoint, no final file; it stops with `locked`.
+    @Test func aDownloadWritesNothingOnceThePermitSaysNo() async throws {
+        try await HaulTestServer.withRunning { server in
+            try await withTemporaryDirectory { directory in
+                let size: Int64 = 4 << 20
+                server.add("/big", TestResource(name: "big", size: size))
+                server.limitBandwidth(bytesPerSecond: 2 << 20)
+                let permitted = Atomic(true)
+                var configuration = testConfiguration(retries: 0)
+                configuration.writePermit = { permitted.load(ordering: .relaxed) }
+                let destination = directory + "/big"
+                let log = EventLog()
+                try await withDownloader(configuration) { downloader in
+                    let task = Task {
+                        try await downloader.download(
+                            DownloadRequest(url: server.url("/big"), destination: .file(destination)),
+                            observing: log.record)
+                    }
+                    try await Self.waitUntil("a checkpoint is on disk") {
+                        fileExists(destination + ".haul.json") && (fileSize(destination + ".haul.part") ?? 0) > 0
+                    }
+                    permitted.store(false, ordering: .relaxed)
+                    let manifest = try readFile(destination + ".haul.json")
+                    let error = await expectHaulError(.locked) { try await task.value }
+                    #expect(error?.message.contains("lease") == true, "\(error?.message ?? "")")
+                    #expect(try readFile(destination + ".haul.json") == manifest, "no checkpoint after the refusal")
+                    #expect(!fileExists(destination))
+                }
+            }
+        }
+    }
+}
