@@ -74,6 +74,9 @@ extension HaulTestServer {
         let (index, resource, faults) = state.withLock { state -> (Int, TestResource?, [Fault]) in
             state.requestsAnswering += 1
             state.maximumRequestsAnswering = max(state.maximumRequestsAnswering, state.requestsAnswering)
+            let answering = state.answeringByPath[request.path, default: 0] + 1
+            state.answeringByPath[request.path] = answering
+            state.maximumAnsweringByPath[request.path] = max(state.maximumAnsweringByPath[request.path] ?? 0, answering)
             state.requests.append(request)
             state.bodyBytesSent.append(0)
             var faults: [Fault] = []
@@ -87,7 +90,12 @@ extension HaulTestServer {
             }
             return (state.requests.count - 1, state.resources[request.path], faults)
         }
-        defer { state.withLock { $0.requestsAnswering -= 1 } }
+        defer {
+            state.withLock { state in
+                state.requestsAnswering -= 1
+                state.answeringByPath[request.path, default: 1] -= 1
+            }
+        }
         var reply = makeReply(for: head, resource: resource, faults: faults)
         for case .omitHeader(let name) in faults { reply.headers.remove(name: name) }
         for case .setHeader(let name, let value) in faults { reply.headers.replaceOrAdd(name: name, value: value) }

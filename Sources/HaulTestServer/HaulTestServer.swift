@@ -47,6 +47,9 @@ public final class HaulTestServer: Sendable {
         /// Requests being answered now: from their head's arrival until their answer is sent or fails.
         var requestsAnswering = 0
         var maximumRequestsAnswering = 0
+        /// Requests of each path being answered now, and the most there were at once.
+        var answeringByPath: [String: Int] = [:]
+        var maximumAnsweringByPath: [String: Int] = [:]
         /// Body bytes written in answer to each request, indexed like `requests`.
         var bodyBytesSent: [Int64] = []
         /// The most body bytes per second the whole server sends, over all its connections.
@@ -257,6 +260,12 @@ public final class HaulTestServer: Sendable {
     /// The most requests that were being answered at the same time (over HTTP/2, the streams of
     /// every connection).
     public var maximumRequestsAnswering: Int { state.withLock { $0.maximumRequestsAnswering } }
+
+    /// The most requests for `path` that were being answered at the same time: more than one
+    /// means two clients (or two connections of one) fetched the file at once.
+    public func maximumRequestsAnswering(for path: String) -> Int {
+        state.withLock { $0.maximumAnsweringByPath[path] ?? 0 }
+    }
 
     /// Body bytes written to all connections so far.
     public var bodyBytesSent: Int64 { state.withLock { $0.bodyBytesSent.reduce(0, +) } }

@@ -16,11 +16,12 @@ struct DaemonProcessTests {
         let url: String
         let token: String
 
-        static func start(state: String, root: String, listen: String = "127.0.0.1:0") async throws -> RunningDaemon {
+        static func start(
+            state: String, root: String, listen: String = "127.0.0.1:0", options: [String] = ["-j", "5"]
+        ) async throws -> RunningDaemon {
             try? FileManager.default.removeItem(atPath: state + "/daemon.address")
-            let process = try HaulProcess([
-                "daemon", "--listen", listen, "--state-dir", state, "--download-root", root, "-j", "5", "-x", "1",
-            ])
+            let process = try HaulProcess(
+                ["daemon", "--listen", listen, "--state-dir", state, "--download-root", root, "-x", "1"] + options)
             let deadline = ContinuousClock.now + .seconds(30)
             while ContinuousClock.now < deadline {
                 if let address = try? String(contentsOfFile: state + "/daemon.address", encoding: .utf8),

@@ -66,9 +66,19 @@ extension DownloadManager {
     /// ones as this manager has them.
     func storedPage(in states: Set<DownloadState>?, after: DownloadID?, limit: Int = 500) throws -> [Entry] {
         writeWaiting()
-        return try store.downloads(in: states, after: after, limit: max(0, limit)).map {
-            entries[$0.downloadID] ?? Entry(record: $0)
+        return try store.downloads(in: states, after: after, limit: max(0, limit)).map(listed)
+    }
+
+    /// The entry a list shows for a record it read from the store: what this manager runs or owns
+    /// it knows best; what another runs, the store does (a fleet's worker holds downloads it
+    /// queued that other workers then run).
+    func listed(_ record: StoredDownload) -> Entry {
+        if let known = entries[record.downloadID],
+            known.record.owner == claim.name || unwritten.holds(known.id) || jobs[known.id] != nil
+        {
+            return known
         }
+        return Entry(record: record)
     }
 
     /// Progress over `ids` (every download when `nil`), weighted by bytes: a 1 GiB download counts

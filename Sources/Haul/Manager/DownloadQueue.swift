@@ -153,7 +153,7 @@ extension DownloadManager: DownloadQueue {
         let counts = try counts()
         let total = counts.filter { states?.contains($0.key) ?? true }.values.reduce(0, +)
         let records = try store.downloads(in: states, offset: max(0, offset), limit: max(0, limit))
-        return DownloadPage(downloads: records.map { (entries[$0.downloadID] ?? Entry(record: $0)).info }, total: total)
+        return DownloadPage(downloads: records.map { listed($0).info }, total: total)
     }
 
     /// The download with this ID, as the database has it when another process added or runs it;

@@ -19,7 +19,7 @@ import Testing
     func withFleet(
         _ body: (PostgreSQLQueueStore, PostgreSQLQueueStore, TestClock) throws -> Void
     ) async throws {
-        try await PostgreSQLTestServer.withDatabase { location in
+        try await PostgreSQLTesting.withDatabase { location in
             try body(
                 try PostgreSQLQueueStore(location: location), try PostgreSQLQueueStore(location: location), TestClock())
         }

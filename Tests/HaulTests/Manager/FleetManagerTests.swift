@@ -37,7 +37,7 @@ import Testing
     /// Downloads queued through one worker are run by both, each exactly once, into files that
     /// are byte for byte the server's; the queue ends with every one completed and nobody's.
     @Test func aSharedQueueRunsEachDownloadOnceOnEitherWorker() async throws {
-        try await PostgreSQLTestServer.withDatabase { location in
+        try await PostgreSQLTesting.withDatabase { location in
             try await HaulTestServer.withRunning { server in
                 try await withTemporaryDirectory { directory in
                     let root = directory + "/root"
@@ -78,7 +78,7 @@ import Testing
     /// downloads without writing them, gives them back when it joins again, and the download
     /// then resumes from its stored bytes (`Range` with `If-Range`) into the same file.
     @Test func aWorkerThatLostItsLeaseGivesItsDownloadsBackAndTheyResume() async throws {
-        try await PostgreSQLTestServer.withDatabase { location in
+        try await PostgreSQLTesting.withDatabase { location in
             try await HaulTestServer.withRunning { server in
                 try await withTemporaryDirectory { directory in
                     let root = directory + "/root"

@@ -41,7 +41,7 @@ import Testing
     /// A server that cannot be reached fails the open with one ``HaulError/Code/database`` line
     /// that names the queue without the password.
     @Test func anUnreachableServerIsNamedWithoutThePassword() async throws {
-        let server = try await PostgreSQLTestServer.server()
+        let server = try await PostgreSQLTesting.server()
         // A port of the test server's host where nothing listens: the server's own, plus one.
         let location = try PostgreSQLLocation(
             parsing: "postgresql://haul:hunter2@127.0.0.1:\(server.port + 1)/nothing?sslmode=disable")
@@ -89,7 +89,7 @@ import Testing
     /// A statement the server does not answer in time fails with a database error that says so,
     /// and the next call works on a new connection.
     @Test func aStatementThatWaitsTooLongFailsAndTheStoreGoesOn() async throws {
-        try await PostgreSQLTestServer.withDatabase { location in
+        try await PostgreSQLTesting.withDatabase { location in
             let store = try PostgreSQLQueueStore(location: location, statementTimeout: .milliseconds(300))
             try store.insert([QueueStoreConformanceTests.record("a")])
             // Another session holds the table, so that a read waits.
@@ -112,10 +112,10 @@ import Testing
     /// The server ending the store's session (a restart, an administrator) costs nothing: the
     /// next call connects again and is carried out.
     @Test func aLostConnectionIsMadeAgain() async throws {
-        try await PostgreSQLTestServer.withDatabase { location in
+        try await PostgreSQLTesting.withDatabase { location in
             let store = try PostgreSQLQueueStore(location: location)
             let first = try store.insert([QueueStoreConformanceTests.record("a")])
-            try await PostgreSQLTestServer.sql(
+            try await PostgreSQLTesting.sql(
                 """
                 SELECT pg_terminate_backend(pid) FROM pg_stat_activity
                 WHERE application_name = 'haul' AND datname = '\(location.database)'
@@ -128,9 +128,9 @@ import Testing
 
     /// A database whose schema a newer haul made is refused, not written.
     @Test func aSchemaFromANewerHaulIsRefused() async throws {
-        try await PostgreSQLTestServer.withDatabase { location in
+        try await PostgreSQLTesting.withDatabase { location in
             _ = try PostgreSQLQueueStore(location: location)
-            try await PostgreSQLTestServer.sql(
+            try await PostgreSQLTesting.sql(
                 "INSERT INTO haul_migration (version, name) VALUES (99, 'later')", in: location)
             let error = #expect(throws: HaulError.self) { _ = try PostgreSQLQueueStore(location: location) }
             #expect(error?.code == .database)

@@ -51,12 +51,12 @@ struct QueueStoreKind: Sendable, CustomTestStringConvertible {
     /// ``PostgreSQLQueueStore``, in a database of its own on the tests' PostgreSQL server (see
     /// ``PostgreSQLTestServer``).
     static let postgresql = QueueStoreKind(name: "PostgreSQL") { body in
-        try await PostgreSQLTestServer.withDatabase { location in
+        try await PostgreSQLTesting.withDatabase { location in
             try await body(
                 QueueStoreStorage(
                     open: { try PostgreSQLQueueStore(location: location) },
                     damage: {
-                        try await PostgreSQLTestServer.sql("ALTER TABLE download DROP COLUMN definition", in: location)
+                        try await PostgreSQLTesting.sql("ALTER TABLE download DROP COLUMN definition", in: location)
                     },
                     advice: "restore it from a backup"))
         }

@@ -1,5 +1,4 @@
 import Foundation
-import HaulPostgreSQL
 import Synchronization
 
 #if canImport(Glibc)
@@ -18,41 +17,59 @@ import Synchronization
 ///
 /// `HAUL_TEST_POSTGRES_URL` names a server to use instead (its user may create databases). Each
 /// test gets a database of its own.
-enum PostgreSQLTestServer {
+public enum PostgreSQLTestServer {
     /// Where the server listens, and the user the tests connect as.
-    struct Server: Sendable {
-        let host: String
-        let port: Int
-        let user: String
-        let password: String?
+    public struct Server: Sendable {
+        public let host: String
+        public let port: Int
+        public let user: String
+        public let password: String?
         /// The folder of the server's programs (`psql`, `pg_isready`).
         let programs: String
     }
 
-    private static let started = Mutex<Result<Server, TestFailure>?>(nil)
+    /// What went wrong starting or using the server.
+    public struct Failure: Error, CustomStringConvertible {
+        public let description: String
+        init(_ description: String) { self.description = description }
+    }
+
+    /// A database of the server: its name, and the URL a store connects with.
+    public struct Database: Sendable {
+        public let name: String
+        public let url: String
+
+        /// The database `name`, reached at `url`.
+        public init(name: String, url: String) {
+            self.name = name
+            self.url = url
+        }
+    }
+
+    private static let started = Mutex<Result<Server, Failure>?>(nil)
     private static let databases = Mutex(0)
 
     /// The server, started on first use.
-    static func server() async throws -> Server {
+    public static func server() async throws -> Server {
         try await offThread { try startedServer() }
     }
 
     /// Runs `body` with a new, empty database of its own, dropped afterwards.
-    static func withDatabase<Result>(_ body: (PostgreSQLLocation) async throws -> Result) async throws -> Result {
-        let location = try await offThread { try makeDatabase() }
+    public static func withDatabase<Result>(_ body: (Database) async throws -> Result) async throws -> Result {
+        let database = try await offThread { try makeDatabase() }
         do {
-            let result = try await body(location)
-            await offThread { dropDatabase(location) }
+            let result = try await body(database)
+            await offThread { dropDatabase(database) }
             return result
         } catch {
-            await offThread { dropDatabase(location) }
+            await offThread { dropDatabase(database) }
             throw error
         }
     }
 
     /// Runs `statement` in a test's database.
-    static func sql(_ statement: String, in location: PostgreSQLLocation) async throws {
-        try await offThread { try sql(statement, database: location.database, server: try startedServer()) }
+    public static func sql(_ statement: String, in database: Database) async throws {
+        try await offThread { try sql(statement, database: database.name, server: try startedServer()) }
     }
 
     /// Runs `work` on a thread of Dispatch's, not on one of the few the tests share: the server's
@@ -78,13 +95,13 @@ enum PostgreSQLTestServer {
     private static func startedServer() throws -> Server {
         try started.withLock { started in
             if let started { return try started.get() }
-            let result: Result<Server, TestFailure>
+            let result: Result<Server, Failure>
             do {
                 result = .success(try start())
-            } catch let failure as TestFailure {
+            } catch let failure as Failure {
                 result = .failure(failure)
             } catch {
-                result = .failure(TestFailure("could not start PostgreSQL for the tests: \(error)"))
+                result = .failure(Failure("could not start PostgreSQL for the tests: \(error)"))
             }
             started = result
             return try result.get()
@@ -92,7 +109,7 @@ enum PostgreSQLTestServer {
     }
 
     /// A new, empty database on the server, for one test.
-    private static func makeDatabase() throws -> PostgreSQLLocation {
+    private static func makeDatabase() throws -> Database {
         let server = try startedServer()
         let number = databases.withLock { value -> Int in
             value += 1
@@ -100,16 +117,18 @@ enum PostgreSQLTestServer {
         }
         let name = "haul_test_\(getpid())_\(number)"
         try sql("CREATE DATABASE \(name)", database: "postgres", server: server)
-        var location = try PostgreSQLLocation(
-            parsing: "postgresql://\(server.user)@\(server.host):\(server.port)/\(name)?sslmode=disable")
-        location.password = server.password
-        return location
+        let password = server.password.map {
+            ":" + ($0.addingPercentEncoding(withAllowedCharacters: .alphanumerics) ?? $0)
+        }
+        return Database(
+            name: name,
+            url: "postgresql://\(server.user)\(password ?? "")@\(server.host):\(server.port)/\(name)?sslmode=disable")
     }
 
     /// Drops a database ``makeDatabase()`` made, with whatever is still connected to it.
-    private static func dropDatabase(_ location: PostgreSQLLocation) {
+    private static func dropDatabase(_ database: Database) {
         guard let server = try? startedServer() else { return }
-        try? sql("DROP DATABASE IF EXISTS \(location.database) WITH (FORCE)", database: "postgres", server: server)
+        try? sql("DROP DATABASE IF EXISTS \(database.name) WITH (FORCE)", database: "postgres", server: server)
     }
 
     /// Runs one SQL statement with `psql`, failing on any error.
@@ -123,7 +142,7 @@ enum PostgreSQLTestServer {
                 "-d", database, "-c", statement,
             ], environment: environment)
         guard output.status == 0 else {
-            throw TestFailure("psql failed (\(output.status)) on \(statement): \(output.text)")
+            throw Failure("psql failed (\(output.status)) on \(statement): \(output.text)")
         }
     }
 
@@ -131,10 +150,11 @@ enum PostgreSQLTestServer {
 
     private static func start() throws -> Server {
         if let url = ProcessInfo.processInfo.environment["HAUL_TEST_POSTGRES_URL"], !url.isEmpty {
-            let location = try PostgreSQLLocation(parsing: url)
+            guard let parts = URLComponents(string: url), let host = parts.host, let user = parts.user else {
+                throw Failure("HAUL_TEST_POSTGRES_URL is not a postgresql://USER@HOST:PORT URL")
+            }
             return Server(
-                host: location.host, port: location.port, user: location.user, password: location.password,
-                programs: try programs())
+                host: host, port: parts.port ?? 5432, user: user, password: parts.password, programs: try programs())
         }
         let programs = try programs()
         let folder = try makeFolder()
@@ -143,7 +163,7 @@ enum PostgreSQLTestServer {
         if asPostgres {
             let owned = try run("/bin/chown", ["postgres:postgres", folder])
             guard owned.status == 0 else {
-                throw TestFailure("cannot give \(folder) to the postgres user: \(owned.text)")
+                throw Failure("cannot give \(folder) to the postgres user: \(owned.text)")
             }
         }
         func command(_ arguments: [String]) -> (String, [String]) {
@@ -157,7 +177,7 @@ enum PostgreSQLTestServer {
         ])
         let initialized = try run(initdb, initArguments)
         guard initialized.status == 0 else {
-            throw TestFailure("initdb failed (\(initialized.status)): \(initialized.text)")
+            throw Failure("initdb failed (\(initialized.status)): \(initialized.text)")
         }
         let port = try freePort()
         // The shell starts the server, then waits for the end of its standard input, a pipe this
@@ -193,7 +213,7 @@ enum PostgreSQLTestServer {
             usleep(100_000)
         }
         let log = (try? String(contentsOfFile: folder + "/log", encoding: .utf8)) ?? ""
-        throw TestFailure("PostgreSQL did not start within 30 s: \(log)")
+        throw Failure("PostgreSQL did not start within 30 s: \(log)")
     }
 
     private static let keepers = Mutex<[Pipe]>([])
@@ -212,14 +232,14 @@ enum PostgreSQLTestServer {
             let folder = found.text.trimmingCharacters(in: .whitespacesAndNewlines)
             if FileManager.default.isExecutableFile(atPath: folder + "/initdb") { return folder }
         }
-        throw TestFailure(
+        throw Failure(
             "PostgreSQL's server is not installed, and the PostgreSQL store's tests need one: "
                 + "install it (apt-get install postgresql) or set HAUL_TEST_POSTGRES_URL to a server's URL")
     }
 
     private static func makeFolder() throws -> String {
         var template = Array((NSTemporaryDirectory() + "/haul-postgresql-XXXXXX").utf8CString)
-        guard let made = mkdtemp(&template) else { throw TestFailure("mkdtemp failed: \(errno)") }
+        guard let made = mkdtemp(&template) else { throw Failure("mkdtemp failed: \(errno)") }
         let folder = String(cString: made)
         chmod(folder, 0o755)
         return folder
@@ -228,7 +248,7 @@ enum PostgreSQLTestServer {
     /// A TCP port nothing listens on now, on loopback.
     private static func freePort() throws -> Int {
         let socket = Glibc.socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        guard socket >= 0 else { throw TestFailure("socket failed: \(errno)") }
+        guard socket >= 0 else { throw Failure("socket failed: \(errno)") }
         defer { close(socket) }
         var address = sockaddr_in()
         address.sin_family = sa_family_t(AF_INET)
@@ -240,7 +260,7 @@ enum PostgreSQLTestServer {
                 bind(socket, pointer, length) == 0 && getsockname(socket, pointer, &length) == 0
             }
         }
-        guard bound else { throw TestFailure("bind failed: \(errno)") }
+        guard bound else { throw Failure("bind failed: \(errno)") }
         return Int(UInt16(bigEndian: address.sin_port))
     }
 
