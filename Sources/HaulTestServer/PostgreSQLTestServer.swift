@@ -194,29 +194,25 @@ public enum PostgreSQLTestServer {
         let (shell, shellArguments) = command([
             "/bin/sh", "-c", script, "sh", programs + "/postgres", folder, "\(port)",
         ])
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: shell)
-        process.arguments = shellArguments
-        let keeper = Pipe()
-        process.standardInput = keeper
-        process.standardOutput = FileHandle.nullDevice
-        process.standardError = FileHandle.nullDevice
-        try process.run()
-        // Held for the life of this process: never written, never closed.
-        keepers.withLock { $0.append(keeper) }
+        // The keeper: the child reads its end as standard input; this process holds the other,
+        // never written, never closed, and kept from other children (close-on-exec).
+        var keeper: [Int32] = [0, 0]
+        guard pipe(&keeper) == 0 else { throw Failure("pipe: \(String(cString: strerror(errno)))") }
+        for descriptor in keeper { _ = fcntl(descriptor, F_SETFD, FD_CLOEXEC) }
+        let child = try spawn(shell, shellArguments, input: keeper[0], output: folder + "/shell.log")
+        close(keeper[0])
         let server = Server(host: "127.0.0.1", port: port, user: "haul", password: nil, programs: programs)
         let deadline = Date().addingTimeInterval(30)
         while Date() < deadline {
             let ready = try run(programs + "/pg_isready", ["-q", "-h", server.host, "-p", "\(port)"])
             if ready.status == 0 { return server }
-            guard process.isRunning else { break }
+            var status: Int32 = 0
+            guard waitpid(child, &status, WNOHANG) == 0 else { break }
             usleep(100_000)
         }
         let log = (try? String(contentsOfFile: folder + "/log", encoding: .utf8)) ?? ""
         throw Failure("PostgreSQL did not start within 30 s: \(log)")
     }
-
-    private static let keepers = Mutex<[Pipe]>([])
 
     /// The folder of the PostgreSQL server's programs: the newest `/usr/lib/postgresql/N/bin`
     /// (Debian's), else the one `pg_config` names.
@@ -268,20 +264,58 @@ public enum PostgreSQLTestServer {
     private static func run(_ program: String, _ arguments: [String], environment: [String: String]? = nil) throws
         -> (status: Int32, text: String)
     {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: program)
-        process.arguments = arguments
-        if let environment { process.environment = environment }
-        let output = Pipe()
-        process.standardOutput = output
-        process.standardError = output
-        process.standardInput = FileHandle.nullDevice
-        try process.run()
-        let watchdog = DispatchWorkItem { if process.isRunning { process.terminate() } }
-        DispatchQueue.global().asyncAfter(deadline: .now() + 60, execute: watchdog)
-        let data = output.fileHandleForReading.readDataToEndOfFile()
-        process.waitUntilExit()
-        watchdog.cancel()
-        return (process.terminationStatus, String(decoding: data, as: UTF8.self))
+        let output = NSTemporaryDirectory() + "/haul-postgresql-\(getpid())-\(UInt64.random(in: 0...UInt64.max)).out"
+        defer { unlink(output) }
+        let child = try spawn(program, arguments, output: output, environment: environment)
+        var status: Int32 = 0
+        let deadline = Date().addingTimeInterval(60)
+        while waitpid(child, &status, WNOHANG) == 0 {
+            if Date() > deadline {
+                kill(child, SIGKILL)
+                waitpid(child, &status, 0)
+                break
+            }
+            usleep(5_000)
+        }
+        let text = (try? String(contentsOfFile: output, encoding: .utf8)) ?? ""
+        // The exit code, as a shell gives it.
+        let code = (status & 0x7f) == 0 ? (status >> 8) & 0xff : 128 + (status & 0x7f)
+        return (code, text)
+    }
+
+    /// Starts `program` with `input` as its standard input (`/dev/null` when none) and its output
+    /// and errors into the file `output`. Spawned directly rather than through Foundation's
+    /// `Process`, whose handling of descriptors in this process is not something every test's
+    /// sockets should depend on.
+    private static func spawn(
+        _ program: String, _ arguments: [String], input: Int32? = nil, output: String,
+        environment: [String: String]? = nil
+    ) throws -> pid_t {
+        let variables = (environment ?? ProcessInfo.processInfo.environment).map { "\($0.key)=\($0.value)" }
+        var actions = posix_spawn_file_actions_t()
+        posix_spawn_file_actions_init(&actions)
+        defer { posix_spawn_file_actions_destroy(&actions) }
+        if let input {
+            posix_spawn_file_actions_adddup2(&actions, input, 0)
+        } else {
+            posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+        }
+        posix_spawn_file_actions_addopen(&actions, 1, output, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
+        posix_spawn_file_actions_adddup2(&actions, 1, 2)
+        var child: pid_t = 0
+        let result = withCStrings([program] + arguments) { argv in
+            withCStrings(variables) { envp in posix_spawn(&child, program, &actions, nil, argv, envp) }
+        }
+        guard result == 0 else { throw Failure("cannot start \(program): \(String(cString: strerror(result)))") }
+        return child
+    }
+
+    /// `strings` as a C array of C strings, ending with a null pointer.
+    private static func withCStrings<Result>(
+        _ strings: [String], _ body: ([UnsafeMutablePointer<CChar>?]) -> Result
+    ) -> Result {
+        let pointers = strings.map { strdup($0) } + [nil]
+        defer { for pointer in pointers { free(pointer) } }
+        return body(pointers)
     }
 }
