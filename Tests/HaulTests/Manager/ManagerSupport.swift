@@ -61,7 +61,7 @@ func whileRunning<Result: Sendable>(
 /// Waits until the download satisfies `condition`, failing after `timeout`.
 @discardableResult
 func waitFor(
-    _ manager: DownloadManager, _ id: DownloadID, timeout: Duration = .seconds(20),
+    _ manager: DownloadManager, _ id: DownloadID, timeout: Duration = .seconds(60),
     sourceLocation: SourceLocation = #_sourceLocation, _ condition: (DownloadInfo) -> Bool
 ) async throws -> DownloadInfo {
     let deadline = ContinuousClock.now + timeout

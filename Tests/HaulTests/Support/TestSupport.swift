@@ -128,9 +128,10 @@ final class EventLog: Sendable {
     }
 }
 
-/// Polls `condition` (in real time) until it holds; fails after `timeout`.
+/// Polls `condition` (in real time) until it holds; fails after `timeout`, generous because the
+/// whole suite runs at once on two cores in a debug build.
 func waitUntil(
-    _ what: String, timeout: Duration = .seconds(20), _ condition: () throws -> Bool
+    _ what: String, timeout: Duration = .seconds(60), _ condition: () throws -> Bool
 ) async throws {
     let deadline = ContinuousClock.now + timeout
     while try !condition() {

@@ -228,7 +228,8 @@ func pauseWhenRanges(
                 }
                 // Every other byte arrives; the stalled range's last part (too small to halve) waits for
                 // its connection, which sends nothing more.
-                try await waitUntil("only the stalled range's rest is missing") {
+                // Generous: 4 MiB in a debug build beside the whole suite on two cores.
+                try await waitUntil("only the stalled range's rest is missing", timeout: .seconds(60)) {
                     let stored = log.progress.last?.bytes ?? 0
                     return stored > resource.size - 2 * 256 * 1024 && server.requests(for: "/stalled").count >= 5
                         && clock.sleeperCount > 0
