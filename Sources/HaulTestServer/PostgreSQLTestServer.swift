@@ -243,7 +243,11 @@ public enum PostgreSQLTestServer {
 
     /// A TCP port nothing listens on now, on loopback.
     private static func freePort() throws -> Int {
-        let socket = Glibc.socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        #if canImport(Glibc)
+            let socket = Glibc.socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        #else
+            let socket = Darwin.socket(AF_INET, SOCK_STREAM, 0)
+        #endif
         guard socket >= 0 else { throw Failure("socket failed: \(errno)") }
         defer { close(socket) }
         var address = sockaddr_in()
@@ -292,7 +296,12 @@ public enum PostgreSQLTestServer {
         environment: [String: String]? = nil
     ) throws -> pid_t {
         let variables = (environment ?? ProcessInfo.processInfo.environment).map { "\($0.key)=\($0.value)" }
-        var actions = posix_spawn_file_actions_t()
+        // A structure on Linux, an opaque pointer on Apple platforms.
+        #if canImport(Glibc) || canImport(Musl)
+            var actions = posix_spawn_file_actions_t()
+        #else
+            var actions: posix_spawn_file_actions_t? = nil
+        #endif
         posix_spawn_file_actions_init(&actions)
         defer { posix_spawn_file_actions_destroy(&actions) }
         if let input {
