@@ -50,7 +50,7 @@ package final class FleetLease: QueueOwnership, QueueLease {
         }
         let name = "\(host).\(pid).\(serial)"
         let now = clock()
-        let fence = try store.registerWorker(name, host: host, pid: pid, duration: duration, now: now)
+        let fence = try store.registerWorker(name, duration: duration, now: now)
         self.name = name
         self.duration = duration
         self.store = store
@@ -107,9 +107,7 @@ package final class FleetLease: QueueOwnership, QueueLease {
         // worker forgot it when the lease was lost.
         try store.takeOverExpiredWorkers(now: clock(), also: name)
         let now = clock()
-        let pid = Int(ProcessInfo.processInfo.processIdentifier)
-        let fence = try store.registerWorker(
-            name, host: ProcessInfo.processInfo.hostName, pid: pid, duration: duration, now: now)
+        let fence = try store.registerWorker(name, duration: duration, now: now)
         state.withLock { $0 = State(fence: fence, renewedAt: now) }
     }
 

@@ -134,18 +134,7 @@ package final class PostgreSQLQueueStore: QueueStore {
                     if let state = states[try row.decode(Int64.self)] { deltas[state, default: 0] -= 1 }
                 }
             }
-            // In the order of the states: two commits lock these rows in the same order.
-            let changed = deltas.filter { $0.value != 0 }.sorted { $0.key < $1.key }
-            if !changed.isEmpty {
-                var binds = PostgresBindings()
-                binds.append(changed.map(\.key))
-                binds.append(changed.map { Int64($0.value) })
-                try session.query(
-                    """
-                    INSERT INTO download_count (state, n) SELECT * FROM unnest($1::text[], $2::bigint[])
-                    ON CONFLICT (state) DO UPDATE SET n = download_count.n + excluded.n
-                    """, binds)
-            }
+            try Self.count(deltas, session)
             return ids
         }
     }
@@ -357,14 +346,14 @@ package final class PostgreSQLQueueStore: QueueStore {
 
     // MARK: Workers and their leases
 
-    /// Registers the worker `name` with a lease until `now + duration` and returns the number of
-    /// this registration (its fence). A registration of that name still there is replaced.
-    package func registerWorker(_ name: String, host: String, pid: Int, duration: Double, now: Double) throws -> Int64 {
+    /// Registers the worker `name` (this process, on this host) with a lease until
+    /// `now + duration` and returns the number of this registration (its fence). A registration of that name still there is replaced.
+    package func registerWorker(_ name: String, duration: Double, now: Double) throws -> Int64 {
         var binds = PostgresBindings()
         binds.append(name)
         binds.append(now + duration)
-        binds.append(host)
-        binds.append(Int32(truncatingIfNeeded: pid))
+        binds.append(ProcessInfo.processInfo.hostName)
+        binds.append(ProcessInfo.processInfo.processIdentifier)
         binds.append(now)
         let result = try run("could not register with the queue database") { session in
             try session.query(
@@ -462,18 +451,24 @@ package final class PostgreSQLQueueStore: QueueStore {
                     SELECT count(*) FROM released WHERE old = 'running'
                     """, binds
                 ).first?.decode(Int64.self) ?? 0
-            if running > 0 {
-                var counts = PostgresBindings()
-                counts.append(["queued", "running"])
-                counts.append([running, -running])
-                try session.query(
-                    """
-                    INSERT INTO download_count (state, n) SELECT * FROM unnest($1::text[], $2::bigint[])
-                    ON CONFLICT (state) DO UPDATE SET n = download_count.n + excluded.n
-                    """, counts)
-            }
+            try Self.count(["queued": Int(running), "running": -Int(running)], session)
             return gone
         }
+    }
+
+    /// Adds `deltas` to the count of each state, in the transaction of the records' changes; the
+    /// rows in the order of the states, so two transactions lock them in the same order.
+    private static func count(_ deltas: [String: Int], _ session: PostgreSQLSession) throws {
+        let changed = deltas.filter { $0.value != 0 }.sorted { $0.key < $1.key }
+        guard !changed.isEmpty else { return }
+        var binds = PostgresBindings()
+        binds.append(changed.map(\.key))
+        binds.append(changed.map { Int64($0.value) })
+        try session.query(
+            """
+            INSERT INTO download_count (state, n) SELECT * FROM unnest($1::text[], $2::bigint[])
+            ON CONFLICT (state) DO UPDATE SET n = download_count.n + excluded.n
+            """, binds)
     }
 
     /// Fails the transaction with ``HaulError/Code/locked`` unless `fence`'s worker holds that
