@@ -38,12 +38,6 @@ public enum PostgreSQLTestServer {
     public struct Database: Sendable {
         public let name: String
         public let url: String
-
-        /// The database `name`, reached at `url`.
-        public init(name: String, url: String) {
-            self.name = name
-            self.url = url
-        }
     }
 
     private static let started = Mutex<Result<Server, Failure>?>(nil)
@@ -67,9 +61,9 @@ public enum PostgreSQLTestServer {
         }
     }
 
-    /// Runs `statement` in a test's database.
-    public static func sql(_ statement: String, in database: Database) async throws {
-        try await offThread { try sql(statement, database: database.name, server: try startedServer()) }
+    /// Runs `statement` in the database named `database` (one ``withDatabase(_:)`` made).
+    public static func sql(_ statement: String, inDatabaseNamed database: String) async throws {
+        try await offThread { try sql(statement, database: database, server: try startedServer()) }
     }
 
     /// Runs `work` on a thread of Dispatch's, not on one of the few the tests share: the server's

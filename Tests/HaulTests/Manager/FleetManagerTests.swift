@@ -25,6 +25,24 @@ import Testing
             downloaderConfiguration: transfer, logger: nil, clock: ContinuousClock())
     }
 
+    /// Runs `body` with a queue database of its own, the test server, and a temporary directory
+    /// holding the download root the workers share.
+    static func withFleet(
+        _ body:
+            @escaping @Sendable (PostgreSQLLocation, HaulTestServer, _ directory: String, _ root: String) async throws
+            -> Void
+    ) async throws {
+        try await PostgreSQLTesting.withDatabase { location in
+            try await HaulTestServer.withRunning { server in
+                try await withTemporaryDirectory { directory in
+                    let root = directory + "/root"
+                    try POSIX.makePrivateDirectory(root, marker: ".")
+                    try await body(location, server, directory, root)
+                }
+            }
+        }
+    }
+
     /// Waits until `condition` holds, at most 30 s.
     static func waitUntil(_ what: String, _ condition: () async throws -> Bool) async throws {
         let deadline = ContinuousClock.now + .seconds(30)
@@ -37,40 +55,34 @@ import Testing
     /// Downloads queued through one worker are run by both, each exactly once, into files that
     /// are byte for byte the server's; the queue ends with every one completed and nobody's.
     @Test func aSharedQueueRunsEachDownloadOnceOnEitherWorker() async throws {
-        try await PostgreSQLTesting.withDatabase { location in
-            try await HaulTestServer.withRunning { server in
-                try await withTemporaryDirectory { directory in
-                    let root = directory + "/root"
-                    try POSIX.makePrivateDirectory(root, marker: ".")
-                    let names = (1...12).map { "f\($0)" }
-                    for name in names { server.add("/" + name, TestResource(name: name, size: 256 << 10)) }
-                    // Slow enough that the second worker claims some while the first runs.
-                    server.limitBandwidth(bytesPerSecond: 4 << 20)
-                    let clock = FleetLeaseTests.TestClock()
-                    let a = try Self.worker("a", location: location, root: root, state: directory, clock: clock)
-                    let b = try Self.worker("b", location: location, root: root, state: directory, clock: clock)
-                    _ = try await a.enqueue(
-                        names.map { DownloadRequest(url: server.url("/" + $0), destination: .directory(root)) })
-                    async let first: Void = a.runUntilIdle()
-                    async let second: Void = b.runUntilIdle()
-                    _ = await (first, second)
-                    await a.close()
-                    await b.close()
+        try await Self.withFleet { location, server, directory, root in
+            let names = (1...12).map { "f\($0)" }
+            for name in names { server.add("/" + name, TestResource(name: name, size: 256 << 10)) }
+            // Slow enough that the second worker claims some while the first runs.
+            server.limitBandwidth(bytesPerSecond: 4 << 20)
+            let clock = FleetLeaseTests.TestClock()
+            let a = try Self.worker("a", location: location, root: root, state: directory, clock: clock)
+            let b = try Self.worker("b", location: location, root: root, state: directory, clock: clock)
+            _ = try await a.enqueue(
+                names.map { DownloadRequest(url: server.url("/" + $0), destination: .directory(root)) })
+            async let first: Void = a.runUntilIdle()
+            async let second: Void = b.runUntilIdle()
+            _ = await (first, second)
+            await a.close()
+            await b.close()
 
-                    for name in names {
-                        let requests = server.requests(for: "/" + name)
-                        #expect(requests.count == 1, "\(name) was asked for \(requests.count) times")
-                        let expected = try #require(server.resource("/" + name)).bytes(0..<(256 << 10))
-                        #expect(try readFile(root + "/" + name) == expected, "\(name)")
-                    }
-                    let agents = Set(server.requests.compactMap { $0.header("User-Agent") })
-                    #expect(agents == ["haul-a", "haul-b"], "both workers ran downloads: \(agents)")
-                    let store = try PostgreSQLQueueStore(location: location)
-                    let records = try store.allDownloads()
-                    #expect(records.count == 12 && records.allSatisfy { $0.state == .completed && $0.owner == nil })
-                    #expect(try store.counts() == [.completed: 12])
-                }
+            for name in names {
+                let requests = server.requests(for: "/" + name)
+                #expect(requests.count == 1, "\(name) was asked for \(requests.count) times")
+                let expected = try #require(server.resource("/" + name)).bytes(0..<(256 << 10))
+                #expect(try readFile(root + "/" + name) == expected, "\(name)")
             }
+            let agents = Set(server.requests.compactMap { $0.header("User-Agent") })
+            #expect(agents == ["haul-a", "haul-b"], "both workers ran downloads: \(agents)")
+            let store = try PostgreSQLQueueStore(location: location)
+            let records = try store.allDownloads()
+            #expect(records.count == 12 && records.allSatisfy { $0.state == .completed && $0.owner == nil })
+            #expect(try store.counts() == [.completed: 12])
         }
     }
 
@@ -78,44 +90,38 @@ import Testing
     /// downloads without writing them, gives them back when it joins again, and the download
     /// then resumes from its stored bytes (`Range` with `If-Range`) into the same file.
     @Test func aWorkerThatLostItsLeaseGivesItsDownloadsBackAndTheyResume() async throws {
-        try await PostgreSQLTesting.withDatabase { location in
-            try await HaulTestServer.withRunning { server in
-                try await withTemporaryDirectory { directory in
-                    let root = directory + "/root"
-                    try POSIX.makePrivateDirectory(root, marker: ".")
-                    let size: Int64 = 4 << 20
-                    server.add("/big", TestResource(name: "big", size: size))
-                    server.limitBandwidth(bytesPerSecond: 2 << 20)
-                    let clock = FleetLeaseTests.TestClock()
-                    let a = try Self.worker("a", location: location, root: root, state: directory, clock: clock)
-                    let id = try await a.enqueue(
-                        DownloadRequest(url: server.url("/big"), destination: .directory(root)))
-                    let run = Task { await a.run() }
-                    // Under way, with a checkpoint on disk.
-                    try await Self.waitUntil("the download wrote a checkpoint") {
-                        (await a.download(id)?.bytes ?? 0) > 256 << 10 && fileExists(root + "/big.haul.json")
-                    }
-                    // The worker is cut off for longer than its lease: it must stop writing.
-                    clock.advance(31)
-                    let reader = try PostgreSQLQueueStore(location: location)
-                    try await Self.waitUntil("the download completed after the lease was lost") {
-                        (try? reader.download(id))?.state == .completed
-                    }
-                    run.cancel()
-                    await run.value
-                    await a.close()
-                    let requests = server.requests(for: "/big")
-                    #expect(requests.count >= 2, "\(requests.count) requests")
-                    let resumed = try #require(requests.last)
-                    #expect(
-                        resumed.header("Range")?.hasPrefix("bytes=") == true && resumed.header("Range") != "bytes=0-")
-                    #expect(resumed.header("If-Range") != nil)
-                    let expected = try #require(server.resource("/big")).bytes(0..<size)
-                    #expect(try readFile(root + "/big") == expected)
-                    let record = try #require(try PostgreSQLQueueStore(location: location).download(id))
-                    #expect(record.owner == nil && record.errorCode == nil)
-                }
+        try await Self.withFleet { location, server, directory, root in
+            let size: Int64 = 4 << 20
+            server.add("/big", TestResource(name: "big", size: size))
+            server.limitBandwidth(bytesPerSecond: 2 << 20)
+            let clock = FleetLeaseTests.TestClock()
+            let a = try Self.worker("a", location: location, root: root, state: directory, clock: clock)
+            let id = try await a.enqueue(
+                DownloadRequest(url: server.url("/big"), destination: .directory(root)))
+            let run = Task { await a.run() }
+            // Under way, with a checkpoint on disk.
+            try await Self.waitUntil("the download wrote a checkpoint") {
+                (await a.download(id)?.bytes ?? 0) > 256 << 10 && fileExists(root + "/big.haul.json")
             }
+            // The worker is cut off for longer than its lease: it must stop writing.
+            clock.advance(31)
+            let reader = try PostgreSQLQueueStore(location: location)
+            try await Self.waitUntil("the download completed after the lease was lost") {
+                (try? reader.download(id))?.state == .completed
+            }
+            run.cancel()
+            await run.value
+            await a.close()
+            let requests = server.requests(for: "/big")
+            #expect(requests.count >= 2, "\(requests.count) requests")
+            let resumed = try #require(requests.last)
+            #expect(
+                resumed.header("Range")?.hasPrefix("bytes=") == true && resumed.header("Range") != "bytes=0-")
+            #expect(resumed.header("If-Range") != nil)
+            let expected = try #require(server.resource("/big")).bytes(0..<size)
+            #expect(try readFile(root + "/big") == expected)
+            let record = try #require(try PostgreSQLQueueStore(location: location).download(id))
+            #expect(record.owner == nil && record.errorCode == nil)
         }
     }
 

@@ -12,8 +12,7 @@ enum PostgreSQLTesting {
 
     /// Runs `statement` in a test's database.
     static func sql(_ statement: String, in location: PostgreSQLLocation) async throws {
-        try await PostgreSQLTestServer.sql(
-            statement, in: PostgreSQLTestServer.Database(name: location.database, url: ""))
+        try await PostgreSQLTestServer.sql(statement, inDatabaseNamed: location.database)
     }
 
     /// The server, started on first use.
