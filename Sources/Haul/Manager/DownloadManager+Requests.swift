@@ -50,7 +50,10 @@ extension DownloadManager {
             case .remove: try? await remove(id, deletingFiles: false)
             case .removeFiles: try? await remove(id, deletingFiles: true)
             }
-            // Cleared in any case, so the asking side stops waiting (it reads the outcome from the record).
+            // The outcome is written first (a download that stopped saves its state with the next
+            // group commit): the asking side reads it from the record once the request is cleared.
+            writeWaiting()
+            // Cleared in any case, so the asking side stops waiting.
             try? store.clearRequest(for: id)
         }
     }

@@ -125,6 +125,60 @@ import Testing
         }
     }
 
+    /// Any worker controls a download another worker runs: a pause asked of the
+    /// other worker stops it there with its bytes kept, a resume through the other worker
+    /// continues it from them (`Range` with `If-Range`), and a remove asked while it runs again
+    /// takes its record and partial data away.
+    @Test func anyWorkerShowsAndControlsADownloadAnotherWorkerRuns() async throws {
+        try await Self.withFleet { location, server, directory, root in
+            let size: Int64 = 4 << 20
+            server.add("/big", TestResource(name: "big", size: size))
+            server.add("/other", TestResource(name: "other", size: size))
+            server.limitBandwidth(bytesPerSecond: 1 << 20)
+            let clock = FleetLeaseTests.TestClock()
+            let a = try Self.worker("a", location: location, root: root, state: directory, clock: clock)
+            let b = try Self.worker("b", location: location, root: root, state: directory, clock: clock)
+            let id = try await b.enqueue(DownloadRequest(url: server.url("/big"), destination: .directory(root)))
+            // Only `a` runs downloads; `b` only answers, as a worker's API would.
+            let run = Task { await a.run() }
+            try await Self.waitUntil("a runs the download with a checkpoint on disk") {
+                (await b.download(id)?.bytes ?? 0) > 256 << 10 && fileExists(root + "/big.haul.json")
+            }
+
+            let paused = try await b.pause(id)
+            #expect(paused.state == .paused)
+            #expect(await a.download(id)?.state == .paused)
+            let stored = try #require(try PostgreSQLQueueStore(location: location).download(id))
+            #expect(stored.state == .paused && stored.owner == nil)
+            #expect(fileExists(root + "/big.haul.part") && !fileExists(root + "/big"))
+
+            try await b.resume(id)
+            try await Self.waitUntil("the download completed after its resume") {
+                await b.download(id)?.state == .completed
+            }
+            let requests = server.requests(for: "/big")
+            let resumed = try #require(requests.last)
+            #expect(requests.count == 2, "\(requests.count) requests")
+            #expect(resumed.header("Range")?.hasPrefix("bytes=") == true && resumed.header("Range") != "bytes=0-")
+            #expect(resumed.header("If-Range") != nil)
+            #expect(try readFile(root + "/big") == (try #require(server.resource("/big")).bytes(0..<size)))
+
+            let other = try await b.enqueue(
+                DownloadRequest(url: server.url("/other"), destination: .directory(root)))
+            try await Self.waitUntil("a runs the second download") {
+                await b.download(other)?.state == .running && fileExists(root + "/other.haul.part")
+            }
+            try await b.remove(other, deletingFiles: true)
+            #expect(await b.download(other) == nil)
+            #expect(try PostgreSQLQueueStore(location: location).download(other) == nil)
+            #expect(!fileExists(root + "/other.haul.part") && !fileExists(root + "/other.haul.json"))
+            run.cancel()
+            await run.value
+            await a.close()
+            await b.close()
+        }
+    }
+
     /// Once the write permit says no (a worker's lease may have run out), the download writes
     /// nothing more: no checkpoint, no final file; it stops with `locked`.
     @Test func aDownloadWritesNothingOnceThePermitSaysNo() async throws {
