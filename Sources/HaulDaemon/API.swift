@@ -287,7 +287,7 @@ struct API: Sendable {
         let progress = await manager.aggregateProgress()
         return StatsBody(
             bytesPerSecond: progress.bytesPerSecond, bytes: progress.bytes, totalBytes: progress.totalBytes,
-            counts: counts)
+            counts: counts, worker: manager.workerName)
     }
 
     private func current(_ id: DownloadID) async throws -> Response {

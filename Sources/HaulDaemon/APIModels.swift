@@ -16,7 +16,7 @@ struct DownloadBody: Codable, Sendable {
 
     private enum CodingKeys: String, CodingKey {
         case id, name, destination, state, priority, bytes, totalBytes, fraction, bytesPerSecond, secondsRemaining
-        case error, createdAt, finishedAt, hook, openConnections
+        case error, createdAt, finishedAt, hook, openConnections, worker
     }
 
     func encode(to encoder: any Encoder) throws {
@@ -39,6 +39,7 @@ struct DownloadBody: Codable, Sendable {
         try container.encodeIfPresent(info.finishedAt, forKey: .finishedAt)
         try container.encodeIfPresent(info.hook, forKey: .hook)
         try container.encodeIfPresent(info.openConnections, forKey: .openConnections)
+        try container.encodeIfPresent(info.worker, forKey: .worker)
     }
 
     init(from decoder: any Decoder) throws {
@@ -60,7 +61,8 @@ struct DownloadBody: Codable, Sendable {
             createdAt: try container.decode(Date.self, forKey: .createdAt),
             finishedAt: try container.decodeIfPresent(Date.self, forKey: .finishedAt),
             hook: try container.decodeIfPresent(String.self, forKey: .hook),
-            openConnections: try container.decodeIfPresent(Int.self, forKey: .openConnections))
+            openConnections: try container.decodeIfPresent(Int.self, forKey: .openConnections),
+            worker: try container.decodeIfPresent(String.self, forKey: .worker))
     }
 }
 
@@ -173,6 +175,9 @@ struct StatsBody: Codable, Sendable, Equatable {
     var totalBytes: Int64
     /// Downloads by state, every state present (0 when none).
     var counts: [String: Int]
+    /// This daemon's name as a worker of a fleet (``DownloadInfo/worker``); absent when it runs a
+    /// queue of its own.
+    var worker: String?
 }
 
 // Answers the routes return as they are, written by the request context's encoder.

@@ -57,6 +57,7 @@ struct FleetProcessTests {
                     // Every worker runs some, then the second is killed with bytes stored.
                     var checkpointed: [String] = []
                     var states: [String] = []
+                    var runningOn: Set<String> = []
                     let deadline = ContinuousClock.now + .seconds(30)
                     while checkpointed.isEmpty && ContinuousClock.now < deadline {
                         try await Task.sleep(for: .milliseconds(100))
@@ -67,11 +68,19 @@ struct FleetProcessTests {
                         guard running.count >= 6 else { continue }
                         let stored = try Self.partialsWithCheckpoints(directory + "/files")
                         if stored.count >= 6 { checkpointed = stored }
+                        runningOn = Set(running.values.compactMap { $0["worker"] as? String })
                     }
                     try #require(
                         !checkpointed.isEmpty,
                         "downloads ran with checkpoints before the kill: \(states.sorted()), \(server.requests.map { "\($0.path) \($0.header("range") ?? "-") \($0.header("user-agent") ?? "")" })"
                     )
+                    // One worker's list shows each running download's worker: all three, by the
+                    // names their own stats give.
+                    var workerNames: Set<String> = []
+                    for worker in workers {
+                        workerNames.insert(try await worker.call(client, .GET, "/stats")["worker"] as? String ?? "none")
+                    }
+                    #expect(workerNames.count == 3 && runningOn == workerNames, "\(runningOn) against \(workerNames)")
                     let requestsAtKill = server.requests.count
                     workers[1].process.signal(SIGKILL)
                     _ = try await workers[1].process.finish(timeout: .seconds(30))

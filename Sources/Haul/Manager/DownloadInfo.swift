@@ -105,13 +105,16 @@ public struct DownloadInfo: Sendable, Identifiable {
     public var hook: String?
     /// Connections open at the last progress report, while running.
     public var openConnections: Int?
+    /// Who runs the download, while it runs: the worker's name in a fleet sharing a queue in
+    /// PostgreSQL (`host.pid.n`), else the haul process's (`pid.n`).
+    public var worker: String?
 
     /// A download as a daemon's answer describes it.
     package init(
         id: DownloadID, request: DownloadRequest, destination: String?, state: DownloadState,
         priority: DownloadPriority, bytes: Int64, totalBytes: Int64?, bytesPerSecond: Double?,
         secondsRemaining: Double?, error: HaulError?, createdAt: Date, finishedAt: Date?, hook: String?,
-        openConnections: Int? = nil
+        openConnections: Int? = nil, worker: String? = nil
     ) {
         self.id = id
         self.request = request
@@ -127,6 +130,7 @@ public struct DownloadInfo: Sendable, Identifiable {
         self.finishedAt = finishedAt
         self.hook = hook
         self.openConnections = openConnections
+        self.worker = worker
     }
 
     /// The URL the next attempt uses (``DownloadRequest/url``).

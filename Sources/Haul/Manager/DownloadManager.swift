@@ -92,7 +92,11 @@ public actor DownloadManager {
     /// What runs each download (Haul's own engine unless a test or an adapter gives another).
     let transport: any DownloadTransport
     /// Who this manager is among those sharing the queue (see ``QueueOwnership``).
-    let claim: any QueueOwnership
+    nonisolated let claim: any QueueOwnership
+
+    /// This manager's name as a worker of a fleet sharing a queue in PostgreSQL (what
+    /// ``DownloadInfo/worker`` says of the downloads it runs); `nil` for a queue of its own.
+    package nonisolated var workerName: String? { claim.lease == nil ? nil : claim.name }
     /// Where downloads may write (``DownloaderConfiguration/downloadRoots``): their files are
     /// opened, and deleted, beneath those roots only.
     nonisolated let confinement: DownloadConfinement
@@ -287,7 +291,8 @@ extension DownloadManager {
                 secondsRemaining: state == .running ? secondsRemaining : nil, error: record.storedError,
                 createdAt: Date(timeIntervalSince1970: record.createdAt),
                 finishedAt: record.finishedAt.map { Date(timeIntervalSince1970: $0) }, hook: record.hook,
-                openConnections: state == .running ? openConnections : nil
+                openConnections: state == .running ? openConnections : nil,
+                worker: state == .running ? record.owner : nil
             )
         }
     }

@@ -26,6 +26,8 @@ let loaded = false;
 // The queue as a whole, from /stats: downloads by state and the speed.
 let counts = {};
 let speed = 0;
+// This daemon's name when it is a worker of a fleet (null: a queue of its own).
+let fleetWorker = null;
 
 // Events counted as they arrive, and for each download the count at its last event and what it
 // showed (null: removed): an answer to a request sent before that event is older than what the
@@ -213,6 +215,8 @@ function update(row, d) {
   const running = d.state === "running";
   let speed = running && d.bytesPerSecond ? bytes(Math.round(d.bytesPerSecond)) + "/s" : "";
   if (speed && d.openConnections > 1) speed += ` · ${d.openConnections} connections`;
+  // In a fleet, which worker runs it.
+  if (running && fleetWorker && d.worker) speed += (speed ? " · " : "") + (d.worker === fleetWorker ? "on this worker" : `on ${d.worker}`);
   row.querySelector(".speed").textContent = speed;
   row.querySelector(".eta").textContent = running && d.secondsRemaining != null ? duration(d.secondsRemaining) + " left" : "";
   row.querySelector('[data-action="pause"]').hidden = !(d.state === "queued" || running);
@@ -293,6 +297,7 @@ async function loadStats() {
   const stats = await call("GET", "/stats");
   counts = stats.counts;
   speed = stats.bytesPerSecond || 0;
+  fleetWorker = stats.worker || null;
   total = filter ? counts[filter] || 0 : STATES.reduce((sum, state) => sum + (counts[state] || 0), 0);
   if (loaded && page > pages() - 1) {
     page = pages() - 1;

@@ -125,7 +125,7 @@ import Testing
         }
     }
 
-    /// Any worker controls a download another worker runs: a pause asked of the
+    /// Any worker shows which worker runs a download, and controls it: a pause asked of the
     /// other worker stops it there with its bytes kept, a resume through the other worker
     /// continues it from them (`Range` with `If-Range`), and a remove asked while it runs again
     /// takes its record and partial data away.
@@ -144,9 +144,12 @@ import Testing
             try await Self.waitUntil("a runs the download with a checkpoint on disk") {
                 (await b.download(id)?.bytes ?? 0) > 256 << 10 && fileExists(root + "/big.haul.json")
             }
+            #expect(a.workerName != nil && b.workerName != nil && a.workerName != b.workerName)
+            #expect(await b.download(id)?.worker == a.workerName)
+            #expect(try await b.downloads(in: [.running], after: nil, limit: 10).map(\.worker) == [a.workerName])
 
             let paused = try await b.pause(id)
-            #expect(paused.state == .paused)
+            #expect(paused.state == .paused && paused.worker == nil)
             #expect(await a.download(id)?.state == .paused)
             let stored = try #require(try PostgreSQLQueueStore(location: location).download(id))
             #expect(stored.state == .paused && stored.owner == nil)
@@ -166,7 +169,7 @@ import Testing
             let other = try await b.enqueue(
                 DownloadRequest(url: server.url("/other"), destination: .directory(root)))
             try await Self.waitUntil("a runs the second download") {
-                await b.download(other)?.state == .running && fileExists(root + "/other.haul.part")
+                await b.download(other)?.worker == a.workerName && fileExists(root + "/other.haul.part")
             }
             try await b.remove(other, deletingFiles: true)
             #expect(await b.download(other) == nil)
