@@ -101,7 +101,7 @@ let package = Package(
         .executableTarget(
             name: "HaulCLI",
             dependencies: [
-                "Haul", "HaulDaemon",
+                "Haul", "HaulDaemon", "HaulPostgreSQL",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
             ]
@@ -137,7 +137,8 @@ let package = Package(
         .testTarget(
             name: "HaulCLITests",
             dependencies: [
-                "HaulCLI", "Haul", "HaulTestServer", "CHaulSystem", .product(name: "Crypto", package: "swift-crypto"),
+                "HaulCLI", "Haul", "HaulTestServer", "HaulPostgreSQL", "CHaulSystem",
+                .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"), .product(name: "NIOHTTP1", package: "swift-nio"),
             ]

@@ -1,6 +1,7 @@
 import ArgumentParser
 import Haul
 import HaulDaemon
+import HaulPostgreSQL
 import Synchronization
 
 #if canImport(Glibc)
@@ -233,6 +234,12 @@ struct List: AsyncParsableCommand {
     @Flag(help: "Print a JSON array of downloads on standard output.")
     var json = false
 
+    @Option(
+        help: ArgumentHelp(
+            "List a fleet's queue in PostgreSQL (postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE) instead of the state directory's; a running download shows its worker.",
+            valueName: "url"))
+    var queue: String?
+
     @OptionGroup var stateOptions: StateOptions
 
     /// How many rows are read from the database at a time.
@@ -280,45 +287,65 @@ struct List: AsyncParsableCommand {
             Output.standardError("haul: error: \(error.message)\n")
             throw ExitCode.validationFailure
         }
-        let json = self.json
-        let directory = stateOptions.directory
+        if let queue {
+            try await reportingErrors {
+                let store = try PostgreSQLQueueStore(location: try PostgreSQLLocation(parsing: queue))
+                let reader = QueueReader(store: store)
+                try await list(
+                    Rows(states: filter, limit: most) { try reader.downloads(in: $0, after: $1, limit: $2) },
+                    newestID: { try reader.newestID() }, empty: "no downloads in the queue \(store.location)",
+                    workers: true)
+            }
+            return
+        }
         // The database, not a running daemon: it also holds the downloads other haul processes run.
         try await withLocalManager(stateOptions) { manager in
-            let rows = Rows(manager: manager, states: filter, limit: most)
-            if json {
-                var first = true
-                try await rows.forEach { info in
-                    Output.standardOutput(
-                        (first ? "[" : ",\n")
-                            + JSONValue.object([("id", .integer(info.id.rawValue))] + QueueRenderer.jsonFields(info)))
-                    first = false
-                }
-                Output.standardOutput(first ? "[]\n" : "]\n")
-                return
-            }
-            // The columns line up over every row. A listing of one page is measured whole; a longer
-            // one is printed as it is read, each column as wide as its first page's cells or as any
-            // value of its kind can be (labels: as the first page's).
-            var layout = QueueRenderer.TableLayout()
-            var printed = false
-            try await rows.forEachPage { page, more in
-                if !printed {
-                    for info in page { layout.measure(info) }
-                    if more { layout.allowForAnyValue(largestID: try await manager.newestID()) }
-                    Output.standardOutput(layout.line(layout.header))
-                    printed = true
-                }
-                Output.standardOutput(page.map { layout.line(layout.cells($0)) }.joined())
-            }
-            if !printed { Output.standardOutput("no downloads recorded in \(directory)\n") }
+            try await list(
+                Rows(states: filter, limit: most) { try await manager.downloads(in: $0, after: $1, limit: $2) },
+                newestID: { try await manager.newestID() },
+                empty: "no downloads recorded in \(stateOptions.directory)", workers: false)
         }
     }
 
-    /// The downloads to list, read from the manager's store page by page.
+    /// Prints `rows`: a JSON array, or a table (with each running download's worker when
+    /// `workers`), or `empty` when there are none.
+    private func list(
+        _ rows: Rows, newestID: () async throws -> DownloadID, empty: String, workers: Bool
+    ) async throws {
+        if json {
+            var first = true
+            try await rows.forEach { info in
+                Output.standardOutput(
+                    (first ? "[" : ",\n")
+                        + JSONValue.object([("id", .integer(info.id.rawValue))] + QueueRenderer.jsonFields(info)))
+                first = false
+            }
+            Output.standardOutput(first ? "[]\n" : "]\n")
+            return
+        }
+        // The columns line up over every row. A listing of one page is measured whole; a longer
+        // one is printed as it is read, each column as wide as its first page's cells or as any
+        // value of its kind can be (labels: as the first page's).
+        var layout = QueueRenderer.TableLayout(workers: workers)
+        var printed = false
+        try await rows.forEachPage { page, more in
+            if !printed {
+                for info in page { layout.measure(info) }
+                if more { layout.allowForAnyValue(largestID: try await newestID()) }
+                Output.standardOutput(layout.line(layout.header))
+                printed = true
+            }
+            Output.standardOutput(page.map { layout.line(layout.cells($0)) }.joined())
+        }
+        if !printed { Output.standardOutput(empty + "\n") }
+    }
+
+    /// The downloads to list, read from a store page by page.
     struct Rows {
-        let manager: DownloadManager
         let states: Set<DownloadState>?
         let limit: Int?
+        /// Reads a page: the downloads in these states after this ID, at most this many.
+        let read: (Set<DownloadState>?, DownloadID?, Int) async throws -> [DownloadInfo]
 
         /// Calls `body` with each download in ID order, holding one page at a time.
         func forEach(_ body: (DownloadInfo) throws -> Void) async throws {
@@ -333,7 +360,7 @@ struct List: AsyncParsableCommand {
             var left = limit ?? Int.max
             while left > 0 {
                 let size = min(left, List.pageSize)
-                let page = try await manager.downloads(in: states, after: after, limit: size)
+                let page = try await read(states, after, size)
                 guard let last = page.last else { return }
                 left -= page.count
                 try await body(page, page.count == size && left > 0)

@@ -224,13 +224,21 @@ final class QueueRenderer: Sendable {
         private var widths: [Int] = []
         /// Whether some download has a label.
         private(set) var labels = false
+        /// Whether the table has a column of the worker running each download (a fleet's queue).
+        let workers: Bool
         /// The header row.
-        var header: [String] { ["ID", "STATE", "PROGRESS", "SIZE", "SPEED"] + (labels ? ["LABEL"] : []) + ["NAME"] }
+        var header: [String] {
+            ["ID", "STATE", "PROGRESS", "SIZE", "SPEED"] + (workers ? ["WORKER"] : []) + (labels ? ["LABEL"] : [])
+                + ["NAME"]
+        }
+
+        /// A table with a worker column when `workers`.
+        init(workers: Bool = false) { self.workers = workers }
 
         /// Takes one row's cells into the widths.
         mutating func measure(_ info: DownloadInfo) {
             if info.request.label != nil { labels = true }
-            let cells = Self.cells(info, labels: true)
+            let cells = Self.cells(info, labels: true, workers: workers)
             if widths.isEmpty { widths = Array(repeating: 0, count: cells.count - 1) }
             for column in 0..<cells.count - 1 { widths[column] = max(widths[column], cells[column].count) }
         }
@@ -247,9 +255,9 @@ final class QueueRenderer: Sendable {
         }
 
         /// A download's cells, as ``header`` names them.
-        func cells(_ info: DownloadInfo) -> [String] { Self.cells(info, labels: labels) }
+        func cells(_ info: DownloadInfo) -> [String] { Self.cells(info, labels: labels, workers: workers) }
 
-        private static func cells(_ info: DownloadInfo, labels: Bool) -> [String] {
+        private static func cells(_ info: DownloadInfo, labels: Bool, workers: Bool) -> [String] {
             var name = info.name
             if let error = info.error { name += "  (\(error.message))" }
             if let hook = info.hook { name += "  [\(hook)]" }
@@ -257,7 +265,7 @@ final class QueueRenderer: Sendable {
                 String(info.id.rawValue), info.state.rawValue,
                 info.fraction.map { "\(Int($0 * 100))%" } ?? "-", sizes(info),
                 info.bytesPerSecond.map(ByteCount.formatRate) ?? "-",
-            ] + (labels ? [info.request.label ?? "-"] : []) + [name]
+            ] + (workers ? [info.worker ?? "-"] : []) + (labels ? [info.request.label ?? "-"] : []) + [name]
         }
 
         /// One line of the table: every cell but the last padded to its column (numbers on the
@@ -267,7 +275,7 @@ final class QueueRenderer: Sendable {
             var line = ""
             for column in 0..<padded {
                 let cell = row[column]
-                // The label column, when shown, is the sixth, as measured.
+                // The label column, when shown, comes after the worker column, as measured.
                 let width = max(widths[safe: column], header[column].count)
                 let padding = String(repeating: " ", count: max(0, width - cell.count))
                 line += (column == 0 || column == 2 ? padding + cell : cell + padding) + "  "
@@ -296,6 +304,7 @@ final class QueueRenderer: Sendable {
             ("finishedAt", info.finishedAt.map { .integer(Int64($0.timeIntervalSince1970)) } ?? .null),
             ("hook", info.hook.map(JSONValue.string) ?? .null),
             ("label", info.request.label.map(JSONValue.string) ?? .null),
+            ("worker", info.worker.map(JSONValue.string) ?? .null),
         ]
     }
 }

@@ -1,5 +1,6 @@
 import Foundation
 import Haul
+import HaulPostgreSQL
 import HaulTestServer
 import Testing
 
@@ -103,5 +104,47 @@ struct ListCommandTests {
         }
         #expect(misplaced.isEmpty, "\(misplaced.prefix(3))")
         #expect(Self.rows(listed.output).map(\.id) == (1...Int64(count)).map { $0 })
+    }
+
+    /// `haul ls --queue URL` lists a fleet's queue in PostgreSQL, with the worker of each running
+    /// download; the queue's password appears nowhere, and an unreachable queue is one line.
+    @Test func aFleetQueueListsWithTheWorkerOfEachRunningDownload() async throws {
+        try await PostgreSQLTestServer.withDatabase { database in
+            let location = try PostgreSQLLocation(parsing: database.url)
+            let store = try PostgreSQLQueueStore(location: location)
+            let worker = try FleetLease(store: store)
+            let records = ["queued", "running", "other"].map { name in
+                StoredDownload(
+                    key: name,
+                    definition: DownloadRequest(url: "http://127.0.0.1:9/\(name)", destination: .file("/tmp/\(name)")),
+                    destination: "/tmp/\(name)", priority: 0, owner: nil, now: 1)
+            }
+            let ids = try store.commit(QueueChanges(inserts: records))
+            // The worker claims the first two and runs the second.
+            var running = try #require(try store.claimQueued(for: worker.name, limit: 2, now: 2).last)
+            try running.move(to: .running, at: 2)
+            try store.commit(QueueChanges(updates: [running]))
+            let at = try #require(database.url.range(of: "@", options: .backwards))
+            let url = "postgresql://no_such_user:secret-password" + database.url[at.lowerBound...]
+
+            let listed = try await HaulProcess.run(["ls", "--queue", database.url])
+            #expect(listed.status == 0, "\(listed.errors)")
+            let lines = listed.output.split(separator: "\n").map(String.init)
+            #expect(lines.first?.hasPrefix("ID  STATE    PROGRESS  SIZE  SPEED  WORKER") == true, "\(lines)")
+            #expect(Self.rows(listed.output).map(\.id) == ids.map(\.rawValue))
+            #expect(lines.count == 4 && lines[2].contains(" running ") && lines[2].contains(" \(worker.name) "))
+            #expect(!lines[1].contains(worker.name) && !lines[3].contains(worker.name))
+
+            let json = try await HaulProcess.run(["ls", "--json", "--state", "running", "--queue", database.url])
+            let rows = try JSONSerialization.jsonObject(with: Data(json.output.utf8)) as? [[String: Any]]
+            #expect(rows?.count == 1 && rows?.first?["worker"] as? String == worker.name, "\(json.output)")
+
+            // A wrong password is refused in one line that does not show it.
+            let refused = try await HaulProcess.run(["ls", "--queue", url])
+            #expect(refused.status != 0)
+            #expect(refused.errors.hasPrefix("haul: error: ") && refused.errors.split(separator: "\n").count == 1)
+            #expect(!refused.errors.contains("secret-password") && !refused.output.contains("secret-password"))
+            worker.release()
+        }
     }
 }
