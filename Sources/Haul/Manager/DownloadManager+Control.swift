@@ -483,15 +483,22 @@ extension DownloadManager {
         try save(&entry)
     }
 
-    /// Pauses every queued and running download of this manager.
+    /// Pauses every queued and running download of this manager; a fleet's worker pauses those
+    /// of the other workers too, as the queue is theirs together.
     public func pauseAll() async {
         var after: DownloadID?
+        var elsewhere: [(id: DownloadID, owner: String)] = []
         while let page = try? storedPage(in: [.queued, .running], after: after), let last = page.last {
             after = last.id
-            for entry in page where entry.record.owner == nil || entry.record.owner == claim.name {
-                _ = try? await pause(entry.id)
+            for entry in page {
+                if entry.record.owner == nil || entry.record.owner == claim.name {
+                    _ = try? await pause(entry.id)
+                } else if claim.lease != nil, let owner = entry.record.owner {
+                    elsewhere.append((entry.id, owner))
+                }
             }
         }
+        await askOwners(elsewhere, .pause)
     }
 
     /// Resumes every paused download, and every one left queued by a manager that is gone.

@@ -39,6 +39,48 @@ extension DownloadManager {
             "haul process (\(claim.describe(owner))) did not \(request.verb) download \(id) in time")
     }
 
+    /// Asks the owners of many downloads at once (see ``askOwner(_:_:timeout:)``) and waits until
+    /// each has answered, its owner is gone, or `timeout` has passed; a download whose owner is gone
+    /// is stopped here.
+    func askOwners(
+        _ downloads: [(id: DownloadID, owner: String)], _ reason: StopReason, timeout: Duration = .seconds(30)
+    ) async {
+        var asked: [DownloadID: String] = [:]
+        for (id, owner) in downloads {
+            if claim.isAlive(owner), (try? store.setRequest(reason.request, for: id, ifOwnedBy: owner)) == true {
+                asked[id] = owner
+            } else {
+                _ = try? await pauseOrStop(id, reason)
+            }
+        }
+        let deadline = clock.now + timeout
+        while !asked.isEmpty && clock.now < deadline {
+            guard (try? await clock.sleep(for: .milliseconds(50))) != nil else { break }
+            for (id, owner) in asked {
+                let record = try? store.download(id)
+                if record?.request != nil && claim.isAlive(owner) { continue }
+                asked[id] = nil
+                if record == nil { entries[id] = nil } else { try? reload(id, stored: record) }
+                // The owner died before it answered: the download is nobody's now, so act here.
+                if record?.request != nil {
+                    try? store.clearRequest(for: id)
+                    _ = try? await pauseOrStop(id, reason)
+                }
+            }
+        }
+        // Not answered in time: the request is withdrawn, as for one download.
+        for id in asked.keys { try? store.clearRequest(for: id) }
+    }
+
+    /// Carries out `reason` for a download this manager may act on itself.
+    private func pauseOrStop(_ id: DownloadID, _ reason: StopReason) async throws {
+        switch reason {
+        case .pause, .leaseLost: _ = try await pause(id)
+        case .cancel: try await cancel(id)
+        case .remove(let deletingFiles): try await remove(id, deletingFiles: deletingFiles)
+        }
+    }
+
     /// Carries out the requests other processes wrote for downloads this manager owns.
     func applyRequests() async {
         let owner = claim.name

@@ -127,8 +127,9 @@ import Testing
 
     /// Any worker shows which worker runs a download, and controls it: a pause asked of the
     /// other worker stops it there with its bytes kept, a resume through the other worker
-    /// continues it from them (`Range` with `If-Range`), and a remove asked while it runs again
-    /// takes its record and partial data away.
+    /// continues it from them (`Range` with `If-Range`), a remove asked while it runs again
+    /// takes its record and partial data away, and pausing everything pauses what the other
+    /// worker runs.
     @Test func anyWorkerShowsAndControlsADownloadAnotherWorkerRuns() async throws {
         try await Self.withFleet { location, server, directory, root in
             let size: Int64 = 4 << 20
@@ -175,6 +176,17 @@ import Testing
             #expect(await b.download(other) == nil)
             #expect(try PostgreSQLQueueStore(location: location).download(other) == nil)
             #expect(!fileExists(root + "/other.haul.part") && !fileExists(root + "/other.haul.json"))
+
+            // Pausing everything through `b` pauses what `a` runs, and what waits.
+            let more = try await b.enqueue(
+                (1...3).map { DownloadRequest(url: server.url("/big"), destination: .file(root + "/copy\($0)")) })
+            try await Self.waitUntil("a runs two downloads") {
+                try await b.downloads(in: [.running], after: nil, limit: 10).count == 2
+            }
+            await b.pauseAll()
+            let after = try PostgreSQLQueueStore(location: location).downloads(ids: more)
+            #expect(after.map(\.state) == [.paused, .paused, .paused] && after.allSatisfy { $0.owner == nil })
+            #expect(await a.downloads(ids: more).map(\.state) == [.paused, .paused, .paused])
             run.cancel()
             await run.value
             await a.close()
