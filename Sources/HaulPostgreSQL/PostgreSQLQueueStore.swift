@@ -127,16 +127,64 @@ package final class PostgreSQLQueueStore: QueueStore {
                 ids = try returned.map { DownloadID(try $0.decode(Int64.self)) }.sorted()
                 for record in changes.inserts { deltas[record.state.rawValue, default: 0] += 1 }
             }
+            var removed: [DownloadID] = []
             if !changes.deletes.isEmpty {
                 for row in try session.query(
                     "DELETE FROM download WHERE id = ANY($1) RETURNING id", Self.binds(changes.deletes.map(\.rawValue)))
                 {
-                    if let state = states[try row.decode(Int64.self)] { deltas[state, default: 0] -= 1 }
+                    let id = try row.decode(Int64.self)
+                    if let state = states[id] { deltas[state, default: 0] -= 1 }
+                    removed.append(DownloadID(id))
                 }
             }
             try Self.count(deltas, session)
+            // The other workers hear of it once it is committed (`NOTIFY` waits for the commit).
+            let changed = Set((updatesIfPresent + updates).compactMap(\.id)).filter { states[$0] != nil }
+            let notice = QueueNotice(
+                sender: fence?.owner ?? "", added: ids, changed: changed.sorted().map(DownloadID.init),
+                removed: removed.sorted { $0.rawValue < $1.rawValue })
+            let payloads = notice.payloads
+            if !payloads.isEmpty {
+                try session.query(
+                    "SELECT pg_notify('\(Self.noticeChannel)', p) FROM unnest($1::text[]) AS p", Self.binds(payloads))
+            }
             return ids
         }
+    }
+
+    /// The channel commits are told on (see ``notices()``).
+    static let noticeChannel = "haul_queue"
+
+    /// What every worker's commits change, as PostgreSQL tells it (`LISTEN`) on a connection of
+    /// its own, made again a second after it is lost.
+    package func notices() -> AsyncStream<QueueNotice>? {
+        let (stream, continuation) = AsyncStream<QueueNotice>.makeStream()
+        let connector = self.connector
+        let listening = Task {
+            while !Task.isCancelled {
+                do {
+                    let connection = try await connector.connection()
+                    do {
+                        try await connection.listen(on: Self.noticeChannel) { notifications in
+                            for try await notification in notifications {
+                                if let notice = QueueNotice(payload: notification.payload) {
+                                    continuation.yield(notice)
+                                }
+                            }
+                        }
+                    } catch {
+                        // Lost: made again below.
+                    }
+                    try? await connection.close()
+                } catch {
+                    // The server cannot be reached: tried again below.
+                }
+                try? await Task.sleep(for: .seconds(1))
+            }
+            continuation.finish()
+        }
+        continuation.onTermination = { _ in listening.cancel() }
+        return stream
     }
 
     /// The statement that writes the managed columns of the records of a JSON list.

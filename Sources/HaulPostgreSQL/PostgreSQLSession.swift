@@ -47,6 +47,41 @@ final class PostgreSQLConnector: Sendable {
     }
 
     private func connect() throws -> PostgresConnection {
+        let connecting = try makeConnection()
+        // A server that takes the connection but never finishes the handshake: the connection,
+        // should it come after all, is closed.
+        return try waitAtMost(connectTimeout, for: connecting) {
+            connecting.whenSuccess { late in late.close().whenComplete { _ in withExtendedLifetime(late) {} } }
+        }
+    }
+
+    /// A connection of its own for the caller, who closes it (listening for notices). Connecting
+    /// and signing in take at most ``connectTimeout``; a connection that comes later is closed.
+    func connection() async throws -> PostgresConnection {
+        let connecting = try makeConnection()
+        let limit = connectTimeout
+        return try await withCheckedThrowingContinuation { continuation in
+            let answered = Mutex(false)
+            let first: @Sendable () -> Bool = {
+                answered.withLock { done in
+                    defer { done = true }; return !done
+                }
+            }
+            let timer = connecting.eventLoop.scheduleTask(in: limit) {
+                if first() { continuation.resume(throwing: PostgreSQLSession.TimedOut(after: limit)) }
+            }
+            connecting.whenComplete { result in
+                timer.cancel()
+                if first() {
+                    continuation.resume(with: result)
+                } else if case .success(let late) = result {
+                    late.close().whenComplete { _ in withExtendedLifetime(late) {} }
+                }
+            }
+        }
+    }
+
+    private func makeConnection() throws -> EventLoopFuture<PostgresConnection> {
         let tls: PostgresConnection.Configuration.TLS
         switch location.tls {
         case .disable: tls = .disable
@@ -62,13 +97,8 @@ final class PostgreSQLConnector: Sendable {
             value += 1
             return value
         }
-        let connecting = PostgresConnection.connect(
+        return PostgresConnection.connect(
             on: MultiThreadedEventLoopGroup.singleton.any(), configuration: configuration, id: id, logger: Self.logger)
-        // A server that takes the connection but never finishes the handshake: the connection,
-        // should it come after all, is closed.
-        return try waitAtMost(connectTimeout, for: connecting) {
-            connecting.whenSuccess { late in late.close().whenComplete { _ in withExtendedLifetime(late) {} } }
-        }
     }
 }
 

@@ -123,7 +123,7 @@ struct ListCommandTests {
             // The worker claims the first two and runs the second.
             var running = try #require(try store.claimQueued(for: worker.name, limit: 2, now: 2).last)
             try running.move(to: .running, at: 2)
-            try store.commit(QueueChanges(updates: [running]))
+            try store.update([running])
             let at = try #require(database.url.range(of: "@", options: .backwards))
             let url = "postgresql://no_such_user:secret-password" + database.url[at.lowerBound...]
 

@@ -26,6 +26,45 @@ extension DownloadManager {
         return subscribers.subscribe(to: id, first: current)
     }
 
+    /// Publishes what another worker of a fleet changed, as read from the store: a download added
+    /// or changed (progress, while it still runs), or removed. What this worker runs it has told
+    /// already.
+    func othersChanged(_ notice: QueueNotice) {
+        guard notice.sender != claim.name else { return }
+        let added = Set(notice.added)
+        let read = (notice.added + notice.changed).filter { jobs[$0] == nil }
+        for start in stride(from: 0, to: read.count, by: 500) {
+            guard let records = try? store.downloads(ids: Array(read[start..<min(read.count, start + 500)])) else {
+                continue
+            }
+            for record in records {
+                let entry = listed(record)
+                let id = entry.id
+                let wasRunning = othersRunning.contains(id)
+                if entry.state == .running { othersRunning.insert(id) } else { othersRunning.remove(id) }
+                if added.contains(id) {
+                    publish(.added, entry)
+                } else if wasRunning && entry.state == .running {
+                    let progress = DownloadProgress(
+                        bytes: record.bytes, totalBytes: record.totalBytes, bytesPerSecond: record.bytesPerSecond ?? 0,
+                        secondsRemaining: nil, connections: 0)
+                    publish(.transfer(.progress(progress)), entry)
+                } else {
+                    publish(.stateChanged, entry)
+                }
+            }
+        }
+        for id in notice.removed where jobs[id] == nil {
+            othersRunning.remove(id)
+            // Only its ID is left to tell.
+            var gone = StoredDownload(
+                key: "", definition: DownloadRequest(url: "", destination: .directory("/")), destination: nil,
+                priority: 0, owner: nil, now: 0)
+            gone.id = id.rawValue
+            publish(.removed, entries[id] ?? Entry(record: gone))
+        }
+    }
+
     /// Sends an event to those listening, and ends the streams of a download that is over.
     func publish(_ kind: DownloadManagerEvent.Kind, _ entry: Entry) {
         let event = DownloadManagerEvent(kind: kind, download: entry.info)

@@ -63,10 +63,17 @@ extension DownloadManager {
         let rings = mailbox.rings()
         // A discarding group: a download's task is freed as soon as it ends, where a plain group keeps
         // every finished child until it is awaited (about 7 KiB a download, for the whole run).
+        // A fleet's worker hears what the others change, for its event streams.
+        let notices = claim.lease == nil ? nil : store.notices()
         await withDiscardingTaskGroup { group in
             group.addTask { await self.tick() }
             group.addTask {
                 for await _ in rings { await self.handleEvents() }
+            }
+            if let notices {
+                group.addTask {
+                    for await notice in notices { await self.othersChanged(notice) }
+                }
             }
             for await id in starts {
                 group.addTask { await self.execute(id) }

@@ -128,6 +128,9 @@ public actor DownloadManager {
     var unwritten = WriteBehind()
     /// Downloads a stop of the queue left queued and unowned, for the next ``start()`` to take back.
     var interrupted: Set<DownloadID> = []
+    /// Downloads other workers of a fleet run, as their last notice showed them (see
+    /// ``othersChanged(_:)``): a later change of one that still runs is progress.
+    var othersRunning: Set<DownloadID> = []
     /// A fleet's worker found its lease lost: its next tick stops every download and joins again.
     var leaseLost = false
 

@@ -107,6 +107,12 @@ package protocol QueueStore: Sendable {
     /// in one transaction; returns how many changed. ``StoredDownload/updatedAt`` is set to `now`.
     @discardableResult
     func release(ownedBy owner: String, keeping: Set<DownloadID>, now: Double) throws -> Int
+
+    /// What the commits of every manager sharing the queue change, as they are made (each
+    /// ``QueueNotice`` names its sender, the owner its ``QueueChanges/fence`` names); `nil` when the
+    /// store cannot tell (SQLite). The stream goes on across lost connections (what was committed
+    /// while it was cut off is not told) and ends when its reader stops reading.
+    func notices() -> AsyncStream<QueueNotice>?
 }
 
 extension QueueStore {

@@ -232,6 +232,9 @@ final class SQLiteQueueStore: QueueStore {
     /// Makes `changes` in one write transaction (see ``QueueStore/commit(_:)``); records are
     /// written with GRDB's cached statements, so frequent progress writes build no SQL. The count of
     /// each state (`download_count`) changes in the same transaction.
+    /// Managers of one machine do not tell each other what they change.
+    func notices() -> AsyncStream<QueueNotice>? { nil }
+
     func commit(_ changes: QueueChanges) throws -> [DownloadID] {
         // Its owners are processes of one machine, told alive by their locks (ProcessClaim).
         guard changes.fence == nil else {

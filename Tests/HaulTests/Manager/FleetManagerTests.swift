@@ -194,6 +194,70 @@ import Testing
         }
     }
 
+    /// A worker's event stream tells what the other worker does: the downloads it adds, runs (with
+    /// its name and its progress) and completes, and those it removes.
+    @Test func aWorkersEventsShowWhatTheOtherWorkerDoes() async throws {
+        try await Self.withFleet { location, server, directory, root in
+            let names = (1...4).map { "e\($0)" }
+            for name in names { server.add("/" + name, TestResource(name: name, size: 1 << 20)) }
+            server.limitBandwidth(bytesPerSecond: 2 << 20)
+            let clock = FleetLeaseTests.TestClock()
+            let a = try Self.worker("a", location: location, root: root, state: directory, clock: clock)
+            let b = try Self.worker("b", location: location, root: root, state: directory, clock: clock)
+            let seen = Heard()
+            let events = b.events()
+            let reading = Task { for await event in events { seen.events.withLock { $0.append(event) } } }
+            let runs = [Task { await a.run() }, Task { await b.run() }]
+            // b listens before a adds what the test follows: a's probes (a missing file, which
+            // fails at once) until b hears of one.
+            var probes = 0
+            try await Self.waitUntil("b hears of a's probe") {
+                probes += 1
+                let probe = try await a.enqueue(
+                    DownloadRequest(url: server.url("/probe\(probes)"), destination: .directory(root)))
+                try await Task.sleep(for: .milliseconds(200))
+                return seen.events.withLock { $0.contains { $0.download.id == probe } }
+            }
+            let ids = try await a.enqueue(
+                names.map { DownloadRequest(url: server.url("/" + $0), destination: .directory(root)) })
+            try await Self.waitUntil("every download completed") {
+                try PostgreSQLQueueStore(location: location).counts() == [.completed: 4, .failed: probes]
+            }
+            try await a.remove(ids[0])
+            func kinds(of id: DownloadID) -> [String] {
+                seen.events.withLock { events in
+                    events.filter { $0.download.id == id }.map { event in
+                        switch event.kind {
+                        case .added: "added"
+                        case .stateChanged: "\(event.download.state) \(event.download.worker ?? "-")"
+                        case .transfer(.progress): "progress \(event.download.worker ?? "-")"
+                        case .transfer: "transfer"
+                        case .removed: "removed"
+                        }
+                    }
+                }
+            }
+            try await Self.waitUntil("b heard of the removal") { kinds(of: ids[0]).last == "removed" }
+            let worker = try #require(a.workerName)
+            var ranOnA = 0
+            for id in ids {
+                let heard = kinds(of: id)
+                // Added by a, told to b as such, unless b claimed it first.
+                #expect(heard.first == "added" || heard.first?.hasPrefix("running ") == true, "\(id): \(heard)")
+                #expect(heard.contains("completed -"), "\(id): \(heard)")
+                guard heard.contains("running \(worker)") else { continue }
+                ranOnA += 1
+                #expect(heard.contains("progress \(worker)"), "\(id): \(heard)")
+            }
+            #expect(ranOnA >= 1, "a ran some of the downloads")
+            for run in runs { run.cancel() }
+            for run in runs { await run.value }
+            await a.close()
+            await b.close()
+            await reading.value
+        }
+    }
+
     /// Once the write permit says no (a worker's lease may have run out), the download writes
     /// nothing more: no checkpoint, no final file; it stops with `locked`.
     @Test func aDownloadWritesNothingOnceThePermitSaysNo() async throws {
@@ -225,5 +289,10 @@ import Testing
                 }
             }
         }
+    }
+
+    /// The events a test heard.
+    final class Heard: Sendable {
+        let events = Mutex<[DownloadManagerEvent]>([])
     }
 }
