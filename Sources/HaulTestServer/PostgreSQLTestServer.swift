@@ -150,6 +150,14 @@ public enum PostgreSQLTestServer {
             return Server(
                 host: host, port: parts.port ?? 5432, user: user, password: parts.password, programs: try programs())
         }
+        // The control pipe is never written to: the server runs until this process ends.
+        return try launch().server
+    }
+
+    /// Starts a server of its own in a new temporary folder. It runs until the returned control
+    /// pipe (close-on-exec) is closed, or this process ends: then it stops and its folder goes.
+    /// A line written to the pipe stops it (`stop`) or starts it again (`start`).
+    private static func launch() throws -> (server: Server, control: Int32, folder: String) {
         let programs = try programs()
         let folder = try makeFolder()
         let asPostgres = geteuid() == 0
@@ -174,14 +182,23 @@ public enum PostgreSQLTestServer {
             throw Failure("initdb failed (\(initialized.status)): \(initialized.text)")
         }
         let port = try freePort()
-        // The shell starts the server, then waits for the end of its standard input, a pipe this
-        // process holds open: when this process ends, the server stops and its folder goes.
+        // The shell starts the server, then reads its standard input, a pipe this process holds
+        // open, for commands; at its end (this process ended or closed it), the server stops and
+        // its folder goes.
         let script = """
-            "$1" -D "$2/data" -p "$3" -k "$2" -c listen_addresses=127.0.0.1 -c fsync=off \
-                -c synchronous_commit=off -c full_page_writes=off -c max_connections=200 > "$2/log" 2>&1 &
-            server=$!
-            cat > /dev/null
-            kill -INT $server
+            run() {
+                "$1" -D "$2/data" -p "$3" -k "$2" -c listen_addresses=127.0.0.1 -c fsync=off \
+                    -c synchronous_commit=off -c full_page_writes=off -c max_connections=200 >> "$2/log" 2>&1 &
+                server=$!
+            }
+            run "$1" "$2" "$3"
+            while read command; do
+                case "$command" in
+                    stop) kill -INT $server; while [ -e "$2/data/postmaster.pid" ]; do sleep 0.1; done ;;
+                    start) run "$1" "$2" "$3" ;;
+                esac
+            done
+            kill -INT $server 2>/dev/null
             wait $server
             rm -rf "$2"
             """
@@ -196,16 +213,91 @@ public enum PostgreSQLTestServer {
         let child = try spawn(shell, shellArguments, input: keeper[0], output: folder + "/shell.log")
         close(keeper[0])
         let server = Server(host: "127.0.0.1", port: port, user: "haul", password: nil, programs: programs)
+        do {
+            try waitUntil(server, answers: true) {
+                var status: Int32 = 0
+                return waitpid(child, &status, WNOHANG) == 0
+            }
+        } catch {
+            close(keeper[1])
+            let log = (try? String(contentsOfFile: folder + "/log", encoding: .utf8)) ?? ""
+            throw Failure("PostgreSQL did not start within 30 s: \(log)")
+        }
+        return (server, keeper[1], folder)
+    }
+
+    /// Waits at most 30 s until `server` answers (or no longer does), while `alive` says its
+    /// process may still come up.
+    private static func waitUntil(_ server: Server, answers: Bool, alive: () -> Bool = { true }) throws {
         let deadline = Date().addingTimeInterval(30)
         while Date() < deadline {
-            let ready = try run(programs + "/pg_isready", ["-q", "-h", server.host, "-p", "\(port)"])
-            if ready.status == 0 { return server }
-            var status: Int32 = 0
-            guard waitpid(child, &status, WNOHANG) == 0 else { break }
+            let ready = try run(server.programs + "/pg_isready", ["-q", "-h", server.host, "-p", "\(server.port)"])
+            if (ready.status == 0) == answers { return }
+            guard alive() else { break }
             usleep(100_000)
         }
-        let log = (try? String(contentsOfFile: folder + "/log", encoding: .utf8)) ?? ""
-        throw Failure("PostgreSQL did not start within 30 s: \(log)")
+        throw Failure("PostgreSQL on port \(server.port) did not \(answers ? "start" : "stop") within 30 s")
+    }
+
+    // MARK: A server of a test's own
+
+    /// A server of one test's own, which the test stops and starts again (a database outage).
+    public final class OwnServer: Sendable {
+        /// The database the test uses, on this server.
+        public let database: Database
+        let server: Server
+        let control: Int32
+        /// The server's folder, with its log.
+        let folder: String
+
+        init(server: Server, control: Int32, folder: String, database: Database) {
+            self.server = server
+            self.control = control
+            self.folder = folder
+            self.database = database
+        }
+
+        /// Stops the server (a fast shutdown: every session is ended) and returns once it no
+        /// longer answers.
+        public func stop() async throws { try await command("stop", answering: false) }
+
+        /// Starts the server again and returns once it answers.
+        public func start() async throws { try await command("start", answering: true) }
+
+        private func command(_ line: String, answering: Bool) async throws {
+            let (control, server, folder) = (self.control, self.server, self.folder)
+            try await PostgreSQLTestServer.offThread {
+                let bytes = Array((line + "\n").utf8)
+                guard write(control, bytes, bytes.count) == bytes.count else {
+                    throw Failure("cannot tell the test's PostgreSQL to \(line)")
+                }
+                do {
+                    try PostgreSQLTestServer.waitUntil(server, answers: answering)
+                } catch {
+                    let log = (try? String(contentsOfFile: folder + "/log", encoding: .utf8)) ?? ""
+                    throw Failure("\(error): \(log.suffix(2000))")
+                }
+            }
+        }
+    }
+
+    /// Runs `body` with a PostgreSQL server of its own, which it may stop and start again, and an
+    /// empty database on it; the server stops and its folder goes when `body` returns.
+    public static func withOwnServer<Result>(_ body: (OwnServer) async throws -> Result) async throws -> Result {
+        let own = try await offThread { () throws -> OwnServer in
+            let (server, control, folder) = try launch()
+            do {
+                try sql("CREATE DATABASE haul_test", database: "postgres", server: server)
+            } catch {
+                close(control)
+                throw error
+            }
+            let url = "postgresql://\(server.user)@\(server.host):\(server.port)/haul_test?sslmode=disable"
+            return OwnServer(
+                server: server, control: control, folder: folder, database: Database(name: "haul_test", url: url))
+        }
+        defer { close(own.control) }
+        return try await body(own)
     }
 
     /// The folder of the PostgreSQL server's programs: the newest `/usr/lib/postgresql/N/bin`
