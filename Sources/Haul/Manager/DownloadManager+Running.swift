@@ -182,6 +182,8 @@ extension DownloadManager {
             waiting = Heap()
             unwritten = WriteBehind()
             interrupted = []
+            announcing = []
+            heldCompletions = [:]
             // The database still cannot be reached: the next tick tries again.
             guard (try? lease.rejoin()) != nil else { return }
             leaseLost = false
@@ -286,6 +288,11 @@ extension DownloadManager {
             entry.openConnections = progress.connections
         case .restarted:
             entry.record.bytes = 0
+        case .completed where claim.lease != nil:
+            // Told with the download's completion, once its record is written.
+            entries[id] = entry
+            heldCompletions[id] = event
+            return
         case .retrying, .mirror, .completed, .failed:
             break
         }
@@ -369,9 +376,22 @@ extension DownloadManager {
             entry.move(to: .failed, error: error)
             entry.record.owner = nil
         }
-        if entry.state != .completed { Self.refreshFromDisk(&entry.record, confinement: confinement) }
         // Written with the next transaction, which the next download's start usually is.
-        try? save(&entry, soon: true)
+        guard entry.state == .completed, claim.lease != nil else {
+            heldCompletions[id] = nil
+            if entry.state != .completed { Self.refreshFromDisk(&entry.record, confinement: confinement) }
+            try? save(&entry, soon: true)
+            return
+        }
+        // A fleet's worker tells it once the queue has it: nothing is reported complete that the
+        // database has not recorded (one out of reach keeps it waiting, written and told at the
+        // next write that works). The next download may start meanwhile, so its start can be told
+        // first. On one machine the completion is told at once: should the process die before
+        // the write, the next one finds the finished file where the record says.
+        entry.record.updatedAt = Self.now
+        entries[id] = entry
+        announcing.insert(id)
+        writeSoon(entry.record)
     }
 
     /// Asks a running download to stop and waits until it has.

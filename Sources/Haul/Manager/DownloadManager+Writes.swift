@@ -88,7 +88,22 @@ extension DownloadManager {
             throw error
         }
         unwritten.written()
+        announceWritten()
         return ids
+    }
+
+    /// Tells the completions whose records are written now (see ``announcing``): the transfer's
+    /// `completed` event, then the state.
+    func announceWritten() {
+        guard !announcing.isEmpty else { return }
+        let written = announcing
+        announcing = []
+        for id in written {
+            let completion = heldCompletions.removeValue(forKey: id)
+            guard let entry = entries[id] else { continue }
+            if let completion { publish(.transfer(completion), entry) }
+            publish(.stateChanged, entry)
+        }
     }
 
     /// What a fleet's worker that lost its lease answers a change with.

@@ -128,6 +128,11 @@ public actor DownloadManager {
     var unwritten = WriteBehind()
     /// Downloads a stop of the queue left queued and unowned, for the next ``start()`` to take back.
     var interrupted: Set<DownloadID> = []
+    /// Completed downloads whose record waits to be written: their completion is told (events)
+    /// once the store has it (see ``announceWritten()``).
+    var announcing: Set<DownloadID> = []
+    /// The transfer's `completed` event of each download in ``announcing`` that sent one.
+    var heldCompletions: [DownloadID: DownloadEvent] = [:]
     /// Downloads other workers of a fleet run, as their last notice showed them (see
     /// ``othersChanged(_:)``): a later change of one that still runs is progress.
     var othersRunning: Set<DownloadID> = []

@@ -258,6 +258,73 @@ import Testing
         }
     }
 
+    /// PostgreSQL stopped for 5 s while a worker runs downloads: they go on to their final files,
+    /// but nothing is told complete until the database has recorded it; once it is back, the
+    /// completions are written and told, and what waited in the queue runs too.
+    @Test func aDatabaseOutageDelaysWhatIsToldNotTheDownloads() async throws {
+        try await PostgreSQLTestServer.withOwnServer { database in
+            try await HaulTestServer.withRunning { server in
+                try await withTemporaryDirectory { directory in
+                    let root = directory + "/root"
+                    try POSIX.makePrivateDirectory(root, marker: ".")
+                    let location = try PostgreSQLLocation(parsing: database.database.url)
+                    let names = ["o1", "o2", "o3"]
+                    for name in names { server.add("/" + name, TestResource(name: name, size: 2 << 20)) }
+                    server.limitBandwidth(bytesPerSecond: 2 << 20)
+                    let a = try Self.worker(
+                        "a", location: location, root: root, state: directory, clock: FleetLeaseTests.TestClock())
+                    let heard = Heard()
+                    let events = a.events()
+                    let reading = Task { for await event in events { heard.events.withLock { $0.append(event) } } }
+                    func completions() -> [DownloadID] {
+                        heard.events.withLock { events in
+                            events.compactMap { event in
+                                switch event.kind {
+                                case .transfer(.completed): event.download.id
+                                case .stateChanged where event.download.state == .completed: event.download.id
+                                default: nil
+                                }
+                            }
+                        }
+                    }
+                    let ids = try await a.enqueue(
+                        names.map { DownloadRequest(url: server.url("/" + $0), destination: .directory(root)) })
+                    let run = Task { await a.run() }
+                    try await Self.waitUntil("two downloads run with checkpoints") {
+                        fileExists(root + "/o1.haul.json") && fileExists(root + "/o2.haul.json")
+                    }
+                    let stopped = ContinuousClock.now
+                    try await database.stop()
+                    // The two running downloads finish their files while the database is away.
+                    try await Self.waitUntil("the running downloads finished their files") {
+                        fileExists(root + "/o1") && fileExists(root + "/o2")
+                    }
+                    try await Task.sleep(until: stopped + .seconds(5))
+                    #expect(completions().isEmpty, "told complete before the database recorded it")
+                    #expect(!fileExists(root + "/o3"))
+                    try await database.start()
+
+                    let reader = try PostgreSQLQueueStore(location: location)
+                    try await Self.waitUntil("the queue records every download completed") {
+                        (try? reader.counts()) == [.completed: 3]
+                    }
+                    try await Self.waitUntil("every completion is told") {
+                        Set(completions()) == Set(ids) && completions().count == 6
+                    }
+                    for name in names {
+                        let expected = try #require(server.resource("/" + name)).bytes(0..<(2 << 20))
+                        #expect(try readFile(root + "/" + name) == expected, "\(name)")
+                        #expect(server.requests(for: "/" + name).count == 1, "\(name)")
+                    }
+                    run.cancel()
+                    await run.value
+                    await a.close()
+                    await reading.value
+                }
+            }
+        }
+    }
+
     /// Once the write permit says no (a worker's lease may have run out), the download writes
     /// nothing more: no checkpoint, no final file; it stops with `locked`.
     @Test func aDownloadWritesNothingOnceThePermitSaysNo() async throws {
