@@ -41,7 +41,8 @@ struct TransferOptions: ParsableArguments {
     @Option(
         help: ArgumentHelp(
             "The most connections open to one host at once, over all downloads and their connections; "
-                + "over HTTP/2 it counts connections, not requests (curl --parallel-max-host).",
+                + "over HTTP/2 it counts connections, not requests (curl --parallel-max-host). "
+                + "A daemon with --queue counts every worker's connections.",
             valueName: "n"))
     var maxConnectionsPerHost: Int?
 

@@ -137,6 +137,10 @@ public final class Daemon: Sendable {
             let lease = try FleetLease(
                 store: store, duration: Double(parts.seconds) + Double(parts.attoseconds) / 1e18)
             logger.info("a worker of the queue \(location) as \(lease.name)")
+            // The cap on connections to a host counts every worker's.
+            if let limit = transfer.maxConnectionsPerHost {
+                transfer.sharedHostSlots = PostgreSQLHostSlots(store: store, lease: lease, limit: limit)
+            }
             manager = try DownloadManager(
                 store: store, ownership: lease, stateDirectory: directory, configuration: queue,
                 downloaderConfiguration: transfer, logger: logger, clock: clock)

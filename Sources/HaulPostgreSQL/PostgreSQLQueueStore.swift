@@ -467,6 +467,54 @@ package final class PostgreSQLQueueStore: QueueStore {
         }
     }
 
+    /// Takes the first free place of the `limit` places on `host` for the worker `worker`, while its
+    /// registration `fence` is still the worker's; `nil` when none is free (or another worker took the
+    /// one this saw free at the same moment).
+    package func takeHostSlot(_ host: String, limit: Int, worker: String, fence: Int64) throws -> Int? {
+        var binds = PostgresBindings()
+        binds.append(host)
+        binds.append(worker)
+        binds.append(Int32(max(1, limit)))
+        binds.append(fence)
+        let result = try run("could not update the queue database") { session in
+            try session.query(
+                """
+                INSERT INTO haul_host_slot (host, slot, worker)
+                SELECT $1, s, $2 FROM generate_series(0, $3 - 1) AS s
+                WHERE EXISTS (SELECT 1 FROM haul_worker WHERE name = $2 AND fence = $4)
+                    AND NOT EXISTS (SELECT 1 FROM haul_host_slot AS h WHERE h.host = $1 AND h.slot = s)
+                ORDER BY s LIMIT 1
+                ON CONFLICT DO NOTHING
+                RETURNING slot
+                """, binds)
+        }
+        return try result.first.map { Int(try $0.decode(Int32.self)) }
+    }
+
+    /// Gives back the worker's places `slots` (each a host and a place on it).
+    package func giveHostSlots(_ slots: [(host: String, slot: Int)], worker: String) throws {
+        guard !slots.isEmpty else { return }
+        var binds = PostgresBindings()
+        binds.append(worker)
+        binds.append(slots.map(\.host))
+        binds.append(slots.map { Int32($0.slot) })
+        _ = try run("could not update the queue database") { session in
+            try session.query(
+                """
+                DELETE FROM haul_host_slot
+                WHERE worker = $1 AND (host, slot) IN (SELECT * FROM unnest($2::text[], $3::integer[]))
+                """, binds)
+        }
+    }
+
+    /// How many places on `host` are taken, by every worker (for tests and `/metrics`).
+    package func hostSlotsTaken(_ host: String) throws -> Int {
+        let result = try run("could not read the queue database") { session in
+            try session.query("SELECT count(*) FROM haul_host_slot WHERE host = $1", Self.binds(host))
+        }
+        return Int(try result.first?.decode(Int64.self) ?? 0)
+    }
+
     /// Takes over from every worker whose lease ran out by `now`: ends its registration (its later
     /// commits fail their fence), and gives every download it owned back to the queue, nobody's, a
     /// running one queued again, in one transaction. Returns the workers taken over from.

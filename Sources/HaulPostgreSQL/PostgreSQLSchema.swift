@@ -68,6 +68,22 @@ enum PostgreSQLSchema {
                 """,
                 "CREATE SEQUENCE haul_worker_fence",
             ]),
+        Migration(
+            version: 3, name: "places on remote hosts",
+            statements: [
+                // A worker holds a place on a remote host for each request to it in flight, and a
+                // moment after, while its connection may stay open (see PostgreSQLHostSlots). A
+                // worker's places go with its registration.
+                """
+                CREATE TABLE haul_host_slot (
+                    host TEXT NOT NULL,
+                    slot INTEGER NOT NULL,
+                    worker TEXT NOT NULL REFERENCES haul_worker (name) ON DELETE CASCADE,
+                    PRIMARY KEY (host, slot)
+                )
+                """,
+                "CREATE INDEX haul_host_slot_on_worker ON haul_host_slot (worker)",
+            ]),
     ]
 
     /// The number the advisory lock of a migration takes: stores opening one database at once

@@ -80,7 +80,11 @@ public final class Downloader: Sendable {
         // over the clients (each needs about as many connections to a host as downloads run at once).
         // Under a cap, HTTP/1.1 requests all go through the first client, whose pool the cap bounds.
         let lanes = max(1, configuration.segmentation.connections)
-        hostCap = configuration.maxConnectionsPerHost.map { HostConnectionCap(limit: $0) }
+        // Places shared with other downloaders bound this one too: its HTTP/1.1 requests to a host
+        // then share one pool, whose idle connections close before their places are given back.
+        let shared = configuration.sharedHostSlots
+        hostCap = (configuration.maxConnectionsPerHost ?? shared?.limit).map { HostConnectionCap(limit: $0) }
+        if let shared { clientConfiguration.connectionPool.idleTimeout = TimeAmount(shared.idleTimeout) }
         clientConfiguration.connectionPool.concurrentHTTP1ConnectionsPerHostSoftLimit =
             hostCap?.limit ?? configuration.connectionsPerHost.map { max(1, ($0 + lanes - 1) / lanes) } ?? 8
         clientConfiguration.http2StreamChannelDebugInitializer = { HTTP2BodyCoalescer.install(on: $0) }

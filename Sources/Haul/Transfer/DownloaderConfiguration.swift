@@ -200,6 +200,10 @@ public struct DownloaderConfiguration: Sendable {
     /// rename: a download stops with ``HaulError/Code/locked`` and writes nothing more once it says
     /// no (a fleet's worker whose lease on the queue may have run out). `nil`: always allowed.
     package var writePermit: (@Sendable () -> Bool)?
+    /// Places on remote hosts shared with other downloaders (a fleet's workers, each under its own
+    /// ``maxConnectionsPerHost`` counting every worker's connections): every request takes one
+    /// before it is sent. `nil`: this downloader's own cap only.
+    package var sharedHostSlots: (any SharedHostSlots)?
     /// The least time between two progress events.
     public var progressInterval: Duration = .milliseconds(200)
 

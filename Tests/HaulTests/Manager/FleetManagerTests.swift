@@ -10,19 +10,27 @@ import Testing
 @Suite(.timeLimit(.minutes(2))) struct FleetManagerTests {
     /// A worker of the queue at `location`: its own state directory, a lease on `clock`, and a
     /// `User-Agent` that names it, so the server tells the workers apart.
+    /// `hostLimit`: a cap on connections to one host over every worker, when given.
     static func worker(
         _ label: String, location: PostgreSQLLocation, root: String, state: String,
-        clock: FleetLeaseTests.TestClock
+        clock: FleetLeaseTests.TestClock, limit: Int = 2, hostLimit: Int? = nil
     ) throws -> DownloadManager {
         let store = try PostgreSQLQueueStore(location: location)
         let lease = try FleetLease(store: store, duration: 30, clock: clock.read)
         var transfer = testConfiguration()
         transfer.downloadRoots = [root]
         transfer.userAgent = "haul-\(label)"
+        if let hostLimit {
+            transfer.maxConnectionsPerHost = hostLimit
+            transfer.sharedHostSlots = PostgreSQLHostSlots(
+                store: store, lease: lease, limit: hostLimit, idleTimeout: .milliseconds(200),
+                pollInterval: .milliseconds(20))
+        }
         try POSIX.makePrivateDirectory(state + "/" + label, marker: ".")
         return try DownloadManager(
-            store: store, ownership: lease, stateDirectory: state + "/" + label, configuration: managerConfiguration(),
-            downloaderConfiguration: transfer, logger: nil, clock: ContinuousClock())
+            store: store, ownership: lease, stateDirectory: state + "/" + label,
+            configuration: managerConfiguration(limit: limit), downloaderConfiguration: transfer, logger: nil,
+            clock: ContinuousClock())
     }
 
     /// Runs `body` with a queue database of its own, the test server, and a temporary directory
@@ -321,6 +329,42 @@ import Testing
                     await a.close()
                     await reading.value
                 }
+            }
+        }
+    }
+
+    /// A cap on connections to one host holds over every worker: three workers that could each
+    /// open three never have more than two open at once between them, and every file is whole.
+    /// Without the shared places they open more.
+    @Test(arguments: [true, false])
+    func aHostCapHoldsAcrossTheFleet(shared: Bool) async throws {
+        try await Self.withFleet { location, server, directory, root in
+            let names = (1...12).map { "h\($0)" }
+            for name in names { server.add("/" + name, TestResource(name: name, size: 256 << 10)) }
+            server.limitBandwidth(bytesPerSecond: 2 << 20)
+            let clock = FleetLeaseTests.TestClock()
+            let workers = try ["a", "b", "c"].map { label in
+                try Self.worker(
+                    label, location: location, root: root, state: directory, clock: clock, limit: 3,
+                    hostLimit: shared ? 2 : nil)
+            }
+            _ = try await workers[0].enqueue(
+                names.map { DownloadRequest(url: server.url("/" + $0), destination: .directory(root)) })
+            await withDiscardingTaskGroup { group in
+                for worker in workers { group.addTask { await worker.runUntilIdle() } }
+            }
+            for worker in workers { await worker.close() }
+            for name in names {
+                let expected = try #require(server.resource("/" + name)).bytes(0..<(256 << 10))
+                #expect(try readFile(root + "/" + name) == expected, "\(name)")
+            }
+            if shared {
+                #expect(server.maximumOpenConnections <= 2, "\(server.maximumOpenConnections) connections at once")
+                #expect(
+                    try PostgreSQLQueueStore(location: location).hostSlotsTaken(try DownloadURL(server.url("/")).origin)
+                        == 0)
+            } else {
+                #expect(server.maximumOpenConnections > 2, "the test would not see a cap missing")
             }
         }
     }

@@ -125,6 +125,17 @@ struct HTTPFetcher: Sendable {
                 if waited { waiting(false) }
             }
             defer { if let pass { hostCap?.leave(pass) } }
+            // A place among every worker's, when the cap is a fleet's.
+            var place: Int?
+            if let shared = configuration.sharedHostSlots {
+                var waited = false
+                place = try await shared.take(url.origin) {
+                    waited = true
+                    waiting(true)
+                }
+                if waited { waiting(false) }
+            }
+            defer { if let place { configuration.sharedHostSlots?.give(url.origin, place) } }
             if let proxy, proxy.kind == .http, !url.isHTTPS {
                 return try await ProxyForwarding.execute(
                     outgoing, url: url, through: proxy, connectTimeout: configuration.timeouts.connect, handle)
