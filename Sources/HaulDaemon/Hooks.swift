@@ -53,7 +53,8 @@ struct HookRunner: Sendable {
     func run(_ events: AsyncStream<DownloadManagerEvent>) async {
         await withDiscardingTaskGroup { group in
             for await event in events {
-                guard case .stateChanged = event.kind else { continue }
+                // Another worker of a fleet runs its own hooks for what it did.
+                guard case .stateChanged = event.kind, !event.isFromAnotherWorker else { continue }
                 let download = event.download
                 let (name, program): (String, String?) =
                     switch download.state {

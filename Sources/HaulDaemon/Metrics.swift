@@ -16,8 +16,10 @@ final class DaemonMetrics: Sendable {
 
     private let state = Mutex(State())
 
-    /// Counts what a manager event tells: bytes that arrived, a failure.
+    /// Counts what a manager event tells: bytes that arrived, a failure. In a fleet, each worker
+    /// counts its own: what it hears of the other workers' downloads is theirs to count.
     func record(_ event: DownloadManagerEvent) {
+        guard !event.isFromAnotherWorker else { return }
         let download = event.download
         state.withLock { state in
             switch event.kind {

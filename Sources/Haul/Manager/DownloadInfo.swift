@@ -228,11 +228,16 @@ public struct DownloadManagerEvent: Sendable {
     public let kind: Kind
     /// The download as it stands after the event.
     public let download: DownloadInfo
+    /// Whether another worker of a fleet made the change, and this manager only heard of it
+    /// through the queue: what should happen once per change (a program run when a download
+    /// completes) happens on the worker that made it.
+    public let isFromAnotherWorker: Bool
 
     /// An event as a daemon's event stream describes it.
-    package init(kind: Kind, download: DownloadInfo) {
+    package init(kind: Kind, download: DownloadInfo, isFromAnotherWorker: Bool = false) {
         self.kind = kind
         self.download = download
+        self.isFromAnotherWorker = isFromAnotherWorker
     }
 }
 

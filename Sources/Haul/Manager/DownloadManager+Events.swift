@@ -43,14 +43,14 @@ extension DownloadManager {
                 let wasRunning = othersRunning.contains(id)
                 if entry.state == .running { othersRunning.insert(id) } else { othersRunning.remove(id) }
                 if added.contains(id) {
-                    publish(.added, entry)
+                    publish(.added, entry, fromAnotherWorker: true)
                 } else if wasRunning && entry.state == .running {
                     let progress = DownloadProgress(
                         bytes: record.bytes, totalBytes: record.totalBytes, bytesPerSecond: record.bytesPerSecond ?? 0,
                         secondsRemaining: nil, connections: 0)
-                    publish(.transfer(.progress(progress)), entry)
+                    publish(.transfer(.progress(progress)), entry, fromAnotherWorker: true)
                 } else {
-                    publish(.stateChanged, entry)
+                    publish(.stateChanged, entry, fromAnotherWorker: true)
                 }
             }
         }
@@ -61,13 +61,13 @@ extension DownloadManager {
                 key: "", definition: DownloadRequest(url: "", destination: .directory("/")), destination: nil,
                 priority: 0, owner: nil, now: 0)
             gone.id = id.rawValue
-            publish(.removed, entries[id] ?? Entry(record: gone))
+            publish(.removed, entries[id] ?? Entry(record: gone), fromAnotherWorker: true)
         }
     }
 
     /// Sends an event to those listening, and ends the streams of a download that is over.
-    func publish(_ kind: DownloadManagerEvent.Kind, _ entry: Entry) {
-        let event = DownloadManagerEvent(kind: kind, download: entry.info)
+    func publish(_ kind: DownloadManagerEvent.Kind, _ entry: Entry, fromAnotherWorker: Bool = false) {
+        let event = DownloadManagerEvent(kind: kind, download: entry.info, isFromAnotherWorker: fromAnotherWorker)
         let ends: Bool
         switch kind {
         case .removed: ends = true
