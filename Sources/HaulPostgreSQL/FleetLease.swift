@@ -111,6 +111,11 @@ package final class FleetLease: QueueOwnership, QueueLease {
         state.withLock { $0 = State(fence: fence, renewedAt: now) }
     }
 
+    /// How many live workers run downloads now (see ``QueueLease/downloadingWorkers()``).
+    package func downloadingWorkers() throws -> Int {
+        try store.downloadingWorkers(now: clock())
+    }
+
     /// `worker NAME`.
     package func describe(_ owner: String) -> String { "worker \(owner)" }
 

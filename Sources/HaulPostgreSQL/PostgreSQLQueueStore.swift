@@ -446,6 +446,18 @@ package final class PostgreSQLQueueStore: QueueStore {
         return !result.rows.isEmpty
     }
 
+    /// How many workers whose lease runs at `now` own a running download.
+    package func downloadingWorkers(now: Double) throws -> Int {
+        let result = try run("could not read the queue database") { session in
+            try session.query(
+                """
+                SELECT count(DISTINCT d.owner) FROM download AS d JOIN haul_worker AS w ON w.name = d.owner
+                WHERE d.state = 'running' AND w.expires_at > $1
+                """, Self.binds(now))
+        }
+        return Int(try result.first?.decode(Int64.self) ?? 0)
+    }
+
     /// The workers registered now, by name, with the end of their lease and where they run.
     package func workers() throws -> [(name: String, expiresAt: Double, host: String, pid: Int)] {
         let result = try run("could not read the queue database") { session in

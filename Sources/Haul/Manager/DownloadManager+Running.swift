@@ -189,6 +189,12 @@ extension DownloadManager {
             leaseLost = false
         }
         _ = try? lease.takeOverExpired()
+        // The fleet's rate, shared by the workers that run downloads (as before while the
+        // database cannot tell).
+        if let sharing = try? lease.downloadingWorkers(), max(1, sharing) != fleetShare {
+            fleetShare = max(1, sharing)
+            setBytesPerSecondLimit(configuration.bytesPerSecondLimit)
+        }
         moreWaiting = true
         schedule()
     }

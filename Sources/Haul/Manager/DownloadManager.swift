@@ -102,7 +102,7 @@ public actor DownloadManager {
     nonisolated let confinement: DownloadConfinement
     nonisolated let subscribers = Subscribers()
     /// The limit every download of this manager shares.
-    package let rateLimiter: RateLimiter
+    package nonisolated let rateLimiter: RateLimiter
 
     /// The downloads this manager holds in memory, by ID: those it runs, those that start next
     /// (``waiting``), those with changes still to write, those it resumes once the disk has room,
@@ -128,6 +128,9 @@ public actor DownloadManager {
     var unwritten = WriteBehind()
     /// Downloads a stop of the queue left queued and unowned, for the next ``start()`` to take back.
     var interrupted: Set<DownloadID> = []
+    /// How many workers of a fleet share the total rate (1 for a queue of its own); see
+    /// ``setBytesPerSecondLimit(_:)``.
+    var fleetShare = 1
     /// Completed downloads whose record waits to be written: their completion is told (events)
     /// once the store has it (see ``announceWritten()``).
     var announcing: Set<DownloadID> = []
@@ -254,9 +257,12 @@ public actor DownloadManager {
 
     /// Changes the limit shared by every download at run time (`nil`: no limit); running downloads
     /// follow it from their next bytes on.
+    ///
+    /// A fleet's worker takes its share of the limit: the limit is the fleet's, shared equally by
+    /// the workers that run downloads (counted at each tick).
     public func setBytesPerSecondLimit(_ limit: Int64?) {
         configuration.bytesPerSecondLimit = limit.map { max(1, $0) }
-        rateLimiter.setRate(configuration.bytesPerSecondLimit)
+        rateLimiter.setRate(configuration.bytesPerSecondLimit.map { max(1, $0 / Int64(fleetShare)) })
     }
 
     /// Changes the limit at run time. Lowering it lets running downloads finish; none is stopped.

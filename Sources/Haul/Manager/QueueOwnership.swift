@@ -33,4 +33,7 @@ package protocol QueueLease: Sendable {
     /// Registers again after the lease was lost, with a new fence: what the worker owned before
     /// is the queue's (or another worker's) by now.
     func rejoin() throws
+    /// How many live workers run downloads now, this one included when it does: the fleet's total
+    /// rate is shared out among them.
+    func downloadingWorkers() throws -> Int
 }

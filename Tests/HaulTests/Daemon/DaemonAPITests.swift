@@ -431,13 +431,13 @@ struct DaemonAPITests {
             // A field left out stays; null removes the limit.
             let limited = try await daemon.send(.PATCH, "/api/v1/options", json: #"{"totalLimitRate": 1048576}"#)
             #expect(limited.body == #"{"maxConcurrentDownloads":5,"totalLimitRate":1048576}"#)
-            #expect(await daemon.daemon.manager.rateLimiter.bytesPerSecond == 1_048_576)
+            #expect(daemon.daemon.manager.rateLimiter.bytesPerSecond == 1_048_576)
             let bad = try await daemon.send(
                 .PATCH, "/api/v1/options", json: #"{"maxConcurrentDownloads": 2, "totalLimitRate": 0}"#)
             #expect(bad.status == 400)
             let unlimited = try await daemon.send(.PATCH, "/api/v1/options", json: #"{"totalLimitRate": null}"#)
             #expect(unlimited.body == #"{"maxConcurrentDownloads":5,"totalLimitRate":null}"#)
-            #expect(await daemon.daemon.manager.rateLimiter.bytesPerSecond == nil)
+            #expect(daemon.daemon.manager.rateLimiter.bytesPerSecond == nil)
         }
     }
 }

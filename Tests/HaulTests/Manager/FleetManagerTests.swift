@@ -217,19 +217,25 @@ import Testing
             let reading = Task { for await event in events { seen.events.withLock { $0.append(event) } } }
             let runs = [Task { await a.run() }, Task { await b.run() }]
             // b listens before a adds what the test follows: a's probes (a missing file, which
-            // fails at once) until b hears of one.
+            // fails at once) until b is told one was added.
             var probes = 0
             try await Self.waitUntil("b hears of a's probe") {
                 probes += 1
                 let probe = try await a.enqueue(
                     DownloadRequest(url: server.url("/probe\(probes)"), destination: .directory(root)))
                 try await Task.sleep(for: .milliseconds(200))
-                return seen.events.withLock { $0.contains { $0.download.id == probe } }
+                // Told as added: only a's notice says that (b's own events of a probe it claimed do not).
+                return seen.events.withLock { events in
+                    events.contains { event in
+                        if case .added = event.kind { event.download.id == probe } else { false }
+                    }
+                }
             }
             let ids = try await a.enqueue(
                 names.map { DownloadRequest(url: server.url("/" + $0), destination: .directory(root)) })
+            let reader = try PostgreSQLQueueStore(location: location)
             try await Self.waitUntil("every download completed") {
-                try PostgreSQLQueueStore(location: location).counts() == [.completed: 4, .failed: probes]
+                try reader.counts() == [.completed: 4, .failed: probes]
             }
             try await a.remove(ids[0])
             func kinds(of id: DownloadID) -> [String] {
@@ -254,6 +260,9 @@ import Testing
                 #expect(heard.first == "added" || heard.first?.hasPrefix("running ") == true, "\(id): \(heard)")
                 #expect(heard.contains("completed -"), "\(id): \(heard)")
                 guard heard.contains("running \(worker)") else { continue }
+                // Told to b as a's doing, so that b runs no hook and counts nothing of it.
+                let told = seen.events.withLock { $0.filter { $0.download.id == id && $0.download.worker == worker } }
+                #expect(told.allSatisfy { $0.isFromAnotherWorker }, "\(id)")
                 ranOnA += 1
                 #expect(heard.contains("progress \(worker)"), "\(id): \(heard)")
             }
@@ -366,6 +375,41 @@ import Testing
             } else {
                 #expect(server.maximumOpenConnections > 2, "the test would not see a cap missing")
             }
+        }
+    }
+
+    /// The total rate is the fleet's: the workers that run downloads share it equally, and one
+    /// left running alone has it all again.
+    @Test func theFleetsRateIsSharedByTheWorkersThatDownload() async throws {
+        try await Self.withFleet { location, server, directory, root in
+            let names = (1...4).map { "r\($0)" }
+            for name in names { server.add("/" + name, TestResource(name: name, size: 2 << 20)) }
+            server.limitBandwidth(bytesPerSecond: 4 << 20)
+            let clock = FleetLeaseTests.TestClock()
+            let a = try Self.worker("a", location: location, root: root, state: directory, clock: clock)
+            let b = try Self.worker("b", location: location, root: root, state: directory, clock: clock)
+            let total: Int64 = 8 << 20
+            await a.setBytesPerSecondLimit(total)
+            await b.setBytesPerSecondLimit(total)
+            #expect(a.rateLimiter.bytesPerSecond == total)
+            let ids = try await a.enqueue(
+                names.map { DownloadRequest(url: server.url("/" + $0), destination: .directory(root)) })
+            let runs = [Task { await a.run() }, Task { await b.run() }]
+            try await Self.waitUntil("both workers run downloads and share the rate") {
+                let running = try await a.downloads(in: [.running], after: nil, limit: 10)
+                return Set(running.compactMap(\.worker)).count == 2
+                    && a.rateLimiter.bytesPerSecond == total / 2 && b.rateLimiter.bytesPerSecond == total / 2
+            }
+            try await Self.waitUntil("every download completed") {
+                await a.downloads(ids: ids).allSatisfy { $0.state == .completed }
+            }
+            try await Self.waitUntil("the rate is whole again once nobody shares it") {
+                a.rateLimiter.bytesPerSecond == total && b.rateLimiter.bytesPerSecond == total
+            }
+            for run in runs { run.cancel() }
+            for run in runs { await run.value }
+            await a.close()
+            await b.close()
         }
     }
 
