@@ -61,7 +61,12 @@ struct CredentialOptions: ParsableArguments {
 
     /// The netrc file asked for, checked and read; `nil` when none is.
     func netrcEntries() throws -> Netrc? {
-        guard netrc || netrcFile != nil else { return nil }
+        try Self.readNetrc(home: netrc, file: netrcFile)
+    }
+
+    /// The netrc file `file`, or `~/.netrc` when `home`, checked and read; `nil` when neither.
+    static func readNetrc(home useHome: Bool, file netrcFile: String?) throws -> Netrc? {
+        guard useHome || netrcFile != nil else { return nil }
         let home = getenv("HOME").map { String(cString: $0) } ?? ""
         let path = netrcFile ?? (home.isEmpty ? "." : home) + "/.netrc"
         guard let status = POSIX.fileStatus(path) else {

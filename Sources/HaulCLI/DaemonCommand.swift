@@ -88,6 +88,15 @@ struct DaemonCommand: AsyncParsableCommand {
                 + "taken over this long after.", valueName: "seconds"))
     var leaseTime: Double = 30
 
+    @Flag(
+        help: ArgumentHelp(
+            "Take the credentials of downloads that have none from ~/.netrc, by host, each time one starts (a fleet's "
+                + "workers each read their own; never stored)."))
+    var netrc = false
+
+    @Option(help: ArgumentHelp("Like --netrc, from this netrc file.", valueName: "file"))
+    var netrcFile: String?
+
     @OptionGroup var transfer: TransferOptions
     @OptionGroup var state: StateOptions
 
@@ -108,6 +117,7 @@ struct DaemonCommand: AsyncParsableCommand {
         guard leaseTime >= 3, leaseTime <= 3_600 else {
             throw ValidationError("--lease-time must be a number of seconds from 3 to 3600")
         }
+        if netrc && netrcFile != nil { throw ValidationError("give --netrc or --netrc-file, not both") }
         guard Logger.Level(rawValue: logLevel) != nil else {
             throw ValidationError("--log-level must be one of trace, debug, info, notice, warning, error, critical")
         }
@@ -143,6 +153,7 @@ struct DaemonCommand: AsyncParsableCommand {
         options.allowRemote = allowRemote
         options.allowedHosts = allowHost
         options.manager = transfer.managerConfiguration(restoring: .resume)
+        options.manager.netrc = try CredentialOptions.readNetrc(home: netrc, file: netrcFile)
         options.downloader = try transfer.downloaderConfiguration()
         options.requestsPerSecond = requestsPerSecond
         options.hooks.onComplete = onComplete.map(POSIX.absolutePath)

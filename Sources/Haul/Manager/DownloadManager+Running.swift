@@ -272,6 +272,12 @@ extension DownloadManager {
     private func request(for entry: Entry) -> DownloadRequest {
         var request = entry.record.definition
         if let destination = entry.record.destination { request.destination = .file(destination) }
+        if let netrc = configuration.netrc,
+            !request.headers.contains(where: { $0.name.lowercased() == "authorization" }),
+            let host = (try? DownloadURL(request.url))?.url.host, let credentials = netrc.credentials(for: host)
+        {
+            request.credentials = credentials
+        }
         return request
     }
 

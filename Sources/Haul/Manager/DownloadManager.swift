@@ -47,6 +47,10 @@ public actor DownloadManager {
         public var freeSpaceMargin: Int64 = 64 << 20
         /// One limit shared by every download of this manager, in bytes per second.
         public var bytesPerSecondLimit: Int64?
+        /// Credentials by host for the downloads that have none (no `Authorization` given to this
+        /// manager), looked up each time one starts: a fleet's worker takes them from its own netrc
+        /// file, whichever worker the download was added through. Never stored.
+        public var netrc: Netrc?
         /// How often the progress of running downloads is written to the database.
         public var stateUpdateInterval: Duration = .seconds(1)
         /// How long changes made while downloads run (a start, an end, a file name learned) wait to be

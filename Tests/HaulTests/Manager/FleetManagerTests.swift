@@ -10,10 +10,11 @@ import Testing
 @Suite(.timeLimit(.minutes(2))) struct FleetManagerTests {
     /// A worker of the queue at `location`: its own state directory, a lease on `clock`, and a
     /// `User-Agent` that names it, so the server tells the workers apart.
-    /// `hostLimit`: a cap on connections to one host over every worker, when given.
+    /// `hostLimit`: a cap on connections to one host over every worker, when given; `netrc`:
+    /// the worker's own credentials by host.
     static func worker(
         _ label: String, location: PostgreSQLLocation, root: String, state: String,
-        clock: FleetLeaseTests.TestClock, limit: Int = 2, hostLimit: Int? = nil
+        clock: FleetLeaseTests.TestClock, limit: Int = 2, hostLimit: Int? = nil, netrc: Netrc? = nil
     ) throws -> DownloadManager {
         let store = try PostgreSQLQueueStore(location: location)
         let lease = try FleetLease(store: store, duration: 30, clock: clock.read)
@@ -27,10 +28,11 @@ import Testing
                 pollInterval: .milliseconds(20))
         }
         try POSIX.makePrivateDirectory(state + "/" + label, marker: ".")
+        var configuration = managerConfiguration(limit: limit)
+        configuration.netrc = netrc
         return try DownloadManager(
-            store: store, ownership: lease, stateDirectory: state + "/" + label,
-            configuration: managerConfiguration(limit: limit), downloaderConfiguration: transfer, logger: nil,
-            clock: ContinuousClock())
+            store: store, ownership: lease, stateDirectory: state + "/" + label, configuration: configuration,
+            downloaderConfiguration: transfer, logger: nil, clock: ContinuousClock())
     }
 
     /// Runs `body` with a queue database of its own, the test server, and a temporary directory
@@ -408,6 +410,32 @@ import Testing
             }
             for run in runs { run.cancel() }
             for run in runs { await run.value }
+            await a.close()
+            await b.close()
+        }
+    }
+
+    /// A download added without credentials through one worker is run by another with them from
+    /// its own netrc, looked up when it starts; the queue never holds them.
+    @Test func aWorkerTakesCredentialsFromItsOwnNetrcWhenADownloadStarts() async throws {
+        try await Self.withFleet { location, server, directory, root in
+            var resource = TestResource(name: "private", size: 64 << 10)
+            let credentials = BasicCredentials(user: "worker", password: "pass word")
+            resource.requiredAuthorization = credentials.authorization
+            server.add("/private", resource)
+            let clock = FleetLeaseTests.TestClock()
+            let netrc = try Netrc(parsing: "machine 127.0.0.1 login worker password \"pass word\"\n")
+            let a = try Self.worker("a", location: location, root: root, state: directory, clock: clock)
+            let b = try Self.worker("b", location: location, root: root, state: directory, clock: clock, netrc: netrc)
+            let id = try await a.enqueue(DownloadRequest(url: server.url("/private"), destination: .directory(root)))
+            // Only b runs downloads.
+            await b.runUntilIdle()
+            #expect(await a.download(id)?.state == .completed)
+            #expect(try readFile(root + "/private") == resource.content)
+            #expect(server.requests(for: "/private").map { $0.header("Authorization") } == [credentials.authorization])
+            let stored = try #require(try PostgreSQLQueueStore(location: location).download(id))
+            #expect(stored.definition.credentials == nil)
+            #expect(!stored.definition.headers.contains { $0.name.lowercased() == "authorization" })
             await a.close()
             await b.close()
         }
