@@ -118,6 +118,13 @@ struct DaemonCommand: AsyncParsableCommand {
             throw ValidationError("--lease-time must be a number of seconds from 3 to 3600")
         }
         if netrc && netrcFile != nil { throw ValidationError("give --netrc or --netrc-file, not both") }
+        // A limit of each download is given when it is added (haul add/get --limit-rate, the API's
+        // limitRate); the daemon's own is the limit of all of them together.
+        if transfer.limitRate != nil {
+            throw ValidationError(
+                "--limit-rate limits one download and is given when it is added; the daemon's limit of all its "
+                    + "downloads together is --total-limit-rate")
+        }
         guard Logger.Level(rawValue: logLevel) != nil else {
             throw ValidationError("--log-level must be one of trace, debug, info, notice, warning, error, critical")
         }

@@ -443,3 +443,22 @@ struct HostCapCommandTests {
         }
     }
 }
+
+@Suite(.timeLimit(.minutes(1)))
+struct DaemonOptionTests {
+    /// Options a daemon cannot use are refused in one line, before it starts: a limit of one
+    /// download (given when it is added), and two netrc files at once.
+    @Test(arguments: [
+        (["--limit-rate", "1M"], "--total-limit-rate"),
+        (["--netrc", "--netrc-file", "/nonexistent"], "--netrc or --netrc-file"),
+    ])
+    func aDaemonRefusesWhatItCannotUse(_ options: [String], _ message: String) async throws {
+        let directory = try makeTemporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let refused = try await HaulProcess.run(
+            ["daemon", "--listen", "127.0.0.1:0"] + options, stateDirectory: directory + "/state")
+        #expect(refused.status == 64, "\(refused.errors)")
+        #expect(refused.errors.contains(message), "\(refused.errors)")
+        #expect(!FileManager.default.fileExists(atPath: directory + "/state/daemon.address"))
+    }
+}
