@@ -91,7 +91,9 @@ final class PostgreSQLConnector: Sendable {
         var configuration = PostgresConnection.Configuration(
             host: location.host, port: location.port, username: location.user, password: location.password,
             database: location.database, tls: tls)
-        configuration.options.connectTimeout = connectTimeout
+        // The wait for the connection has the limit (and says so); the driver's own comes later,
+        // only to close a socket that never connected.
+        configuration.options.connectTimeout = connectTimeout + .seconds(1)
         configuration.options.additionalStartupParameters = [("application_name", "haul")]
         let id = serial.withLock { value -> Int in
             value += 1
