@@ -116,6 +116,14 @@ package final class FleetLease: QueueOwnership, QueueLease {
         try store.downloadingWorkers(now: clock())
     }
 
+    /// The fleet's total rate (see ``QueueLease/totalRate()``).
+    package func totalRate() throws -> Int64?? { try store.setting("total_rate") }
+
+    /// Sets the fleet's total rate (see ``QueueLease/setTotalRate(_:)``).
+    package func setTotalRate(_ bytesPerSecond: Int64?) throws {
+        try store.setSetting("total_rate", to: bytesPerSecond)
+    }
+
     /// `worker NAME`.
     package func describe(_ owner: String) -> String { "worker \(owner)" }
 

@@ -446,6 +446,30 @@ package final class PostgreSQLQueueStore: QueueStore {
         return !result.rows.isEmpty
     }
 
+    /// The setting `name` of the fleet: `nil` when none was ever set, `.some(nil)` when it was set
+    /// to none.
+    package func setting(_ name: String) throws -> Int64?? {
+        let result = try run("could not read the queue database") { session in
+            try session.query("SELECT value FROM haul_setting WHERE name = $1", Self.binds(name))
+        }
+        guard let row = result.first else { return nil }
+        return .some(try row.decode(Int64?.self))
+    }
+
+    /// Sets the fleet's setting `name` (to none when `nil`).
+    package func setSetting(_ name: String, to value: Int64?) throws {
+        var binds = PostgresBindings()
+        binds.append(name)
+        binds.append(value)
+        _ = try run("could not update the queue database") { session in
+            try session.query(
+                """
+                INSERT INTO haul_setting (name, value) VALUES ($1, $2)
+                ON CONFLICT (name) DO UPDATE SET value = excluded.value
+                """, binds)
+        }
+    }
+
     /// How many workers whose lease runs at `now` own a running download.
     package func downloadingWorkers(now: Double) throws -> Int {
         let result = try run("could not read the queue database") { session in

@@ -84,6 +84,13 @@ enum PostgreSQLSchema {
                 """,
                 "CREATE INDEX haul_host_slot_on_worker ON haul_host_slot (worker)",
             ]),
+        Migration(
+            version: 4, name: "settings of the fleet",
+            statements: [
+                // The queue's settings every worker follows (the total rate); a row whose value is
+                // null says there is none.
+                "CREATE TABLE haul_setting (name TEXT PRIMARY KEY, value BIGINT)"
+            ]),
     ]
 
     /// The number the advisory lock of a migration takes: stores opening one database at once

@@ -189,12 +189,13 @@ extension DownloadManager {
             leaseLost = false
         }
         _ = try? lease.takeOverExpired()
-        // The fleet's rate, shared by the workers that run downloads (as before while the
-        // database cannot tell).
-        if let sharing = try? lease.downloadingWorkers(), max(1, sharing) != fleetShare {
-            fleetShare = max(1, sharing)
-            setBytesPerSecondLimit(configuration.bytesPerSecondLimit)
-        }
+        // The fleet's rate: set through this worker for all, or as another worker set it, and
+        // shared by the workers that run downloads (as before while the database cannot tell).
+        if let written = fleetRateToWrite, (try? lease.setTotalRate(written)) != nil { fleetRateToWrite = nil }
+        var limit = configuration.bytesPerSecondLimit
+        if fleetRateToWrite == nil, let fleets = try? lease.totalRate(), let set = fleets { limit = set }
+        if let sharing = try? lease.downloadingWorkers() { fleetShare = max(1, sharing) }
+        applyBytesPerSecondLimit(limit)
         moreWaiting = true
         schedule()
     }

@@ -135,6 +135,9 @@ public actor DownloadManager {
     /// How many workers of a fleet share the total rate (1 for a queue of its own); see
     /// ``setBytesPerSecondLimit(_:)``.
     var fleetShare = 1
+    /// A total rate set through this worker of a fleet, to write for every worker at the next tick
+    /// (`.some(nil)`: none).
+    var fleetRateToWrite: Int64?? = nil
     /// Completed downloads whose record waits to be written: their completion is told (events)
     /// once the store has it (see ``announceWritten()``).
     var announcing: Set<DownloadID> = []
@@ -220,7 +223,11 @@ public actor DownloadManager {
         self.lastSpaceCheck = self.clock.now
         let confinement = DownloadConfinement(roots: transfer.downloadRoots)
         self.confinement = confinement
-        if let lease = ownership.lease { _ = try lease.takeOverExpired() }
+        if let lease = ownership.lease {
+            _ = try lease.takeOverExpired()
+            // A worker started with a total rate sets the fleet's; one started without follows it.
+            if let limit = configuration.bytesPerSecondLimit { fleetRateToWrite = .some(limit) }
+        }
         let (entries, waiting, more) = try Self.reconcile(
             store: store, claim: ownership,
             restoring: ownership.lease == nil ? configuration.restoredDownloads : .leave, confinement: confinement)
@@ -264,7 +271,15 @@ public actor DownloadManager {
     ///
     /// A fleet's worker takes its share of the limit: the limit is the fleet's, shared equally by
     /// the workers that run downloads (counted at each tick).
+    ///
+    /// A fleet's worker also sets the fleet's limit, which every worker follows from its next tick.
     public func setBytesPerSecondLimit(_ limit: Int64?) {
+        applyBytesPerSecondLimit(limit)
+        if claim.lease != nil { fleetRateToWrite = .some(configuration.bytesPerSecondLimit) }
+    }
+
+    /// Takes `limit` as this manager's limit (its share of it, in a fleet).
+    func applyBytesPerSecondLimit(_ limit: Int64?) {
         configuration.bytesPerSecondLimit = limit.map { max(1, $0) }
         rateLimiter.setRate(configuration.bytesPerSecondLimit.map { max(1, $0 / Int64(fleetShare)) })
     }

@@ -36,4 +36,9 @@ package protocol QueueLease: Sendable {
     /// How many live workers run downloads now, this one included when it does: the fleet's total
     /// rate is shared out among them.
     func downloadingWorkers() throws -> Int
+    /// The fleet's total rate in bytes per second: `nil` when no worker ever set one, `.some(nil)`
+    /// when it is set to none.
+    func totalRate() throws -> Int64??
+    /// Sets the fleet's total rate (none when `nil`), for every worker to follow.
+    func setTotalRate(_ bytesPerSecond: Int64?) throws
 }
