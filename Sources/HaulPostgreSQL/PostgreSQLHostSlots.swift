@@ -32,15 +32,17 @@ package final class PostgreSQLHostSlots: SharedHostSlots {
     private let sweeper = Mutex<Task<Void, Never>?>(nil)
 
     /// Places of `lease`'s worker in `store`'s queue, at most `limit` per host over every worker.
+    /// A place given back is kept `idleTimeout` and `margin` more: the margin covers a downloader
+    /// too busy to close its idle connection on time.
     package init(
         store: PostgreSQLQueueStore, lease: FleetLease, limit: Int, idleTimeout: Duration = .seconds(1),
-        pollInterval: Duration = .milliseconds(100)
+        margin: Duration = .seconds(2), pollInterval: Duration = .milliseconds(100)
     ) {
         self.store = store
         self.lease = lease
         self.limit = max(1, limit)
         self.idleTimeout = idleTimeout
-        self.linger = idleTimeout * 2
+        self.linger = idleTimeout + margin
         self.pollInterval = pollInterval
     }
 

@@ -7,7 +7,9 @@ import Testing
 
 /// Download managers as workers of one queue in PostgreSQL (on the tests' server), writing into
 /// one shared download root: each download runs on one worker at a time, whichever claims it.
-@Suite(.timeLimit(.minutes(2))) struct FleetManagerTests {
+/// One test at a time: each runs two or three workers, and all at once beside the rest of the
+/// suite load two cores enough to fail the tests that measure time.
+@Suite(.timeLimit(.minutes(2)), .serialized) struct FleetManagerTests {
     /// A worker of the queue at `location`: its own state directory, a lease on `clock`, and a
     /// `User-Agent` that names it, so the server tells the workers apart.
     /// `hostLimit`: a cap on connections to one host over every worker, when given; `netrc`:
@@ -24,7 +26,7 @@ import Testing
         if let hostLimit {
             transfer.maxConnectionsPerHost = hostLimit
             transfer.sharedHostSlots = PostgreSQLHostSlots(
-                store: store, lease: lease, limit: hostLimit, idleTimeout: .milliseconds(200),
+                store: store, lease: lease, limit: hostLimit, idleTimeout: .milliseconds(200), margin: .seconds(1),
                 pollInterval: .milliseconds(20))
         }
         try POSIX.makePrivateDirectory(state + "/" + label, marker: ".")
@@ -380,8 +382,8 @@ import Testing
         }
     }
 
-    /// The total rate is the fleet's: the workers that run downloads share it equally, and one
-    /// left running alone has it all again.
+    /// The total rate is the fleet's: the workers that run downloads share it equally, one left
+    /// running alone has it all again, and a rate set through one worker reaches the others.
     @Test func theFleetsRateIsSharedByTheWorkersThatDownload() async throws {
         try await Self.withFleet { location, server, directory, root in
             let names = (1...4).map { "r\($0)" }
@@ -402,11 +404,16 @@ import Testing
                 return Set(running.compactMap(\.worker)).count == 2
                     && a.rateLimiter.bytesPerSecond == total / 2 && b.rateLimiter.bytesPerSecond == total / 2
             }
+            // Set through b, the fleet's rate reaches a too.
+            await b.setBytesPerSecondLimit(2 * total)
+            try await Self.waitUntil("a follows the rate set through b") {
+                await a.configuration.bytesPerSecondLimit == 2 * total
+            }
             try await Self.waitUntil("every download completed") {
                 await a.downloads(ids: ids).allSatisfy { $0.state == .completed }
             }
             try await Self.waitUntil("the rate is whole again once nobody shares it") {
-                a.rateLimiter.bytesPerSecond == total && b.rateLimiter.bytesPerSecond == total
+                a.rateLimiter.bytesPerSecond == 2 * total && b.rateLimiter.bytesPerSecond == 2 * total
             }
             for run in runs { run.cancel() }
             for run in runs { await run.value }
