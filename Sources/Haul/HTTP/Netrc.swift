@@ -85,8 +85,14 @@ public struct Netrc: Sendable, Equatable {
     /// The credentials for `host`: its own entry's, else the `default` entry's; `nil` when neither
     /// has a login.
     public func credentials(for host: String) -> BasicCredentials? {
+        credentials(for: host, orDefault: true)
+    }
+
+    /// The credentials of `host`'s own entry; with `orDefault`, else the `default` entry's. A
+    /// daemon, which runs URLs its clients name, never sends the `default` entry's anywhere.
+    public func credentials(for host: String, orDefault: Bool) -> BasicCredentials? {
         let host = host.lowercased()
-        let entry = entries.first { $0.machine == host } ?? entries.first { $0.machine == nil }
+        let entry = entries.first { $0.machine == host } ?? (orDefault ? entries.first { $0.machine == nil } : nil)
         guard let entry, let login = entry.login else { return nil }
         return BasicCredentials(user: login, password: entry.password ?? "")
     }

@@ -275,7 +275,8 @@ extension DownloadManager {
         if let destination = entry.record.destination { request.destination = .file(destination) }
         if let netrc = configuration.netrc,
             !request.headers.contains(where: { $0.name.lowercased() == "authorization" }),
-            let host = (try? DownloadURL(request.url))?.url.host, let credentials = netrc.credentials(for: host)
+            let host = (try? DownloadURL(request.url))?.url.host,
+            let credentials = netrc.credentials(for: host, orDefault: false)
         {
             request.credentials = credentials
         }

@@ -423,7 +423,8 @@ import Testing
     }
 
     /// A download added without credentials through one worker is run by another with them from
-    /// its own netrc, looked up when it starts; the queue never holds them.
+    /// its own netrc, looked up when it starts; the queue never holds them, and a `default` entry
+    /// is sent nowhere.
     @Test func aWorkerTakesCredentialsFromItsOwnNetrcWhenADownloadStarts() async throws {
         try await Self.withFleet { location, server, directory, root in
             var resource = TestResource(name: "private", size: 64 << 10)
@@ -445,6 +446,17 @@ import Testing
             #expect(!stored.definition.headers.contains { $0.name.lowercased() == "authorization" })
             await a.close()
             await b.close()
+
+            // A netrc's `default` entry goes to no host: a client may name any URL to a worker.
+            let c = try Self.worker(
+                "c", location: location, root: root, state: directory, clock: clock,
+                netrc: try Netrc(parsing: "default login worker password \"pass word\"\n"))
+            let other = try await c.enqueue(
+                DownloadRequest(url: server.url("/private"), destination: .file(root + "/again")))
+            await c.runUntilIdle()
+            #expect(await c.download(other)?.error?.status == 401)
+            #expect(server.requests(for: "/private").last?.header("Authorization") == nil)
+            await c.close()
         }
     }
 
