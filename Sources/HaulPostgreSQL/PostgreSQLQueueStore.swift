@@ -571,19 +571,26 @@ package final class PostgreSQLQueueStore: QueueStore {
             binds = PostgresBindings()
             binds.append(gone)
             binds.append(now)
-            let running =
-                try session.query(
-                    """
-                    WITH released AS (
-                        UPDATE download AS d SET owner = NULL, bytes_per_second = NULL, updated_at = $2,
-                            state = CASE WHEN d.state = 'running' THEN 'queued' ELSE d.state END
-                        FROM (SELECT id, state AS old FROM download WHERE owner = ANY($1) ORDER BY id FOR UPDATE) AS o
-                        WHERE d.id = o.id
-                        RETURNING o.old)
-                    SELECT count(*) FROM released WHERE old = 'running'
-                    """, binds
-                ).first?.decode(Int64.self) ?? 0
+            let row = try session.query(
+                """
+                WITH released AS (
+                    UPDATE download AS d SET owner = NULL, bytes_per_second = NULL, updated_at = $2,
+                        state = CASE WHEN d.state = 'running' THEN 'queued' ELSE d.state END
+                    FROM (SELECT id, state AS old FROM download WHERE owner = ANY($1) ORDER BY id FOR UPDATE) AS o
+                    WHERE d.id = o.id
+                    RETURNING d.id, o.old)
+                SELECT count(*) FILTER (WHERE old = 'running'), coalesce(array_agg(id ORDER BY id), '{}')
+                FROM released
+                """, binds
+            ).first
+            let (running, released): (Int64, [Int64]) = try row?.decode((Int64, [Int64]).self) ?? (0, [])
             try Self.count(["queued": Int(running), "running": -Int(running)], session)
+            // Every worker hears of it, the one taking over too (which did not tell it itself).
+            let payloads = QueueNotice(sender: "", changed: released.map(DownloadID.init)).payloads
+            if !payloads.isEmpty {
+                try session.query(
+                    "SELECT pg_notify('\(Self.noticeChannel)', p) FROM unnest($1::text[]) AS p", Self.binds(payloads))
+            }
             return gone
         }
     }

@@ -593,7 +593,8 @@ extension DownloadManager {
 
     func deleteRecord(_ entry: Entry) throws {
         unwritten.drop(entry.id)
-        try store.delete(entry.id)
+        // Under the worker's fence in a fleet, like every other write.
+        try write(QueueChanges(deletes: [entry.id]))
         entries[entry.id] = nil
         publish(.removed, entry)
     }

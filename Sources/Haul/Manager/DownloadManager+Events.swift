@@ -40,11 +40,12 @@ extension DownloadManager {
             for record in records {
                 let entry = listed(record)
                 let id = entry.id
-                let wasRunning = othersRunning.contains(id)
-                if entry.state == .running { othersRunning.insert(id) } else { othersRunning.remove(id) }
+                // Running on the same worker as last told: progress; anything else is a change.
+                let runningOn = othersRunning[id]
+                othersRunning[id] = entry.state == .running ? record.owner ?? "" : nil
                 if added.contains(id) {
                     publish(.added, entry, fromAnotherWorker: true)
-                } else if wasRunning && entry.state == .running {
+                } else if entry.state == .running && runningOn == record.owner {
                     let progress = DownloadProgress(
                         bytes: record.bytes, totalBytes: record.totalBytes, bytesPerSecond: record.bytesPerSecond ?? 0,
                         secondsRemaining: nil, connections: 0)
@@ -55,7 +56,7 @@ extension DownloadManager {
             }
         }
         for id in notice.removed where jobs[id] == nil {
-            othersRunning.remove(id)
+            othersRunning[id] = nil
             // Only its ID is left to tell.
             var gone = StoredDownload(
                 key: "", definition: DownloadRequest(url: "", destination: .directory("/")), destination: nil,

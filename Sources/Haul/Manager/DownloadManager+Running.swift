@@ -167,7 +167,12 @@ extension DownloadManager {
             entries[entry.id] = entry
             if record.state == .queued { waiting.insert(WaitingDownload(priority: record.priority, id: entry.id)) }
         }
-        if !changed.isEmpty { try? write(changed) }
+        guard !changed.isEmpty, (try? write(changed)) != nil else { return }
+        // A dead worker's download whose file it had finished: completed here, and told so (its
+        // worker died before it could).
+        for record in changed where record.state == .completed {
+            if let entry = entries[record.downloadID] { publish(.stateChanged, entry) }
+        }
     }
 
     /// A fleet's worker, every tick: renews its lease, takes over from workers whose lease ran
@@ -177,6 +182,8 @@ extension DownloadManager {
         guard let lease = claim.lease else { return }
         if !lease.renew() { leaseLost = true }
         if leaseLost {
+            // Nothing starts while the downloads stop (an ended one schedules the next).
+            waiting = Heap()
             for id in Array(jobs.keys) { await stop(id, .leaseLost) }
             entries = [:]
             waiting = Heap()

@@ -143,9 +143,9 @@ public actor DownloadManager {
     var announcing: Set<DownloadID> = []
     /// The transfer's `completed` event of each download in ``announcing`` that sent one.
     var heldCompletions: [DownloadID: DownloadEvent] = [:]
-    /// Downloads other workers of a fleet run, as their last notice showed them (see
-    /// ``othersChanged(_:)``): a later change of one that still runs is progress.
-    var othersRunning: Set<DownloadID> = []
+    /// Downloads other workers of a fleet run, and the worker, as their last notice showed them
+    /// (see ``othersChanged(_:)``): a later change of one still running there is progress.
+    var othersRunning: [DownloadID: String] = [:]
     /// A fleet's worker found its lease lost: its next tick stops every download and joins again.
     var leaseLost = false
 
