@@ -289,7 +289,8 @@ struct List: AsyncParsableCommand {
         }
         if let queue {
             try await reportingErrors {
-                let store = try PostgreSQLQueueStore(location: try PostgreSQLLocation(parsing: queue))
+                let store = try PostgreSQLQueueStore(
+                    location: try PostgreSQLLocation(parsing: queue), migrating: false)
                 let reader = QueueReader(store: store)
                 try await list(
                     Rows(states: filter, limit: most) { try reader.downloads(in: $0, after: $1, limit: $2) },

@@ -26,14 +26,19 @@ package final class PostgreSQLQueueStore: QueueStore {
     /// empty database). Fails with ``HaulError/Code/database`` when the server cannot be reached or
     /// refuses. A statement waits for the server at most `statementTimeout`, connecting and
     /// signing in at most `connectTimeout`.
+    ///
+    /// `migrating: false` opens it to read only: nothing is created or changed, and a database
+    /// whose queue is not at this haul's version is refused.
     package init(
         location: PostgreSQLLocation, statementTimeout: TimeAmount = .seconds(30),
-        connectTimeout: TimeAmount = .seconds(10)
+        connectTimeout: TimeAmount = .seconds(10), migrating: Bool = true
     ) throws {
         self.location = location
         self.connector = PostgreSQLConnector(
             location: location, statementTimeout: statementTimeout, connectTimeout: connectTimeout)
-        try run("cannot open the queue database") { session in try PostgreSQLSchema.migrate(session) }
+        try run("cannot open the queue database") { session in
+            if migrating { try PostgreSQLSchema.migrate(session) } else { try PostgreSQLSchema.check(session) }
+        }
     }
 
     /// The columns a record is read from, in the order ``record(_:)`` reads them.

@@ -125,4 +125,24 @@ enum PostgreSQLSchema {
             }
         }
     }
+
+    /// Checks, changing nothing, that the database holds a queue this haul reads: one at this
+    /// version (a reader does not bring an older one up to date: a worker does).
+    static func check(_ session: PostgreSQLSession) throws {
+        let found =
+            try session.query("SELECT to_regclass('haul_migration') IS NOT NULL").first?.decode(Bool.self) ?? false
+        let current =
+            found
+            ? try session.query("SELECT coalesce(max(version), 0) FROM haul_migration").first?.decode(Int.self) ?? 0
+            : 0
+        let known = migrations.last?.version ?? 0
+        guard current == known else {
+            throw HaulError(
+                .database,
+                current == 0
+                    ? "the database holds no haul queue yet: a haul daemon with --queue makes one"
+                    : "the queue database is at schema version \(current), this haul reads version \(known): "
+                        + (current > known ? "update haul" : "start a worker of this haul on it first"))
+        }
+    }
 }

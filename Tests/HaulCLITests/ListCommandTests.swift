@@ -147,4 +147,17 @@ struct ListCommandTests {
             worker.release()
         }
     }
+
+    /// `haul ls --queue` only reads: a database with no queue is named so in one line, and is left
+    /// as it was (no table made).
+    @Test func listingAFleetQueueChangesNothing() async throws {
+        try await PostgreSQLTestServer.withDatabase { database in
+            let listed = try await HaulProcess.run(["ls", "--queue", database.url])
+            #expect(listed.status != 0 && listed.output.isEmpty)
+            #expect(listed.errors.contains("holds no haul queue"), "\(listed.errors)")
+            #expect(listed.errors.split(separator: "\n").count == 1, "\(listed.errors)")
+            let again = try await HaulProcess.run(["ls", "--queue", database.url])
+            #expect(again.errors.contains("holds no haul queue"), "a table was made: \(again.errors)")
+        }
+    }
 }
