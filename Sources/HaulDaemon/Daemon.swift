@@ -139,7 +139,9 @@ public final class Daemon: Sendable {
             logger.info("a worker of the queue \(location) as \(lease.name)")
             // The cap on connections to a host counts every worker's.
             if let limit = transfer.maxConnectionsPerHost {
-                transfer.sharedHostSlots = PostgreSQLHostSlots(store: store, lease: lease, limit: limit)
+                // A connection of their own: a request waiting for a place never waits for a commit.
+                transfer.sharedHostSlots = PostgreSQLHostSlots(
+                    store: try PostgreSQLQueueStore(location: location), lease: lease, limit: limit)
             }
             manager = try DownloadManager(
                 store: store, ownership: lease, stateDirectory: directory, configuration: queue,

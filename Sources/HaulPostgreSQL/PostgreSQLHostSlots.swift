@@ -1,3 +1,4 @@
+import Dispatch
 import Haul
 import Synchronization
 
@@ -10,7 +11,9 @@ import Synchronization
 /// request of the worker to the same host meanwhile takes it again at once, without the database.
 /// While none is free, a request asks again every ``pollInterval``.
 package final class PostgreSQLHostSlots: SharedHostSlots {
+    /// The most connections to one host over every worker.
     package let limit: Int
+    /// How long the worker's downloader keeps an idle connection open.
     package let idleTimeout: Duration
     /// How long a place given back is kept before it goes back to the database.
     package let linger: Duration
@@ -48,6 +51,16 @@ package final class PostgreSQLHostSlots: SharedHostSlots {
 
     deinit { sweeper.withLock { $0?.cancel() } }
 
+    /// Runs a blocking call to the database on a thread of Dispatch's, not on one of the few the
+    /// downloads' tasks share: a database that is slow to answer holds up no download.
+    private static func offThread<Value: Sendable>(_ work: @escaping @Sendable () -> Value) async -> Value {
+        await withCheckedContinuation { continuation in
+            DispatchQueue.global().async { continuation.resume(returning: work()) }
+        }
+    }
+
+    /// Takes a place on `host`: one this worker kept, else a free one of the database's, asking
+    /// again every ``pollInterval`` while there is none.
     package func take(_ host: String, waiting: () -> Void) async throws -> Int {
         var told = false
         while true {
@@ -58,7 +71,10 @@ package final class PostgreSQLHostSlots: SharedHostSlots {
                 return kept.remove(at: index).slot
             }
             if let reused { return reused }
-            if let slot = try? store.takeHostSlot(host, limit: limit, worker: lease.name, fence: lease.token) {
+            let (store, limit, name) = (self.store, self.limit, lease.name)
+            if let slot = await Self.offThread({
+                try? store.takeHostSlot(host, limit: limit, worker: name, fence: token)
+            }) {
                 return slot
             }
             if !told {
@@ -69,6 +85,7 @@ package final class PostgreSQLHostSlots: SharedHostSlots {
         }
     }
 
+    /// Keeps place `slot` on `host` for ``linger``, then gives it back to the database.
     package func give(_ host: String, _ slot: Int) {
         let token = lease.token
         kept.withLock { $0.append(Kept(host: host, slot: slot, since: .now, token: token)) }
@@ -92,9 +109,9 @@ package final class PostgreSQLHostSlots: SharedHostSlots {
         }
         // Those of an older registration went with it.
         let current = due.filter { $0.token == lease.token }
-        if !current.isEmpty,
-            (try? store.giveHostSlots(current.map { ($0.host, $0.slot) }, worker: lease.name)) == nil
-        {
+        let (store, name) = (self.store, lease.name)
+        let places = current.map { ($0.host, $0.slot) }
+        if !current.isEmpty, await Self.offThread({ (try? store.giveHostSlots(places, worker: name)) == nil }) {
             // The database is out of reach: they are given back a second later.
             kept.withLock { $0 = current + $0 }
             try? await Task.sleep(for: .seconds(1))

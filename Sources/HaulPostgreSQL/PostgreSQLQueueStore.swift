@@ -548,7 +548,7 @@ package final class PostgreSQLQueueStore: QueueStore {
         }
     }
 
-    /// How many places on `host` are taken, by every worker (for tests and `/metrics`).
+    /// How many places on `host` are taken, by every worker.
     package func hostSlotsTaken(_ host: String) throws -> Int {
         let result = try run("could not read the queue database") { session in
             try session.query("SELECT count(*) FROM haul_host_slot WHERE host = $1", Self.binds(host))

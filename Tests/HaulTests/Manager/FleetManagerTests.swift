@@ -26,7 +26,8 @@ import Testing
         if let hostLimit {
             transfer.maxConnectionsPerHost = hostLimit
             transfer.sharedHostSlots = PostgreSQLHostSlots(
-                store: store, lease: lease, limit: hostLimit, idleTimeout: .milliseconds(200), margin: .seconds(1),
+                store: try PostgreSQLQueueStore(location: location), lease: lease, limit: hostLimit,
+                idleTimeout: .milliseconds(200), margin: .seconds(1),
                 pollInterval: .milliseconds(20))
         }
         try POSIX.makePrivateDirectory(state + "/" + label, marker: ".")
