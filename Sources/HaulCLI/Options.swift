@@ -42,7 +42,8 @@ struct TransferOptions: ParsableArguments {
         help: ArgumentHelp(
             "The most connections open to one host at once, over all downloads and their connections; "
                 + "over HTTP/2 it counts connections, not requests (curl --parallel-max-host). "
-                + "A daemon with --queue counts every worker's connections.",
+                + "A daemon with --queue counts every worker's requests in flight, and the connections each "
+                + "keeps open a moment after.",
             valueName: "n"))
     var maxConnectionsPerHost: Int?
 
