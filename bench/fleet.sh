@@ -33,17 +33,7 @@ if [ "$part" != small ]; then
 fi
 if [ "$part" != rate ]; then
     # The small files bench/many.sh serves too: many-20000/f1 … f20000, 16 KiB each.
-    python3 - "$DATA_DIR/www/many-20000" 20000 <<'PY'
-import os, sys
-folder, total = sys.argv[1], int(sys.argv[2])
-os.makedirs(folder, exist_ok=True)
-for index in range(1, total + 1):
-    path = os.path.join(folder, f"f{index}")
-    if not os.path.exists(path) or os.path.getsize(path) != 16384:
-        with open(path + ".tmp", "wb") as file:
-            file.write(os.urandom(16384))
-        os.rename(path + ".tmp", path)
-PY
+    bench_small_files 20000
 fi
 bench_start_nginx
 

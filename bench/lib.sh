@@ -47,6 +47,21 @@ bench_file() {
     fi
 }
 
+# bench_small_files COUNT: $DATA_DIR/www/many-COUNT/f1 … fCOUNT, 16 KiB of random bytes each, made once.
+bench_small_files() {
+    python3 - "$DATA_DIR/www/many-$1" "$1" <<'PY'
+import os, sys
+folder, count = sys.argv[1], int(sys.argv[2])
+os.makedirs(folder, exist_ok=True)
+for index in range(1, count + 1):
+    path = os.path.join(folder, f"f{index}")
+    if not os.path.exists(path) or os.path.getsize(path) != 16384:
+        with open(path + ".tmp", "wb") as file:
+            file.write(os.urandom(16384))
+        os.rename(path + ".tmp", path)
+PY
+}
+
 # A certificate authority and a server certificate for 127.0.0.1 it signed, made once.
 bench_certificates() {
     local dir="$DATA_DIR/tls"

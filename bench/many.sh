@@ -46,21 +46,6 @@ bench_haul
 # The directory of the small files the queue reuses: 20,000 of 16 KiB.
 queue_files=20000
 
-# small_files COUNT: $DATA_DIR/www/many-COUNT/f1 … fCOUNT, 16 KiB of random bytes each, made once.
-small_files() {
-    python3 - "$DATA_DIR/www/many-$1" "$1" <<'PY'
-import os, sys
-folder, count = sys.argv[1], int(sys.argv[2])
-os.makedirs(folder, exist_ok=True)
-for index in range(1, count + 1):
-    path = os.path.join(folder, f"f{index}")
-    if not os.path.exists(path) or os.path.getsize(path) != 16384:
-        with open(path + ".tmp", "wb") as file:
-            file.write(os.urandom(16384))
-        os.rename(path + ".tmp", path)
-PY
-}
-
 # pass_fail VALUE OP LIMIT: "pass" or "fail" for VALUE OP LIMIT (OP is <= or >=).
 pass_fail() {
     if [ "$(echo "$1 $2 $3" | bc -l)" = 1 ]; then echo pass; else echo "**fail**"; fi
@@ -94,7 +79,7 @@ files_table() {
     local count="$1" scheme="$2"
     local base="$BASE_URL" list="$DATA_DIR/many-$count-$scheme.txt" out="$DATA_DIR/out/many" state="$DATA_DIR/haul-state"
     local haul_tls="" curl_tls="" wget_tls="" title="$count files of 16 KiB over http, 16 at a time"
-    small_files "$count"
+    bench_small_files "$count"
     if [ "$scheme" = https ]; then
         base="$TLS_URL"
         haul_tls="--ca-cert $CA_CERT" curl_tls="--http2 --cacert $CA_CERT" wget_tls="--ca-certificate=$CA_CERT"
@@ -214,7 +199,7 @@ queue_table() {
     else
         add_target_s=2 add_target_mib=100 daemon_target_mib=100
     fi
-    small_files "$queue_files"
+    bench_small_files "$queue_files"
     set_aside "$work"
     mkdir -p "$work/files"
     # Each URL a small file with a query string of its own and an out= name of its own: haul names
