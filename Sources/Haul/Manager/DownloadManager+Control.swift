@@ -498,7 +498,10 @@ extension DownloadManager {
                 }
             }
         }
-        await askOwners(elsewhere, .pause)
+        // Asked all at once, each answered at its owner's next tick; those whose owner is gone
+        // are paused here.
+        let answer = try? await askOwners(elsewhere, .pause)
+        for id in answer?.actHere ?? [] { _ = try? await pause(id) }
     }
 
     /// Resumes every paused download, and every one left queued by a manager that is gone.

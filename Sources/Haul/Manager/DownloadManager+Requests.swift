@@ -9,76 +9,64 @@ extension DownloadManager {
         try learn(id)
         guard let entry = entries[id], let owner = entry.record.owner, owner != claim.name, claim.isAlive(owner)
         else { return false }
-        let request = reason.request
-        // The owner let go of it meanwhile: act here.
-        guard try store.setRequest(request, for: id, ifOwnedBy: owner) else {
-            try reload(id)
-            return false
+        let answer = try await askOwners([(id, owner)], reason, timeout: timeout)
+        guard answer.unanswered.isEmpty else {
+            throw HaulError(
+                .locked,
+                "haul process (\(claim.describe(owner))) did not \(reason.request.verb) download \(id) in time")
         }
-        let deadline = clock.now + timeout
-        while clock.now < deadline {
-            try await clock.sleep(for: .milliseconds(50))
-            guard let record = try store.download(id) else {
-                entries[id] = nil
-                return true
-            }
-            if record.request == nil {
-                try reload(id)
-                return true
-            }
-            if !claim.isAlive(owner) {
-                // The owner died before answering: the download is nobody's now, so act here.
-                try store.clearRequest(for: id)
-                try reload(id)
-                return false
-            }
-        }
-        try store.clearRequest(for: id)
-        throw HaulError(
-            .locked,
-            "haul process (\(claim.describe(owner))) did not \(request.verb) download \(id) in time")
+        return answer.actHere.isEmpty
     }
 
-    /// Asks the owners of many downloads at once (see ``askOwner(_:_:timeout:)``) and waits until
-    /// each has answered, its owner is gone, or `timeout` has passed; a download whose owner is gone
-    /// is stopped here.
+    /// What the owners asked by ``askOwners(_:_:timeout:)`` came to.
+    struct OwnersAnswer {
+        /// Downloads this manager acts on itself: their owner let go of them, or died before it
+        /// answered (they are nobody's now).
+        var actHere: [DownloadID] = []
+        /// Downloads whose owner did not answer in time; the request was withdrawn.
+        var unanswered: [DownloadID] = []
+    }
+
+    /// Writes `reason`'s request into the record of each download while its owner (a live manager
+    /// of another process or worker) still owns it, and waits until each owner has carried it out
+    /// at its next tick, is gone, or `timeout` has passed.
     func askOwners(
         _ downloads: [(id: DownloadID, owner: String)], _ reason: StopReason, timeout: Duration = .seconds(30)
-    ) async {
+    ) async throws -> OwnersAnswer {
+        var answer = OwnersAnswer()
         var asked: [DownloadID: String] = [:]
         for (id, owner) in downloads {
-            if claim.isAlive(owner), (try? store.setRequest(reason.request, for: id, ifOwnedBy: owner)) == true {
+            if claim.isAlive(owner), try store.setRequest(reason.request, for: id, ifOwnedBy: owner) {
                 asked[id] = owner
             } else {
-                _ = try? await pauseOrStop(id, reason)
+                // The owner let go of it meanwhile.
+                try reload(id)
+                answer.actHere.append(id)
             }
         }
         let deadline = clock.now + timeout
         while !asked.isEmpty && clock.now < deadline {
-            guard (try? await clock.sleep(for: .milliseconds(50))) != nil else { break }
+            try await clock.sleep(for: .milliseconds(50))
             for (id, owner) in asked {
-                let record = try? store.download(id)
-                if record?.request != nil && claim.isAlive(owner) { continue }
-                asked[id] = nil
-                if record == nil { entries[id] = nil } else { try? reload(id, stored: record) }
-                // The owner died before it answered: the download is nobody's now, so act here.
-                if record?.request != nil {
-                    try? store.clearRequest(for: id)
-                    _ = try? await pauseOrStop(id, reason)
+                guard let record = try store.download(id) else {
+                    asked[id] = nil
+                    entries[id] = nil
+                    continue
+                }
+                if record.request == nil {
+                    asked[id] = nil
+                    try reload(id, stored: record)
+                } else if !claim.isAlive(owner) {
+                    asked[id] = nil
+                    try store.clearRequest(for: id)
+                    try reload(id)
+                    answer.actHere.append(id)
                 }
             }
         }
-        // Not answered in time: the request is withdrawn, as for one download.
-        for id in asked.keys { try? store.clearRequest(for: id) }
-    }
-
-    /// Carries out `reason` for a download this manager may act on itself.
-    private func pauseOrStop(_ id: DownloadID, _ reason: StopReason) async throws {
-        switch reason {
-        case .pause, .leaseLost: _ = try await pause(id)
-        case .cancel: try await cancel(id)
-        case .remove(let deletingFiles): try await remove(id, deletingFiles: deletingFiles)
-        }
+        for id in asked.keys { try store.clearRequest(for: id) }
+        answer.unanswered = Array(asked.keys)
+        return answer
     }
 
     /// Carries out the requests other processes wrote for downloads this manager owns.
