@@ -145,20 +145,24 @@ package final class PostgreSQLQueueStore: QueueStore {
             try Self.count(deltas, session)
             // The other workers hear of it once it is committed (`NOTIFY` waits for the commit).
             let changed = Set((updatesIfPresent + updates).compactMap(\.id)).filter { states[$0] != nil }
-            let notice = QueueNotice(
-                sender: fence?.owner ?? "", added: ids, changed: changed.sorted().map(DownloadID.init),
-                removed: removed.sorted { $0.rawValue < $1.rawValue })
-            let payloads = notice.payloads
-            if !payloads.isEmpty {
-                try session.query(
-                    "SELECT pg_notify('\(Self.noticeChannel)', p) FROM unnest($1::text[]) AS p", Self.binds(payloads))
-            }
+            try Self.notify(
+                QueueNotice(
+                    sender: fence?.owner ?? "", added: ids, changed: changed.sorted().map(DownloadID.init),
+                    removed: removed.sorted { $0.rawValue < $1.rawValue }), session)
             return ids
         }
     }
 
     /// The channel commits are told on (see ``notices()``).
     static let noticeChannel = "haul_queue"
+
+    /// Tells every listening worker `notice`, once the transaction of `session` commits (`NOTIFY`
+    /// waits for it); nothing for a notice of no IDs.
+    private static func notify(_ notice: QueueNotice, _ session: PostgreSQLSession) throws {
+        let payloads = notice.payloads
+        guard !payloads.isEmpty else { return }
+        try session.query("SELECT pg_notify('\(noticeChannel)', p) FROM unnest($1::text[]) AS p", binds(payloads))
+    }
 
     /// What every worker's commits change, as PostgreSQL tells it (`LISTEN`) on a connection of
     /// its own, made again a second after it is lost.
@@ -591,11 +595,7 @@ package final class PostgreSQLQueueStore: QueueStore {
             let (running, released): (Int64, [Int64]) = try row?.decode((Int64, [Int64]).self) ?? (0, [])
             try Self.count(["queued": Int(running), "running": -Int(running)], session)
             // Every worker hears of it, the one taking over too (which did not tell it itself).
-            let payloads = QueueNotice(sender: "", changed: released.map(DownloadID.init)).payloads
-            if !payloads.isEmpty {
-                try session.query(
-                    "SELECT pg_notify('\(Self.noticeChannel)', p) FROM unnest($1::text[]) AS p", Self.binds(payloads))
-            }
+            try Self.notify(QueueNotice(sender: "", changed: released.map(DownloadID.init)), session)
             return gone
         }
     }

@@ -186,7 +186,6 @@ extension DownloadManager {
             waiting = Heap()
             for id in Array(jobs.keys) { await stop(id, .leaseLost) }
             entries = [:]
-            waiting = Heap()
             unwritten = WriteBehind()
             interrupted = []
             announcing = []
