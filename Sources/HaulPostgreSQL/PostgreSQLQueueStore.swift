@@ -251,6 +251,18 @@ package final class PostgreSQLQueueStore: QueueStore {
             "SELECT \(Self.columns) FROM download WHERE \(Self.stateCondition) ORDER BY id OFFSET $2 LIMIT $3", binds)
     }
 
+    package func downloadsInStartOrder(in states: Set<DownloadState>, offset: Int, limit: Int) throws
+        -> [StoredDownload]
+    {
+        guard limit > 0 else { return [] }
+        var binds = Self.stateBinds(states)
+        binds.append(Int64(max(0, offset)))
+        binds.append(Int64(limit))
+        return try records(
+            "SELECT \(Self.columns) FROM download WHERE \(Self.stateCondition) ORDER BY priority DESC, id OFFSET $2 LIMIT $3",
+            binds)
+    }
+
     package func counts() throws -> [DownloadState: Int] {
         let result = try run("could not read the queue database") { session in
             try session.query("SELECT state, n FROM download_count WHERE n > 0")

@@ -156,6 +156,15 @@ extension DownloadManager: DownloadQueue {
         return DownloadPage(downloads: records.map { listed($0).info }, total: total)
     }
 
+    /// A page of the downloads in `states` in the order they start (higher priority first, then
+    /// older), and how many there are over every page. Each page sorts the downloads in `states`:
+    /// meant for the waiting line of a queue of moderate length.
+    public func downloadsInStartOrder(in states: Set<DownloadState>, offset: Int, limit: Int) throws -> DownloadPage {
+        let total = try counts().filter { states.contains($0.key) }.values.reduce(0, +)
+        let records = try store.downloadsInStartOrder(in: states, offset: max(0, offset), limit: max(0, limit))
+        return DownloadPage(downloads: records.map { listed($0).info }, total: total)
+    }
+
     /// The download with this ID, as the database has it when another process added or runs it;
     /// throws ``HaulError/Code/unknownDownload`` when there is none.
     public func download(id: DownloadID) throws -> DownloadInfo {

@@ -49,6 +49,11 @@ package protocol QueueStore: Sendable {
     /// `offset` of them.
     func downloads(in states: Set<DownloadState>?, offset: Int, limit: Int) throws -> [StoredDownload]
 
+    /// At most `limit` records in `states`, in the order a queue starts them (higher priority
+    /// first, then older), skipping the first `offset` of them. The records are sorted for each
+    /// page: for lines of a moderate length (aria2's `tellWaiting`), not for paging a million.
+    func downloadsInStartOrder(in states: Set<DownloadState>, offset: Int, limit: Int) throws -> [StoredDownload]
+
     /// How many records there are in each state, in one read; a state without records is absent.
     func counts() throws -> [DownloadState: Int]
 

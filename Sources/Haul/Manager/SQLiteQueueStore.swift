@@ -385,6 +385,17 @@ final class SQLiteQueueStore: QueueStore {
         }
     }
 
+    /// A page of records in the order they start (see ``QueueStore/downloadsInStartOrder(in:offset:limit:)``).
+    func downloadsInStartOrder(in states: Set<DownloadState>, offset: Int, limit: Int) throws -> [StoredDownload] {
+        guard limit > 0 else { return [] }
+        let condition = Self.stateCondition(states)
+        return try read { db in
+            try StoredDownload.fetchAll(
+                db, sql: "SELECT * FROM download WHERE \(condition.sql) ORDER BY priority DESC, id LIMIT ? OFFSET ?",
+                arguments: condition.arguments + [limit, max(0, offset)])
+        }
+    }
+
     /// How many records each state has (see ``QueueStore/counts()``).
     func counts() throws -> [DownloadState: Int] {
         try read { db in

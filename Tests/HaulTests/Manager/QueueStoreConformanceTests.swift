@@ -428,6 +428,33 @@ struct QueueStoreKind: Sendable, CustomTestStringConvertible {
         }
     }
 
+    /// The line in the order downloads start: higher priority first, then older; only the states
+    /// asked for, a page at an offset.
+    @Test(arguments: QueueStoreKind.all)
+    func pagesReadTheLineInTheOrderItStarts(_ kind: QueueStoreKind) async throws {
+        try await kind.withStorage { storage in
+            let store = try storage.open()
+            let priorities = [0, 5, 0, -3, 5, 0, 9, 0, -3, 0, 5, 0]
+            let records = try Self.stored(
+                store, count: priorities.count, states: [.queued, .paused, .failed], priority: { priorities[$0] })
+            let line = records.filter { $0.state != .failed }
+                .sorted { $0.priority != $1.priority ? $0.priority > $1.priority : $0.downloadID < $1.downloadID }
+                .map(\.downloadID)
+            #expect(line.count == 8)
+            #expect(
+                try store.downloadsInStartOrder(in: [.queued, .paused], offset: 0, limit: 100).map(\.downloadID) == line
+            )
+            #expect(
+                try store.downloadsInStartOrder(in: [.queued, .paused], offset: 3, limit: 4).map(\.downloadID)
+                    == Array(line[3..<7]))
+            #expect(try store.downloadsInStartOrder(in: [.queued, .paused], offset: 8, limit: 4).isEmpty)
+            #expect(try store.downloadsInStartOrder(in: [.queued, .paused], offset: 0, limit: 0).isEmpty)
+            let queued = records.filter { $0.state == .queued }
+                .sorted { $0.priority != $1.priority ? $0.priority > $1.priority : $0.downloadID < $1.downloadID }
+            #expect(try store.downloadsInStartOrder(in: [.queued], offset: 0, limit: 100) == queued)
+        }
+    }
+
     /// Counts come per state in one read; states without records are absent.
     @Test(arguments: QueueStoreKind.all)
     func countsArePerState(_ kind: QueueStoreKind) async throws {
