@@ -443,6 +443,63 @@ extension DownloadManager {
         return entry.info
     }
 
+    /// Moves a waiting download (queued or paused) to `priority` in the queue, and returns it: of
+    /// the downloads waiting, higher priorities start first, and equal ones in the order they were
+    /// added.
+    @discardableResult
+    public func setPriority(_ id: DownloadID, _ priority: DownloadPriority) throws -> DownloadInfo {
+        var entry = try controllable(id)
+        guard entry.state == .queued || entry.state == .paused else {
+            throw HaulError(
+                .invalidState, "download \(id) is \(entry.state); only a queued or paused download has a place in line")
+        }
+        guard entry.record.priority != priority.rawValue else { return entry.info }
+        entry.record.priority = priority.rawValue
+        try save(&entry)
+        // Its place in line under the old priority is passed over when it comes up (see schedule()).
+        if entry.state == .queued { line(entry) }
+        return entry.info
+    }
+
+    /// Changes what a download asks for from its next request on (its limit, connections, headers),
+    /// as `edit` says, and returns it. A running download is paused, changed and queued again, its
+    /// data kept; a finished one cannot change.
+    @discardableResult
+    public func changeRequest(_ id: DownloadID, _ edit: @Sendable (inout DownloadRequest) throws -> Void)
+        async throws -> DownloadInfo
+    {
+        var entry = try controllable(id)
+        var request = entry.record.definition
+        try edit(&request)
+        _ = try request.check()
+        // A running download's own limit changes as it runs.
+        var unlimited = request
+        unlimited.bytesPerSecondLimit = entry.record.definition.bytesPerSecondLimit
+        if entry.state == .running, unlimited == entry.record.definition, let limiter = jobs[id]?.rateLimiter {
+            limiter.setRate(request.bytesPerSecondLimit)
+            entry.record.definition = request
+            try save(&entry)
+            return entry.info
+        }
+        let wasRunning = entry.state == .running
+        switch entry.state {
+        case .queued, .paused, .failed: break
+        case .running: _ = try await pause(id)
+        case .completed, .cancelled:
+            throw HaulError(.invalidState, "download \(id) is \(entry.state); its request can no longer change")
+        }
+        entry = try controllable(id)
+        entry.record.definition = request
+        if wasRunning && entry.state == .paused {
+            markQueued(&entry)
+            try write([entry.record])
+            enter(entry)
+        } else {
+            try save(&entry)
+        }
+        return entry.info
+    }
+
     /// Stops a download for good and deletes its partial data; the record stays, as cancelled.
     public func cancel(_ id: DownloadID) async throws {
         if try await askOwner(id, .cancel) { return }

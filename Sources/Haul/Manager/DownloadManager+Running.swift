@@ -236,7 +236,10 @@ extension DownloadManager {
     /// cancels its task.
     private func execute(_ id: DownloadID) async {
         guard let entry = entries[id], jobs[id] != nil else { return }
-        let request = request(for: entry)
+        var request = request(for: entry)
+        let limiter = RateLimiter(bytesPerSecond: request.bytesPerSecondLimit, clock: clock)
+        request.rateLimiter = limiter
+        jobs[id]?.rateLimiter = limiter
         let transport = self.transport
         let mailbox = self.mailbox
         let task = Task.detached {

@@ -354,6 +354,8 @@ extension DownloadManager {
     struct Job {
         /// The transfer, once started; cancelling it stops the download with a checkpoint.
         var task: Task<DownloadResult, any Error>?
+        /// Keeps the download's own limit, which ``changeRequest(_:_:)`` changes while it runs.
+        var rateLimiter: RateLimiter?
         var reason: StopReason?
         var waiters: [CheckedContinuation<Void, Never>] = []
     }

@@ -43,6 +43,9 @@ public struct DownloadRequest: Sendable {
     public var checksum: Checksum?
     /// The most bytes per second this download may receive (`nil`: no limit of its own).
     public var bytesPerSecondLimit: Int64?
+    /// The limiter that keeps ``bytesPerSecondLimit``, when its holder may change the rate while the
+    /// download runs (a queue's running download); never stored or compared.
+    package var rateLimiter: RateLimiter?
     /// The connections this download opens at once when the server serves ranges, from 1 to
     /// ``maximumConnections`` (`nil`: as the downloader's
     /// ``DownloaderConfiguration/Segmentation`` says).

@@ -82,8 +82,8 @@ final class TransferDriver {
         self.beforeFinishing = beforeFinishing
         self.logger = downloader.logger
         self.rateLimiters = [
-            request.bytesPerSecondLimit.map { RateLimiter(bytesPerSecond: $0, clock: downloader.clock) }
-                as RateLimiter?,
+            request.rateLimiter
+                ?? request.bytesPerSecondLimit.map { RateLimiter(bytesPerSecond: $0, clock: downloader.clock) },
             configuration.sharedRateLimiter,
         ].compactMap { $0 }
         self.events = events
