@@ -39,14 +39,7 @@ struct AccessRules: RouterMiddleware {
     func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response)
         async throws -> Response
     {
-        guard let authority = request.head.authority, allowedHosts.contains(Self.hostName(authority)) else {
-            throw APIError(
-                .misdirectedRequest, "forbiddenHost",
-                "this daemon answers to \(allowedHosts.sorted().joined(separator: ", ")) only (see --allow-host)")
-        }
-        if Self.changesState(request.method), let origin = request.headers[.origin], origin != "http://\(authority)" {
-            throw APIError(.forbidden, "forbiddenOrigin", "requests from another site's pages are refused")
-        }
+        if let refusal = refusal(of: request.head, changesState: Self.changesState(request.method)) { throw refusal }
         if !publicPaths.contains(request.uri.path) {
             guard let given = Self.bearerToken(request.headers[.authorization]), DaemonFiles.tokensMatch(given, token)
             else { throw APIError.unauthorized() }
@@ -57,6 +50,21 @@ struct AccessRules: RouterMiddleware {
         var context = context
         context.maxBodyBytes = maxBodyBytes
         return try await next(request, context)
+    }
+
+    /// Why rules 1 and 2 refuse a request, if they do: its `Host` does not name the daemon, or it
+    /// `changesState` and comes from another site's page. (A WebSocket is opened by a `GET` but
+    /// changes state through its messages.)
+    func refusal(of head: HTTPRequest, changesState: Bool) -> APIError? {
+        guard let authority = head.authority, allowedHosts.contains(Self.hostName(authority)) else {
+            return APIError(
+                .misdirectedRequest, "forbiddenHost",
+                "this daemon answers to \(allowedHosts.sorted().joined(separator: ", ")) only (see --allow-host)")
+        }
+        if changesState, let origin = head.headerFields[.origin], origin != "http://\(authority)" {
+            return APIError(.forbidden, "forbiddenOrigin", "requests from another site's pages are refused")
+        }
+        return nil
     }
 
     static func changesState(_ method: HTTPRequest.Method) -> Bool {

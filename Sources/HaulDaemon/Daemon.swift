@@ -2,6 +2,7 @@ import Haul
 import HaulPostgreSQL
 import Hummingbird
 import HummingbirdCore
+import HummingbirdWebSocket
 import Logging
 import NIOCore
 import ServiceLifecycle
@@ -161,6 +162,9 @@ public final class Daemon: Sendable {
         /// The queue's events for the hub and the metrics, subscribed before the queue starts so
         /// no event of the run is missed.
         let events: AsyncStream<DownloadManagerEvent>
+        /// Names this run for aria2's clients (`aria2.getSessionInfo`): 40 hexadecimal digits.
+        let sessionID = (0..<3).map { _ in String(UInt64.random(in: .min ... .max), radix: 16) }.joined()
+            .padding(toLength: 40, withPad: "0", startingAt: 0)
     }
 
     /// The shared parts of a new run.
@@ -174,15 +178,11 @@ public final class Daemon: Sendable {
     func buildRouter(_ runtime: Runtime) -> Router<DaemonRequestContext> {
         let router = Router(context: DaemonRequestContext.self)
         router.middlewares.add(SecurityHeaders())
-        let publicPaths = Set(Page.files.keys).union(["/api/v1/openapi.json"])
-        router.middlewares.add(
-            AccessRules(
-                token: token, listeningHost: options.host, extraHosts: options.allowedHosts,
-                maxBodyBytes: options.maxBodyBytes, publicPaths: publicPaths))
+        router.middlewares.add(accessRules)
         router.middlewares.add(
             RequestRateCap(
                 bucket: RequestBucket(perSecond: options.requestsPerSecond, clock: transferClock),
-                exempt: publicPaths))
+                exempt: Self.publicPaths))
         Page.register(on: router)
         let manager = self.manager
         router.get("metrics") { _, _ in
@@ -197,10 +197,27 @@ public final class Daemon: Sendable {
         let api = API(
             manager: manager, roots: roots, hub: runtime.hub, keepAlive: options.keepAlive,
             connections: runtime.connections)
+        aria2(runtime).register(on: router)
         let recorder = RouteRecorder()
         api.register(on: router.group("api/v1"), recording: recorder)
         state.withLock { $0.routes = recorder.routes }
         return router
+    }
+
+    /// Paths served without a token: the page's shell and its files, which hold no data.
+    static let publicPaths = Set(Page.files.keys).union(["/api/v1/openapi.json"])
+
+    /// The rules every request passes. aria2's interface takes the token as its secret, in each
+    /// call (see ``Aria2RPC``).
+    var accessRules: AccessRules {
+        AccessRules(
+            token: token, listeningHost: options.host, extraHosts: options.allowedHosts,
+            maxBodyBytes: options.maxBodyBytes, publicPaths: Self.publicPaths.union([Aria2RPC.path]))
+    }
+
+    /// aria2's interface over the queue.
+    func aria2(_ runtime: Runtime) -> Aria2RPC {
+        Aria2RPC(manager: manager, roots: roots, token: token, sessionID: runtime.sessionID)
     }
 
     /// The daemon's HTTP application: ``buildRouter(_:)``'s routes on a listener that keeps the
@@ -208,10 +225,17 @@ public final class Daemon: Sendable {
     func buildApplication(_ runtime: Runtime) -> Application<RouterResponder<DaemonRequestContext>> {
         let directory = manager.stateDirectory
         let host = options.host
+        let (aria2, rules, maxMessageBytes) = (aria2(runtime), accessRules, options.maxBodyBytes)
         return Application(
             router: buildRouter(runtime),
             server: HTTPServerBuilder { responder in
-                GuardedHTTP1Channel(inner: HTTP1Channel(responder: responder), ledger: runtime.connections)
+                GuardedHTTP1Channel(
+                    inner: HTTP1WebSocketUpgradeChannel(
+                        responder: responder, configuration: .init(ws: .init(maxFrameSize: maxMessageBytes))
+                    ) { head, _, _ in
+                        aria2.upgrade(head, rules: rules, connections: runtime.connections)
+                    },
+                    ledger: runtime.connections)
             },
             configuration: ApplicationConfiguration(address: .hostname(host, port: options.port), serverName: "haul"),
             onServerRunning: { [weak self] channel in

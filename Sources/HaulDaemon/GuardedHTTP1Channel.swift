@@ -1,17 +1,18 @@
 import HummingbirdCore
+import HummingbirdWebSocket
 import Logging
 import NIOCore
 import NIOHTTP1
 import NIOHTTPTypesHTTP1
 
-/// Hummingbird's HTTP/1 channel with the daemon's connection rules around it: every connection is
-/// admitted by the ``ConnectionLedger`` and reports what it does there, and each request is read as
-/// HTTP/1.1 says before the router sees it.
+/// Hummingbird's HTTP/1 channel, with its WebSocket upgrade (aria2's `/jsonrpc`), and the daemon's
+/// connection rules around it: every connection is admitted by the ``ConnectionLedger`` and
+/// reports what it does there, and each request is read as HTTP/1.1 says before the router sees it.
 struct GuardedHTTP1Channel: ServerChildChannel {
-    let inner: HTTP1Channel
+    let inner: HTTP1WebSocketUpgradeChannel
     let ledger: ConnectionLedger
 
-    func setup(channel: any Channel, logger: Logger) -> EventLoopFuture<HTTP1Channel.Value> {
+    func setup(channel: any Channel, logger: Logger) -> EventLoopFuture<HTTP1WebSocketUpgradeChannel.Value> {
         let admitted = ledger.admit(channel)
         if !admitted { logger.debug("connection refused: every connection is answering a request") }
         let ledger = self.ledger
@@ -20,16 +21,18 @@ struct GuardedHTTP1Channel: ServerChildChannel {
         }.flatMap {
             inner.setup(channel: channel, logger: logger)
         }.flatMapThrowing { value in
-            // Between the HTTP/1 decoder and the conversion to HTTP types, where the request's
-            // version and target are still as they were sent.
+            // Between the HTTP/1 decoder and what reads the request (the upgrade's handler, then
+            // the conversion to HTTP types), where the request's version and target are still as
+            // they were sent.
             let operations = channel.pipeline.syncOperations
-            let codec = try operations.handler(type: HTTP1ToHTTPServerCodec.self)
-            try operations.addHandler(RequestWatch(ledger: ledger), position: .before(codec))
+            let upgrade = try operations.handler(
+                type: NIOTypedHTTPServerUpgradeHandler<HTTP1WebSocketUpgradeChannel.UpgradeResult>.self)
+            try operations.addHandler(RequestWatch(ledger: ledger), position: .before(upgrade))
             return value
         }
     }
 
-    func handle(value: HTTP1Channel.Value, logger: Logger) async {
+    func handle(value: HTTP1WebSocketUpgradeChannel.Value, logger: Logger) async {
         await inner.handle(value: value, logger: logger)
     }
 
@@ -111,10 +114,13 @@ final class RequestWatch: ChannelDuplexHandler, RemovableChannelHandler {
     /// as receiving until the request is whole, so the request's time limit still applies.
     private var requestDone = true
     private var responseDone = true
+    /// Whether the connection became a WebSocket.
+    private var upgraded = false
 
     init(ledger: ConnectionLedger) { self.ledger = ledger }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        if upgraded { return context.fireChannelRead(data) }
         switch unwrapInboundIn(data) {
         case .head(var head):
             (requestDone, responseDone) = (false, false)
@@ -133,8 +139,17 @@ final class RequestWatch: ChannelDuplexHandler, RemovableChannelHandler {
     }
 
     func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
+        if upgraded { return context.write(data, promise: promise) }
         switch unwrapOutboundIn(data) {
         case .head(var head):
+            if head.status == .switchingProtocols {
+                // A WebSocket from here on: it stays open like an event stream, and its frames pass
+                // this handler unread.
+                upgraded = true
+                ledger.note(context.channel, .responding)
+                ledger.noteEventStream(context.channel)
+                return context.write(data, promise: promise)
+            }
             if head.headers.first(name: "content-type")?.hasPrefix("text/event-stream") == true {
                 ledger.noteEventStream(context.channel)
             }
