@@ -48,6 +48,12 @@ struct DaemonCommand: AsyncParsableCommand {
             "Another host name the API answers to (DNS names of this machine); repeatable.", valueName: "name"))
     var allowHost: [String] = []
 
+    @Option(
+        help: ArgumentHelp(
+            "An origin besides the daemon's page that may change the queue, with the token (a browser "
+                + "extension: chrome-extension://ID); repeatable.", valueName: "origin"))
+    var allowOrigin: [String] = []
+
     @Option(help: ArgumentHelp("Log level: trace, debug, info, notice, warning, error.", valueName: "level"))
     var logLevel = "info"
 
@@ -118,6 +124,10 @@ struct DaemonCommand: AsyncParsableCommand {
             throw ValidationError("--lease-time must be a number of seconds from 3 to 3600")
         }
         if netrc && netrcFile != nil { throw ValidationError("give --netrc or --netrc-file, not both") }
+        for origin in allowOrigin where !Daemon.isOrigin(origin) {
+            throw ValidationError(
+                "--allow-origin \(origin) is not an origin: give SCHEME://HOST[:PORT], e.g. chrome-extension://ID")
+        }
         // A limit of each download is given when it is added (haul add/get --limit-rate, the API's
         // limitRate); the daemon's own is the limit of all of them together.
         if transfer.limitRate != nil {
@@ -159,6 +169,7 @@ struct DaemonCommand: AsyncParsableCommand {
         options.port = port
         options.allowRemote = allowRemote
         options.allowedHosts = allowHost
+        options.allowedOrigins = allowOrigin
         options.manager = transfer.managerConfiguration(restoring: .resume)
         options.manager.netrc = try CredentialOptions.readNetrc(home: netrc, file: netrcFile)
         options.downloader = try transfer.downloaderConfiguration()

@@ -10,7 +10,8 @@ import Synchronization
 ///    name given with `--allow-host`. Anything else is a page of another site that resolved its
 ///    name to this machine (DNS rebinding): 421, and nothing is done.
 /// 2. A request that changes something and carries an `Origin` must come from the daemon's own
-///    page: a foreign origin (a form or script of another site) gets 403.
+///    page, or from an origin given with `--allow-origin` (a browser extension of the user's): a
+///    foreign origin (a form or script of another site) gets 403.
 /// 3. Every route but the page's own files needs `Authorization: Bearer TOKEN`: 401 otherwise.
 /// 4. A body announced larger than the cap gets 413 before it is read (bodies read later are cut
 ///    off at the same cap).
@@ -20,11 +21,16 @@ struct AccessRules: RouterMiddleware {
     let token: String
     /// Host names (lower case, without port) the daemon answers to.
     let allowedHosts: Set<String>
+    /// Origins (lower case) besides the daemon's own whose requests may change something.
+    let allowedOrigins: Set<String>
     let maxBodyBytes: Int
     /// Paths served without a token: the page's shell and its files, which hold no data.
     let publicPaths: Set<String>
 
-    init(token: String, listeningHost: String, extraHosts: [String], maxBodyBytes: Int, publicPaths: Set<String>) {
+    init(
+        token: String, listeningHost: String, extraHosts: [String], extraOrigins: [String] = [], maxBodyBytes: Int,
+        publicPaths: Set<String>
+    ) {
         self.token = token
         var hosts: Set<String> = ["localhost", "127.0.0.1", "::1"]
         hosts.insert(Self.hostName(listeningHost))
@@ -32,6 +38,7 @@ struct AccessRules: RouterMiddleware {
         // Listening on every address is not a name a browser would use for this machine.
         hosts.subtract(["0.0.0.0", "::"])
         self.allowedHosts = hosts
+        self.allowedOrigins = Set(extraOrigins.map { $0.lowercased() })
         self.maxBodyBytes = maxBodyBytes
         self.publicPaths = publicPaths
     }
@@ -61,7 +68,9 @@ struct AccessRules: RouterMiddleware {
                 .misdirectedRequest, "forbiddenHost",
                 "this daemon answers to \(allowedHosts.sorted().joined(separator: ", ")) only (see --allow-host)")
         }
-        if changesState, let origin = head.headerFields[.origin], origin != "http://\(authority)" {
+        if changesState, let origin = head.headerFields[.origin], origin != "http://\(authority)",
+            !allowedOrigins.contains(origin.lowercased())
+        {
             return APIError(.forbidden, "forbiddenOrigin", "requests from another site's pages are refused")
         }
         return nil

@@ -42,6 +42,9 @@ public final class Daemon: Sendable {
         public var downloadRoots: [String]
         /// More host names the daemon answers to (besides its address, `localhost` and loopback).
         public var allowedHosts: [String] = []
+        /// Origins besides the daemon's own page whose requests may change something (a browser
+        /// extension's `chrome-extension://ID`); they still need the token.
+        public var allowedOrigins: [String] = []
         /// The largest request body accepted, in bytes.
         public var maxBodyBytes = 1 << 20
         /// The queue's settings.
@@ -116,6 +119,11 @@ public final class Daemon: Sendable {
             )
         }
         try options.hooks.check()
+        for origin in options.allowedOrigins where !Self.isOrigin(origin) {
+            throw HaulError(
+                .invalidArgument,
+                "\(origin) is not an origin: give SCHEME://HOST[:PORT], e.g. chrome-extension://ID")
+        }
         self.options = options
         self.logger = logger
         self.clock = clock
@@ -204,6 +212,16 @@ public final class Daemon: Sendable {
         return router
     }
 
+    /// Whether `text` is an origin `--allow-origin` takes: `SCHEME://HOST[:PORT]`, nothing after
+    /// it (`chrome-extension://ID`, `moz-extension://UUID`, `https://intranet.example`).
+    public static func isOrigin(_ text: String) -> Bool {
+        guard let separator = text.range(of: "://") else { return false }
+        let scheme = text[..<separator.lowerBound]
+        let rest = text[separator.upperBound...]
+        return !scheme.isEmpty && scheme.allSatisfy { $0.isLetter || $0.isNumber || "+-.".contains($0) }
+            && !rest.isEmpty && rest.allSatisfy { $0.isLetter || $0.isNumber || "-.:[]".contains($0) }
+    }
+
     /// Paths served without a token: the page's shell and its files, which hold no data.
     static let publicPaths = Set(Page.files.keys).union(["/api/v1/openapi.json"])
 
@@ -212,6 +230,7 @@ public final class Daemon: Sendable {
     var accessRules: AccessRules {
         AccessRules(
             token: token, listeningHost: options.host, extraHosts: options.allowedHosts,
+            extraOrigins: options.allowedOrigins,
             maxBodyBytes: options.maxBodyBytes, publicPaths: Self.publicPaths.union([Aria2RPC.path]))
     }
 

@@ -91,6 +91,30 @@ struct DaemonSecurityTests {
         }
     }
 
+    @Test func anOriginGivenWithAllowOriginMayChangeTheQueueWithTheToken() async throws {
+        let extensionOrigin = "chrome-extension://abcdefghijklmnopabcdefghijklmnop"
+        try await withDaemon({ $0.allowedOrigins = [extensionOrigin] }, live: true) { daemon in
+            let add = #"{"downloads": [{"url": "http://127.0.0.1:9/a"}]}"#
+            let other = try await daemon.send(
+                .POST, "/api/v1/downloads", json: add,
+                headers: [("Origin", "chrome-extension://ponmlkjihgfedcbaponmlkjihgfedcba")])
+            #expect(other.status == 403 && other.errorCode == "forbiddenOrigin")
+            let tokenless = try await daemon.send(
+                .POST, "/api/v1/downloads", json: add, token: .some(nil), headers: [("Origin", extensionOrigin)])
+            #expect(tokenless.status == 401)
+            #expect(try await daemon.send(.GET, "/api/v1/downloads").json(DownloadListAnswer.self).downloads.isEmpty)
+            let allowed = try await daemon.send(
+                .POST, "/api/v1/downloads", json: add, headers: [("Origin", extensionOrigin)])
+            #expect(allowed.status == 201, "\(allowed.body)")
+        }
+        // Only an origin is taken: a URL with a path, or a bare name, is refused at start.
+        for given in ["https://example.com/page", "example.com", "chrome-extension://"] {
+            await #expect(throws: HaulError.self, "\(given)") {
+                try await withDaemon({ $0.allowedOrigins = [given] }) { _ in }
+            }
+        }
+    }
+
     @Test func thePageIsServedWithoutATokenAndMayNotBeFramed() async throws {
         try await withDaemon(live: true) { daemon in
             for (path, type) in [("/", "text/html"), ("/app.js", "text/javascript"), ("/app.css", "text/css")] {
