@@ -173,6 +173,8 @@ struct DaemonCommand: AsyncParsableCommand {
         options.manager = transfer.managerConfiguration(restoring: .resume)
         options.manager.netrc = try CredentialOptions.readNetrc(home: netrc, file: netrcFile)
         options.downloader = try transfer.downloaderConfiguration()
+        // A queue that runs for hours retries a host that refuses: it may be restarting.
+        options.downloader.retry.retriesRefusedConnections = true
         options.requestsPerSecond = requestsPerSecond
         options.hooks.onComplete = onComplete.map(POSIX.absolutePath)
         options.hooks.onError = onError.map(POSIX.absolutePath)

@@ -63,6 +63,12 @@ struct TransferOptions: ParsableArguments {
     @Option(help: "Failed attempts in a row to retry before giving up.")
     var retries: Int = 10
 
+    @Flag(
+        help:
+            "Retry a connection the host refuses before it has answered (else the download fails at once, as curl's does)."
+    )
+    var retryConnrefused = false
+
     @Option(help: "Seconds before the first retry; each further failure doubles it (up to 60 s).")
     var retryDelay: Double = 1
 
@@ -154,7 +160,7 @@ struct TransferOptions: ParsableArguments {
             ("--jobs", jobs != defaults.jobs), ("--min-split-size", minSplitSize != defaults.minSplitSize),
             ("--max-connections-per-host", maxConnectionsPerHost != nil),
             ("--total-limit-rate", totalLimitRate != nil), ("--retries", retries != defaults.retries),
-            ("--retry-delay", retryDelay != defaults.retryDelay),
+            ("--retry-delay", retryDelay != defaults.retryDelay), ("--retry-connrefused", retryConnrefused),
             ("--stall-timeout", stallTimeout != defaults.stallTimeout),
             ("--connect-timeout", connectTimeout != defaults.connectTimeout),
             ("--keep-free", keepFree != defaults.keepFree),
@@ -203,6 +209,7 @@ struct TransferOptions: ParsableArguments {
     func downloaderConfiguration() throws -> DownloaderConfiguration {
         var configuration = DownloaderConfiguration()
         configuration.retry.maximumRetries = retries
+        configuration.retry.retriesRefusedConnections = retryConnrefused
         configuration.retry.initialDelay = .milliseconds(Int64(retryDelay * 1000))
         configuration.timeouts.stall = .milliseconds(Int64(stallTimeout * 1000))
         configuration.timeouts.connect = .milliseconds(Int64(connectTimeout * 1000))

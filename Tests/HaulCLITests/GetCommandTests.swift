@@ -183,6 +183,26 @@ struct GetCommandTests {
         }
     }
 
+    @Test func aRefusedConnectionFailsAtOnceUnlessRetriesAreAskedFor() async throws {
+        // A port bound but not listening refuses connections; no other test can take it meanwhile.
+        let refusing = try RefusingPort()
+        defer { refusing.close() }
+        let directory = try makeTemporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let url = "http://127.0.0.1:\(refusing.port)/file.bin"
+        // The default would retry ten times over minutes: the suite's time limit would end it first.
+        let refused = try await HaulProcess.run(["get", url, "-d", directory, "-q"])
+        #expect(refused.status == 5)
+        #expect(refused.errors == "haul: error: cannot connect to 127.0.0.1:\(refusing.port): connection refused\n")
+        #expect(try FileManager.default.contentsOfDirectory(atPath: directory).isEmpty)
+        // Asked to, it retries like any network failure.
+        let retried = try await HaulProcess.run([
+            "get", url, "-d", directory, "-q", "--retry-connrefused", "--retries", "2", "--retry-delay", "0.01",
+        ])
+        #expect(retried.status == 5)
+        #expect(retried.errors.hasSuffix("connection refused (gave up after 2 retries)\n"), "\(retried.errors)")
+    }
+
     @Test func httpsNeedsATrustedAuthorityAndSpeaksHTTP2UnlessTold() async throws {
         try await HaulTestServer.withRunning(transport: .tls) { server in
             let resource = TestResource(name: "secure", size: 300_000)
@@ -460,5 +480,39 @@ struct DaemonOptionTests {
         #expect(refused.status == 64, "\(refused.errors)")
         #expect(refused.errors.contains(message), "\(refused.errors)")
         #expect(!FileManager.default.fileExists(atPath: directory + "/state/daemon.address"))
+    }
+}
+
+/// A loopback port bound but not listening: connections to it are refused.
+struct RefusingPort {
+    let descriptor: Int32
+    let port: Int
+
+    init() throws {
+        #if canImport(Glibc)
+            let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        #else
+            let descriptor = socket(AF_INET, SOCK_STREAM, 0)
+        #endif
+        self.descriptor = descriptor
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let bound = withUnsafeMutablePointer(to: &address) { pointer in
+            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                bind(descriptor, $0, length) == 0 && getsockname(descriptor, $0, &length) == 0
+            }
+        }
+        guard descriptor >= 0, bound else { throw CocoaError(.fileReadUnknown) }
+        port = Int(UInt16(bigEndian: address.sin_port))
+    }
+
+    func close() {
+        #if canImport(Glibc)
+            _ = Glibc.close(descriptor)
+        #else
+            _ = Darwin.close(descriptor)
+        #endif
     }
 }

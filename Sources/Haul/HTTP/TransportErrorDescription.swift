@@ -41,6 +41,16 @@ enum TransportErrorDescription {
         return "TLS with \(host) failed: \(reason)"
     }
 
+    /// Whether the host refused the connection: nothing listens at its address and port (every
+    /// address tried said so).
+    static func isRefusal(_ error: any Error) -> Bool {
+        if let connection = error as? NIOConnectionError {
+            return !connection.connectionErrors.isEmpty
+                && connection.connectionErrors.allSatisfy { ($0.error as? IOError)?.errnoCode == ECONNREFUSED }
+        }
+        return (error as? IOError)?.errnoCode == ECONNREFUSED
+    }
+
     /// Errors that only happen while a connection is being set up.
     private static let connectErrors: Set<Int32> = [ECONNREFUSED, EHOSTUNREACH, ENETUNREACH, EADDRNOTAVAIL]
 

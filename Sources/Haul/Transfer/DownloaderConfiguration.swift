@@ -15,6 +15,13 @@ public struct DownloaderConfiguration: Sendable {
         public var maximumRetryAfter: Duration = .seconds(600)
         /// Restarts from zero (the remote file changed, ranges were ignored…) allowed in one call.
         public var maximumRestarts: Int = 8
+        /// Retry a connection the host refused before any answer came from it. Off, a download that
+        /// has no bytes yet and has heard nothing from its servers fails at the first refusal, with
+        /// its one-line error, as curl and wget do (nothing listens there: waiting minutes helps
+        /// rarely). On (a queue that runs for hours, curl's `--retry-connrefused`), a refusal is
+        /// retried like any network error. A download with bytes, or one that heard an answer,
+        /// always retries.
+        public var retriesRefusedConnections: Bool = true
 
         /// The defaults.
         public init() {}

@@ -632,3 +632,64 @@ struct TransferMachineScenarioTests {
         }
     }
 }
+
+/// A connection the host refuses: at once the download's end when nothing has come from any server
+/// and nothing is stored (as curl and wget), else a failure like any other.
+@Suite struct RefusedConnectionMachineTests {
+    typealias Harness = MachineHarness
+
+    static func harness(retried: Bool, connections: Int = 1) -> Harness {
+        Harness(connections: connections) { settings in
+            var retry = DownloaderConfiguration.Retry()
+            retry.maximumRetries = 2
+            retry.jitter = false
+            retry.retriesRefusedConnections = retried
+            settings.retry = RetryPolicy(retry)
+        }
+    }
+
+    static let refusal = ConnectionEnd.failed(
+        .refused(HaulError(.network, "cannot connect to 127.0.0.1:1: connection refused")))
+
+    @Test func aFreshDownloadFailsAtTheFirstRefusal() throws {
+        var harness = Self.harness(retried: false)
+        harness.handle(.start(.nothing))
+        harness.ended(0, Self.refusal)
+        #expect(harness.machine.phase.kind == .failed)
+        #expect(harness.machine.error?.message == "cannot connect to 127.0.0.1:1: connection refused")
+    }
+
+    @Test func refusalsAreRetriedWhenAskedFor() throws {
+        var harness = Self.harness(retried: true)
+        harness.handle(.start(.nothing))
+        let actions = harness.ended(0, Self.refusal)
+        #expect(harness.machine.phase.kind != .failed)
+        #expect(describe(actions).contains { $0.hasPrefix("retrying 1") }, "\(describe(actions))")
+        harness.advance(.seconds(1))
+        #expect(describe(harness.handle(.timer)).contains { $0.hasPrefix("send 0") })
+    }
+
+    @Test func aServerThatAnsweredBeforeIsRetried() throws {
+        var harness = Self.harness(retried: false)
+        harness.handle(.start(.nothing))
+        // It answered (busy), then refused: restarting, not gone.
+        harness.answer(0, Harness.status(503))
+        harness.advance(.seconds(1))
+        harness.handle(.timer)
+        harness.ended(0, Self.refusal)
+        #expect(harness.machine.phase.kind != .failed)
+        #expect(harness.machine.connections[0].failures == 2)
+    }
+
+    @Test func aDownloadWithStoredBytesIsRetried() throws {
+        var harness = Self.harness(retried: false)
+        let stored = Harness.storedManifest(written: 1 << 20)
+        harness.handle(.start(.stored(stored, partialSize: 1 << 20)))
+        #expect(
+            describe(harness.handle(.storedDataChecked(StoredData(segments: stored.segments, pieces: []))))
+                == ["send 0 bytes=1048576-"])
+        harness.ended(0, Self.refusal)
+        #expect(harness.machine.phase.kind != .failed)
+        #expect(harness.machine.connections[0].failures == 1)
+    }
+}

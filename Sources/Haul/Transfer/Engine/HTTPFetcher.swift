@@ -204,7 +204,8 @@ struct HTTPFetcher: Sendable {
             return .fatal(HaulError(.tls, TransportErrorDescription.describeTLS(cause, host: host), underlying: cause))
         }
         let message = TransportErrorDescription.describe(cause, url: url)
-        return .retryable(HaulError(.network, message, underlying: cause), retryAfter: nil)
+        let error = HaulError(.network, message, underlying: cause)
+        return TransportErrorDescription.isRefusal(cause) ? .refused(error) : .retryable(error, retryAfter: nil)
     }
 }
 

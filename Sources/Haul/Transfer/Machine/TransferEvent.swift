@@ -51,6 +51,9 @@ enum ConnectionEnd: Sendable {
 enum TransferFailure: Sendable {
     /// Worth another attempt from the last stored byte (a reset, a timeout, a 5xx…).
     case retryable(HaulError, retryAfter: Duration?)
+    /// The host refused the connection: retried like ``retryable(_:retryAfter:)``, unless nothing has
+    /// come from any server yet and refusals are not to be retried.
+    case refused(HaulError)
     /// No attempt can mend it (TLS, a refused redirect, a disk error…).
     case fatal(HaulError)
     /// The bytes before the resume point, fetched again, differ from the disk.

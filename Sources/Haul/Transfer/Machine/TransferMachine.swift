@@ -36,6 +36,9 @@ struct TransferMachine: Sendable {
     private(set) var restarts = 0
     /// The bytes kept from earlier sessions, once known.
     private var resumedFrom: Int64?
+    /// Whether any server has answered a request of this download (a refused connection then is a
+    /// server gone for a moment, not an address where nothing listens).
+    private var heardFromServer = false
     /// The URL the bytes come from, after redirects.
     private var finalURL: String
     /// Whether the destination is known (a directory download names it from the first answer).
@@ -107,6 +110,7 @@ struct TransferMachine: Sendable {
             admitted(request, now: now)
             return []
         case .head(let request, let head):
+            heardFromServer = true
             guard isCurrent(request) else { return [.drop(connection: request.connection)] }
             return received(head, on: request.connection, now: now)
         case .wrote(let request, let segment, let upTo, let pieces):
@@ -1041,6 +1045,14 @@ struct TransferMachine: Sendable {
             return actions + retry(connection, error, retryAfter: nil, progressed: false, now: now)
         case .retryable(let error, let retryAfter):
             return retry(connection, error, retryAfter: retryAfter, progressed: progressed, now: now)
+        case .refused(let error):
+            // Bytes stored by an earlier session, or by this one.
+            let hasBytes = manifest != nil || (table?.written ?? 0) > 0
+            // With mirrors, the others may answer: the refused one is dropped as any failing source.
+            if !settings.retry.retriesRefusedConnections && !heardFromServer && !hasBytes && sources.count == 1 {
+                return fail(error, now: now)
+            }
+            return retry(connection, error, retryAfter: nil, progressed: progressed, now: now)
         }
     }
 

@@ -19,6 +19,7 @@ struct RetryPolicy: Sendable {
     let maximumDelay: Duration
     let jitter: Bool
     let maximumRetryAfter: Duration
+    let retriesRefusedConnections: Bool
 
     init(_ retry: DownloaderConfiguration.Retry) {
         maximumRetries = retry.maximumRetries
@@ -26,6 +27,7 @@ struct RetryPolicy: Sendable {
         maximumDelay = retry.maximumDelay
         jitter = retry.jitter
         maximumRetryAfter = retry.maximumRetryAfter
+        retriesRefusedConnections = retry.retriesRefusedConnections
     }
 
     /// The decision after `failures` failures in a row, the last of which asked for `retryAfter`.
