@@ -43,18 +43,20 @@ extension HaulTestServer {
         do {
             try await connection.executeThenClose { inbound, _ in
                 var head: HTTPRequestHead?
+                var body: [UInt8] = []
                 for try await part in inbound {
                     switch part {
                     case .head(let requestHead): head = requestHead
-                    case .body: continue
+                    case .body(let buffer): body += buffer.readableBytesView
                     case .end:
                         guard let requestHead = head else { return }
                         let keepOpen = try await respond(
-                            to: requestHead, connection: connectionNumber, version: version,
+                            to: requestHead, body: body, connection: connectionNumber, version: version,
                             channel: connection.channel
                         )
                         if !keepOpen || !requestHead.isKeepAlive { return }
                         head = nil
+                        body = []
                     }
                 }
             }
@@ -65,12 +67,13 @@ extension HaulTestServer {
 
     /// Answers one request; returns false when the connection must be closed.
     private func respond(
-        to head: HTTPRequestHead, connection: Int, version: String, channel: any Channel
+        to head: HTTPRequestHead, body: [UInt8], connection: Int, version: String, channel: any Channel
     ) async throws -> Bool {
-        let request = RecordedRequest(
+        var request = RecordedRequest(
             method: head.method.rawValue, uri: head.uri, headers: head.headers.map { ($0.name, $0.value) },
             connection: connection, version: version
         )
+        request.body = body
         let (index, resource, faults) = state.withLock { state -> (Int, TestResource?, [Fault]) in
             state.requestsAnswering += 1
             state.maximumRequestsAnswering = max(state.maximumRequestsAnswering, state.requestsAnswering)

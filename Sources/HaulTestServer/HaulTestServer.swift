@@ -27,6 +27,8 @@ public final class HaulTestServer: Sendable {
         public let connection: Int
         /// `HTTP/1.1` or `HTTP/2`.
         public let version: String
+        /// The request's body (a webhook's POST), empty for most requests.
+        public var body: [UInt8] = []
 
         public var path: String { String(uri.split(separator: "?", maxSplits: 1).first ?? "") }
 
