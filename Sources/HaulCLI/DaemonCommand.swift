@@ -50,6 +50,12 @@ struct DaemonCommand: AsyncParsableCommand {
 
     @Option(
         help: ArgumentHelp(
+            "A URL to POST a JSON event to when a download completes or fails (ntfy, Gotify, your own); "
+                + "repeatable.", valueName: "url"))
+    var webhook: [String] = []
+
+    @Option(
+        help: ArgumentHelp(
             "An origin besides the daemon's page that may change the queue, with the token (a browser "
                 + "extension: chrome-extension://ID); repeatable.", valueName: "origin"))
     var allowOrigin: [String] = []
@@ -170,6 +176,7 @@ struct DaemonCommand: AsyncParsableCommand {
         options.allowRemote = allowRemote
         options.allowedHosts = allowHost
         options.allowedOrigins = allowOrigin
+        options.webhooks = webhook
         options.manager = transfer.managerConfiguration(restoring: .resume)
         options.manager.netrc = try CredentialOptions.readNetrc(home: netrc, file: netrcFile)
         options.downloader = try transfer.downloaderConfiguration()

@@ -55,6 +55,8 @@ public final class Daemon: Sendable {
         public var keepAlive: Duration = .seconds(15)
         /// Programs to run when a download completes or fails.
         public var hooks = Hooks()
+        /// URLs a JSON event is POSTed to when a download completes or fails (see `--webhook`).
+        public var webhooks: [String] = []
         /// Requests a second the daemon answers (all clients together; twice as many at once);
         /// past it, 429.
         public var requestsPerSecond = 200
@@ -119,6 +121,10 @@ public final class Daemon: Sendable {
             )
         }
         try options.hooks.check()
+        for url in options.webhooks where !WebhookSender.isWebhookURL(url) {
+            throw HaulError(
+                .invalidArgument, "--webhook \(WebhookSender.withoutQuery(url)) is not an http or https URL")
+        }
         for origin in options.allowedOrigins where !Self.isOrigin(origin) {
             throw HaulError(
                 .invalidArgument,
@@ -276,13 +282,21 @@ public final class Daemon: Sendable {
         ]
     }
 
-    /// Starts the hooks beside the service group, on an event stream that ends only when the queue
-    /// is closed: a download that ends while the daemon stops still gets its hook.
+    /// Starts the hooks and the webhooks beside the service group, on event streams that end only
+    /// when the queue is closed: a download that ends while the daemon stops still gets its hook.
     func startHooks() -> Task<Void, Never>? {
-        guard options.hooks.onComplete != nil || options.hooks.onError != nil else { return nil }
+        let programs = options.hooks.onComplete != nil || options.hooks.onError != nil
+        guard programs || !options.webhooks.isEmpty else { return nil }
         let runner = HookRunner(hooks: options.hooks, manager: manager, logger: logger, clock: clock)
-        let hookEvents = manager.events()
-        return Task { await runner.run(hookEvents) }
+        let sender = WebhookSender(urls: options.webhooks, logger: logger, clock: clock)
+        let hookEvents = programs ? manager.events() : nil
+        let webhookEvents = options.webhooks.isEmpty ? nil : manager.events()
+        return Task {
+            await withDiscardingTaskGroup { group in
+                if let hookEvents { group.addTask { await runner.run(hookEvents) } }
+                if let webhookEvents { group.addTask { await sender.run(webhookEvents) } }
+            }
+        }
     }
 
     /// Serves the API and runs the queue until SIGTERM or SIGINT, or ``shutdown()``; then every
