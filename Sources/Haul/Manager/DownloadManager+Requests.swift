@@ -125,7 +125,7 @@ extension DownloadManager.StopReason {
         case .cancel: .cancel
         case .remove(let deletingFiles): deletingFiles ? .removeFiles : .remove
         // A worker's own: never asked of another.
-        case .leaseLost: .pause
+        case .leaseLost, .outsideStartWindow: .pause
         }
     }
 }

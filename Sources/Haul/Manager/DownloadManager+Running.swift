@@ -89,7 +89,7 @@ extension DownloadManager {
 
     /// Starts waiting downloads while there are free slots; ends an idle `runUntilIdle`.
     func schedule() {
-        guard let run = lifecycle.run else { return }
+        guard let run = lifecycle.run, rulesNow.startsDownloads else { return }
         while jobs.count < configuration.maxConcurrentDownloads {
             if waiting.isEmpty && moreWaiting { refillWindow() }
             guard let next = waiting.popMax() else { break }
@@ -377,6 +377,11 @@ extension DownloadManager {
                 try? deleteFiles(of: entry.record, finished: false)
                 entry.move(to: .cancelled)
                 entry.record.owner = nil
+            case .outsideStartWindow:
+                markQueued(&entry)
+                try? save(&entry, soon: true)
+                line(entry)
+                return
             case .remove, .leaseLost, nil:
                 // The manager is stopping: the download waits for the next one (or the next start).
                 entry.move(to: .queued)
@@ -441,6 +446,7 @@ extension DownloadManager {
                 return
             }
             persistProgress()
+            await lookAtRules()
             await keepLease()
             await applyRequests()
             if clock.now - lastSpaceCheck >= configuration.spaceCheckInterval {

@@ -61,6 +61,14 @@ public actor DownloadManager {
         public var spaceCheckInterval: Duration = .seconds(5)
         /// The least time between two progress events of one download.
         public var progressInterval: Duration = .milliseconds(500)
+        /// Schedules (when downloads start, the total limit by the time of day) and rules (by site,
+        /// by kind of file); see ``DownloadManager/setRules(_:)`` to change them while the queue runs.
+        public var rules = QueueRules()
+        /// The time zone the rules' times are in.
+        public var timeZone = TimeZone.current
+        /// The date when the manager opens, from which its clock counts for the rules' times (the
+        /// system's date when `nil`); a test gives one with a clock of its own.
+        public var startDate: Date?
 
         /// The defaults.
         public init() {}
@@ -148,6 +156,10 @@ public actor DownloadManager {
     var othersRunning: [DownloadID: String] = [:]
     /// A fleet's worker found its lease lost: its next tick stops every download and joins again.
     var leaseLost = false
+    /// The clock's reading and the date when the manager opened: the rules' times are counted from them.
+    let dateAnchor: (moment: Moment, date: Date)
+    /// Where the rules stood at their last look (a scheduled total limit, whether downloads start).
+    var rulesNow = QueueRules.Now(bytesPerSecond: nil, startsDownloads: true)
 
     /// Opens (creating when needed) the state in `location` and reconciles it with the files on disk.
     ///
@@ -221,6 +233,11 @@ public actor DownloadManager {
         self.transport = downloader
         self.clock = downloader.clock
         self.lastSpaceCheck = self.clock.now
+        self.dateAnchor = (self.clock.now, configuration.startDate ?? Date())
+        // A window that holds already holds from the first download on.
+        let rulesNow = configuration.rules.now(at: dateAnchor.date, in: configuration.timeZone)
+        self.rulesNow = rulesNow
+        if let scheduled = rulesNow.bytesPerSecond { limiter.setRate(scheduled) }
         let confinement = DownloadConfinement(roots: transfer.downloadRoots)
         self.confinement = confinement
         if let lease = ownership.lease {
@@ -281,7 +298,23 @@ public actor DownloadManager {
     /// Takes `limit` as this manager's limit (its share of it, in a fleet).
     func applyBytesPerSecondLimit(_ limit: Int64?) {
         configuration.bytesPerSecondLimit = limit.map { max(1, $0) }
-        rateLimiter.setRate(configuration.bytesPerSecondLimit.map { max(1, $0 / Int64(fleetShare)) })
+        applyRate()
+    }
+
+    /// Sets the shared limiter to the total limit in force: a speed window's while one holds, else
+    /// the one set (this worker's share of it, in a fleet).
+    func applyRate() {
+        let total = rulesNow.bytesPerSecond ?? configuration.bytesPerSecondLimit
+        rateLimiter.setRate(total.map { max(1, $0 / Int64(fleetShare)) })
+    }
+
+    /// Replaces the schedules and rules while the queue runs (see ``QueueRules``): a limit or start
+    /// window that holds now takes effect at once; site and file rules apply to downloads added
+    /// from now on.
+    public func setRules(_ rules: QueueRules) async throws {
+        try rules.check()
+        configuration.rules = rules
+        await lookAtRules()
     }
 
     /// Changes the limit at run time. Lowering it lets running downloads finish; none is stopped.
@@ -348,6 +381,8 @@ extension DownloadManager {
         /// A fleet's worker lost its lease: the download may run elsewhere now, and this manager
         /// writes nothing more of it.
         case leaseLost
+        /// The last start window closed: the download waits, queued, for the next.
+        case outsideStartWindow
     }
 
     /// A download that is transferring now.
