@@ -130,6 +130,21 @@ struct API: Sendable {
             return try await options().response(from: request, context: context)
         }
         route(.get, "stats") { request, context in try await stats().response(from: request, context: context) }
+        route(.get, "rules") { request, context in try await rules().response(from: request, context: context) }
+        route(.put, "rules") { request, context in
+            let rules = try await request.decode(as: QueueRules.self, context: context)
+            try await perform { try rules.check() }
+            // Folders stay beneath the download roots: relative ones are checked against the first.
+            for folder in rules.sites.compactMap(\.directory) + rules.categories.map(\.directory) {
+                _ = try roots.confine(folder, isDirectory: true)
+            }
+            // Kept first: rules in force are rules the next start has too.
+            try await perform {
+                try DaemonFiles.writeRules(rules, in: manager.stateDirectory)
+                try await manager.setRules(rules)
+            }
+            return try await self.rules().response(from: request, context: context)
+        }
     }
 
     /// The methods a route answers 405 to when it does not have them. (HEAD stays with the server,
@@ -278,6 +293,13 @@ struct API: Sendable {
         return OptionsBody(
             maxConcurrentDownloads: configuration.maxConcurrentDownloads,
             totalLimitRate: configuration.bytesPerSecondLimit)
+    }
+
+    private func rules() async -> RulesBody {
+        let now = await manager.rulesInForce
+        return RulesBody(
+            rules: await manager.configuration.rules,
+            now: .init(limitRate: now.bytesPerSecond, startsDownloads: now.startsDownloads))
     }
 
     private func stats() async throws -> StatsBody {

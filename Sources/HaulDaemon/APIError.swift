@@ -140,7 +140,9 @@ extension DecodingError {
             case .typeMismatch(let type, let context): (context, "expected \(type)")
             case .valueNotFound(let type, let context): (context, "missing \(type) value")
             case .keyNotFound(let key, let context): (context, "missing field \"\(key.stringValue)\"")
-            case .dataCorrupted(let context): (context, "malformed")
+            // A reason the decoder was given (`a time of day is HH:MM`) says more than "malformed".
+            case .dataCorrupted(let context):
+                (context, context.debugDescription.hasPrefix("a ") ? context.debugDescription : "malformed")
             @unknown default: (DecodingError.Context(codingPath: [], debugDescription: ""), "malformed")
             }
         let path = context.codingPath.map { $0.intValue.map(String.init) ?? $0.stringValue }.joined(separator: ".")

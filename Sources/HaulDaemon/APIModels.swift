@@ -186,3 +186,25 @@ extension AddedDownloads: ResponseEncodable {}
 extension DownloadList: ResponseEncodable {}
 extension OptionsBody: ResponseEncodable {}
 extension StatsBody: ResponseEncodable {}
+extension RulesBody: ResponseEncodable {}
+
+/// The daemon's schedules and rules, and where they stand now (`GET /api/v1/rules`).
+struct RulesBody: Codable, Sendable, Equatable {
+    /// Where the rules stand now.
+    struct Now: Codable, Sendable, Equatable {
+        /// The total limit a speed window sets now; `null` when none holds.
+        var limitRate: Int64?
+        /// Whether downloads start now (always, without start windows).
+        var startsDownloads: Bool
+
+        func encode(to encoder: any Encoder) throws {
+            var container = encoder.container(keyedBy: CodingKeys.self)
+            // Written as null when no window holds: the field is always there.
+            try container.encode(limitRate, forKey: .limitRate)
+            try container.encode(startsDownloads, forKey: .startsDownloads)
+        }
+    }
+
+    var rules: QueueRules
+    var now: Now
+}

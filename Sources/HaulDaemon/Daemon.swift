@@ -141,6 +141,7 @@ public final class Daemon: Sendable {
         roots = try DownloadRoots(options.downloadRoots, forbidden: [directory])
         // Progress reaches event streams at most every 200 ms per download.
         var queue = options.manager
+        if let rules = try DaemonFiles.readRules(in: directory) { queue.rules = rules }
         queue.progressInterval = max(queue.progressInterval, .milliseconds(200))
         // The roots are checked again when each download's files are opened, beneath them.
         var transfer = options.downloader

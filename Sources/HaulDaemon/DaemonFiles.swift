@@ -1,5 +1,11 @@
 import Haul
 
+#if canImport(FoundationEssentials)
+    import FoundationEssentials
+#else
+    import Foundation
+#endif
+
 #if canImport(Glibc)
     import Glibc
 #elseif canImport(Musl)
@@ -130,6 +136,33 @@ public enum DaemonFiles {
     }
 
     /// Writes the address file (mode 0600, replaced atomically).
+    /// The daemon's schedules and rules, set through its API.
+    public static let rulesName = "rules.json"
+
+    /// The rules stored in the state directory, if any; a file that does not hold rules that can
+    /// hold is refused in one line that names it.
+    static func readRules(in stateDirectory: String) throws -> QueueRules? {
+        let path = stateDirectory + "/" + rulesName
+        guard POSIX.exists(path) else { return nil }
+        do {
+            let rules = try JSONDecoder().decode(
+                QueueRules.self, from: Data(try POSIX.readWholeFile(path, limit: 1 << 20)))
+            try rules.check()
+            return rules
+        } catch let error as DecodingError {
+            throw HaulError(.invalidArgument, "\(path) does not hold rules: \(error.summary)")
+        } catch let error as HaulError {
+            throw HaulError(error.code, "\(path): \(error.message)")
+        }
+    }
+
+    /// Stores the rules, replacing the file whole (readable by its owner only).
+    static func writeRules(_ rules: QueueRules, in stateDirectory: String) throws {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys, .prettyPrinted, .withoutEscapingSlashes]
+        try POSIX.replacePrivateFile(stateDirectory + "/" + rulesName, with: Array(try encoder.encode(rules)))
+    }
+
     static func writeAddress(_ address: Address, in stateDirectory: String) throws {
         try POSIX.replacePrivateFile(
             stateDirectory + "/" + addressName, with: Array("\(address.url) \(address.processID)\n".utf8))

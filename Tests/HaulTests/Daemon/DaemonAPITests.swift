@@ -284,7 +284,7 @@ struct DaemonAPITests {
             }
             let served = daemon.daemon.routes.map { "\($0.method) /\($0.path)" }
             #expect(documented.sorted() == served.sorted())
-            #expect(served.count == 14)
+            #expect(served.count == 16)
         }
     }
 

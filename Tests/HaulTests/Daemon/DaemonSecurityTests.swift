@@ -29,6 +29,8 @@ struct DaemonSecurityTests {
         (.GET, "/api/v1/options", nil),
         (.PATCH, "/api/v1/options", #"{"maxConcurrentDownloads": 7}"#),
         (.GET, "/api/v1/stats", nil),
+        (.GET, "/api/v1/rules", nil),
+        (.PUT, "/api/v1/rules", #"{"startWindows": [{"from": "01:00", "to": "02:00"}]}"#),
         (.GET, "/api/v1/events", nil),
         (.GET, "/metrics", nil),
     ]
