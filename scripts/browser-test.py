@@ -306,7 +306,26 @@ def main():
         driver.find_element(By.CSS_SELECTOR, '#filters [data-state=""]').click()
         wait_for("All shows the first page", shows("offset=0&limit=20"))
 
-        # 7. A phone-width window: nothing wider than the screen.
+        # 7. Schedules and rules: a window of the whole day holds at once, shown beside the title; a
+        # rule that cannot hold is refused on the page and changes nothing.
+        driver.find_element(By.CSS_SELECTOR, "#rules summary").click()
+        text = driver.find_element(By.ID, "rules-text")
+        wait_for("the rules show as JSON", lambda: json.loads(text.get_attribute("value") or "null") is not None)
+        text.clear()
+        text.send_keys('{"speedLimits": [{"from": "00:00", "to": "00:00", "limitRate": 52428800}]}')
+        driver.find_element(By.ID, "rules-save").click()
+        wait_for("the page says turtle mode", lambda: "turtle mode: 50.0 MiB/s" in driver.find_element(By.ID, "rules-now").text)
+        if api("/rules")["now"]["limitRate"] != 52428800:
+            fail(f"the API's rules after saving from the page: {api('/rules')}")
+        text.clear()
+        text.send_keys('{"speedLimits": [{"from": "25:00", "to": "00:00", "limitRate": 1}]}')
+        driver.find_element(By.ID, "rules-save").click()
+        wait_for("a rule that cannot hold is refused", lambda: "HH:MM" in driver.find_element(By.ID, "rules-error").text)
+        if api("/rules")["rules"]["speedLimits"][0]["limitRate"] != 52428800:
+            fail("a refused rule changed the rules")
+        driver.save_screenshot(os.path.join(args.out, "daemon-rules.png"))
+
+        # 8. A phone-width window: nothing wider than the screen.
         driver.set_window_size(390, 844)
         time.sleep(0.3)
         overflow = driver.execute_script("return document.documentElement.scrollWidth - window.innerWidth")

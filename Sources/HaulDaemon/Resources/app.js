@@ -336,6 +336,21 @@ async function loadOptions() {
   showOptions(await call("GET", "/options"));
 }
 
+// The schedules and rules: the JSON to edit (left alone while it is being edited), and where they
+// stand now beside the section's title.
+function showRules(state, replaceText) {
+  const now = state.now;
+  const parts = [];
+  if (now.limitRate != null) parts.push("turtle mode: " + bytes(now.limitRate) + "/s");
+  if (!now.startsDownloads) parts.push("outside the start windows: nothing starts");
+  $("rules-now").textContent = parts.length ? "— " + parts.join("; ") : "";
+  if (replaceText) $("rules-text").value = JSON.stringify(state.rules, null, 2);
+}
+
+async function loadRules(replaceText) {
+  showRules(await call("GET", "/rules"), replaceText);
+}
+
 // An event updates its row when the download is shown, and the counts always; a new download
 // appears when it belongs on this page. A download that enters or leaves the filter shown reloads
 // the page (at most twice a second), to keep it in step.
@@ -441,7 +456,7 @@ async function start() {
   $("login").hidden = true;
   $("app").hidden = false;
   try {
-    await Promise.all([loadPage(), loadStats(), loadOptions()]);
+    await Promise.all([loadPage(), loadStats(), loadOptions(), loadRules(true)]);
   } catch (error) {
     return;
   }
@@ -568,6 +583,27 @@ $("total-limit").addEventListener("change", (event) => {
   const mebibytes = Number(event.target.value);
   changeOptions({ totalLimitRate: mebibytes > 0 ? Math.max(1, Math.round(mebibytes * 1048576)) : null });
 });
+
+$("rules-save").addEventListener("click", async () => {
+  const error = $("rules-error");
+  error.textContent = "";
+  let rules;
+  try {
+    rules = JSON.parse($("rules-text").value || "{}");
+  } catch (failure) {
+    error.textContent = "Not JSON: " + failure.message;
+    return;
+  }
+  try {
+    showRules(await call("PUT", "/rules", rules), true);
+  } catch (failure) {
+    error.textContent = failure.message;
+  }
+});
+// A window opens or closes on its own: where the rules stand is read again twice a minute.
+setInterval(() => {
+  if (token && !$("app").hidden) loadRules(false).catch(() => {});
+}, 30000);
 
 $("pause-all").addEventListener("click", () => call("POST", "/pause-all").then(reload).catch(() => {}));
 $("resume-all").addEventListener("click", () => call("POST", "/resume-all").then(reload).catch(() => {}));
