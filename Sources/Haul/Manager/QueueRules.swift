@@ -243,7 +243,7 @@ extension QueueRules.Window {
     public init(from decoder: any Decoder) throws {
         let container = try decoder.container(keyedBy: CodingKeys.self)
         var days = Set<Int>()
-        for name in try container.decodeIfPresent([String].self, forKey: .days) ?? [] {
+        for name in try container.decodeIfGiven([String].self, forKey: .days) ?? [] {
             guard let index = Self.dayNames.firstIndex(of: name) else {
                 throw DecodingError.dataCorruptedError(
                     forKey: .days, in: container, debugDescription: "a day is one of \(Self.dayNames), got \(name)")
@@ -287,10 +287,10 @@ extension QueueRules {
     /// Reads the rules; a kind left out has none.
     public init(from decoder: any Decoder) throws {
         let container = try decoder.container(keyedBy: CodingKeys.self)
-        speedLimits = try container.decodeIfPresent([SpeedLimit].self, forKey: .speedLimits) ?? []
-        startWindows = try container.decodeIfPresent([Window].self, forKey: .startWindows) ?? []
-        sites = try container.decodeIfPresent([SiteRule].self, forKey: .sites) ?? []
-        categories = try container.decodeIfPresent([Category].self, forKey: .categories) ?? []
+        speedLimits = try container.decodeIfGiven([SpeedLimit].self, forKey: .speedLimits) ?? []
+        startWindows = try container.decodeIfGiven([Window].self, forKey: .startWindows) ?? []
+        sites = try container.decodeIfGiven([SiteRule].self, forKey: .sites) ?? []
+        categories = try container.decodeIfGiven([Category].self, forKey: .categories) ?? []
     }
 }
 
@@ -318,10 +318,10 @@ extension QueueRules.SiteRule {
     public init(from decoder: any Decoder) throws {
         let container = try decoder.container(keyedBy: CodingKeys.self)
         host = try container.decode(String.self, forKey: .host)
-        connections = try container.decodeIfPresent(Int.self, forKey: .connections)
-        bytesPerSecond = try container.decodeIfPresent(Int64.self, forKey: .limitRate)
-        headers = try container.decodeIfPresent([QueueRules.Header].self, forKey: .headers) ?? []
-        directory = try container.decodeIfPresent(String.self, forKey: .directory)
+        connections = try container.decodeIfGiven(Int.self, forKey: .connections)
+        bytesPerSecond = try container.decodeIfGiven(Int64.self, forKey: .limitRate)
+        headers = try container.decodeIfGiven([QueueRules.Header].self, forKey: .headers) ?? []
+        directory = try container.decodeIfGiven(String.self, forKey: .directory)
     }
 
     /// Writes the parts the rule has.
@@ -332,5 +332,13 @@ extension QueueRules.SiteRule {
         try container.encodeIfPresent(bytesPerSecond, forKey: .limitRate)
         if !headers.isEmpty { try container.encode(headers, forKey: .headers) }
         try container.encodeIfPresent(directory, forKey: .directory)
+    }
+}
+
+extension KeyedDecodingContainer {
+    /// The value of `key` when given; left out is `nil`, and a `null` is refused like any other
+    /// value of the wrong type (a rule written `null` is more likely a mistake than "none").
+    fileprivate func decodeIfGiven<Value: Decodable>(_ type: Value.Type, forKey key: Key) throws -> Value? {
+        contains(key) ? try decode(type, forKey: key) : nil
     }
 }

@@ -74,6 +74,7 @@ struct QueueRulesTests {
             #"{"speedLimits": [{"from": "25:00", "to": "18:00", "limitRate": 1}]}"#,
             #"{"speedLimits": [{"from": "9:5", "to": "18:00", "limitRate": 1}]}"#,
             #"{"startWindows": [{"days": ["someday"], "from": "01:00", "to": "02:00"}]}"#,
+            #"{"startWindows": null}"#, #"{"sites": [{"host": "x", "connections": null}]}"#,
         ] {
             #expect(throws: DecodingError.self, "\(json)") { try Self.rules(json) }
         }
