@@ -8,8 +8,10 @@ extension DownloadManager {
     /// Where the rules stand now: the scheduled total limit in force, whether downloads start.
     public var rulesInForce: QueueRules.Now { rulesNow }
 
-    /// The date now, by the manager's clock from the date it opened at.
+    /// The date now: the system's, or with a start date given (a test's clock), that date moved on
+    /// by the manager's clock.
     var date: Date {
+        guard configuration.startDate != nil else { return Date() }
         let elapsed = (clock.now - dateAnchor.moment).components
         return dateAnchor.date.addingTimeInterval(Double(elapsed.seconds) + Double(elapsed.attoseconds) / 1e18)
     }
@@ -23,6 +25,10 @@ extension DownloadManager {
         if rulesNow.startsDownloads && !was.startsDownloads { schedule() }
         guard !rulesNow.startsDownloads else { return }
         // Each stops with a checkpoint and waits, queued, for the next window.
-        for id in Array(jobs.keys) where jobs[id]?.reason == nil { await stop(id, .outsideStartWindow) }
+        for id in Array(jobs.keys) where jobs[id]?.reason == nil {
+            // The rules may have changed while the last one stopped.
+            guard !rulesNow.startsDownloads else { return }
+            await stop(id, .outsideStartWindow)
+        }
     }
 }

@@ -89,8 +89,9 @@ extension DownloadManager {
 
     /// Starts waiting downloads while there are free slots; ends an idle `runUntilIdle`.
     func schedule() {
-        guard let run = lifecycle.run, rulesNow.startsDownloads else { return }
-        while jobs.count < configuration.maxConcurrentDownloads {
+        guard let run = lifecycle.run else { return }
+        // Outside the start windows, or while a caller holds starts, nothing starts.
+        while jobs.count < configuration.maxConcurrentDownloads, rulesNow.startsDownloads, startsHeld == 0 {
             if waiting.isEmpty && moreWaiting { refillWindow() }
             guard let next = waiting.popMax() else { break }
             guard var entry = entries[next.id], entry.state == .queued, entry.record.owner == claim.name,
@@ -425,7 +426,11 @@ extension DownloadManager {
     /// Asks a running download to stop and waits until it has.
     func stop(_ id: DownloadID, _ reason: StopReason) async {
         guard jobs[id] != nil else { return }
-        if jobs[id]?.reason == nil { jobs[id]?.reason = reason }
+        // A pause, cancel or removal asked for takes the place of a stop the queue started itself.
+        switch jobs[id]?.reason {
+        case nil, .outsideStartWindow?: jobs[id]?.reason = reason
+        default: break
+        }
         jobs[id]?.task?.cancel()
         await withCheckedContinuation { continuation in
             if jobs[id] == nil {

@@ -160,6 +160,8 @@ public actor DownloadManager {
     let dateAnchor: (moment: Moment, date: Date)
     /// Where the rules stood at their last look (a scheduled total limit, whether downloads start).
     var rulesNow = QueueRules.Now(bytesPerSecond: nil, startsDownloads: true)
+    /// Callers holding starts (see ``holdStarts()``): nothing starts while any does.
+    var startsHeld = 0
 
     /// Opens (creating when needed) the state in `location` and reconciles it with the files on disk.
     ///
@@ -306,6 +308,16 @@ public actor DownloadManager {
     func applyRate() {
         let total = rulesNow.bytesPerSecond ?? configuration.bytesPerSecondLimit
         rateLimiter.setRate(total.map { max(1, $0 / Int64(fleetShare)) })
+    }
+
+    /// Starts nothing until ``releaseStarts()``: a caller that adds a download and then pauses it or
+    /// moves it in line does so before it can start.
+    package func holdStarts() { startsHeld += 1 }
+
+    /// Ends a ``holdStarts()``, and starts what can start.
+    package func releaseStarts() {
+        startsHeld = max(0, startsHeld - 1)
+        schedule()
     }
 
     /// Replaces the schedules and rules while the queue runs (see ``QueueRules``): a limit or start

@@ -84,6 +84,7 @@ struct QueueRulesTests {
             #"{"sites": [{"host": "x", "connections": 0}]}"#,
             #"{"sites": [{"host": "x", "headers": [{"name": "Range", "value": "bytes=0-"}]}]}"#,
             #"{"sites": [{"host": "x", "directory": "../up"}]}"#,
+            #"{"sites": [{"host": "x", "headers": [{"name": "Authorization", "value": "Bearer t"}]}]}"#,
             #"{"categories": [{"name": "none", "extensions": [], "directory": "x"}]}"#,
         ] {
             #expect(throws: HaulError.self, "\(json)") { try Self.rules(json).check() }
@@ -166,6 +167,20 @@ struct QueueRulesTests {
                     }
                     #expect(limiter.bytesPerSecond == 300_000)
                 }
+            }
+        }
+    }
+
+    @Test func anIdleQueueEndsItsRunOutsideTheStartWindows() async throws {
+        try await withTemporaryDirectory { directory in
+            var configuration = managerConfiguration()
+            configuration.timeZone = Self.utc
+            configuration.startDate = Self.monday(12, 0)
+            configuration.rules = try Self.rules(#"{"startWindows": [{"from": "01:00", "to": "07:00"}]}"#)
+            try await withManager(directory + "/state", configuration, clock: ManualClock()) { manager in
+                // Nothing to wait for: it returns (it used to wait for the window).
+                await manager.runUntilIdle()
+                #expect(await manager.rulesInForce.startsDownloads == false)
             }
         }
     }
