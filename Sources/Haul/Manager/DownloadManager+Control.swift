@@ -464,8 +464,8 @@ extension DownloadManager {
     }
 
     /// Changes what a download asks for from its next request on (its limit, connections, headers),
-    /// as `edit` says, and returns it. A running download is paused, changed and queued again, its
-    /// data kept; a finished one cannot change.
+    /// as `edit` says, and returns it. A running download changes only its own limit, at once; a
+    /// finished one cannot change.
     @discardableResult
     public func changeRequest(_ id: DownloadID, _ edit: @Sendable (inout DownloadRequest) throws -> Void)
         async throws -> DownloadInfo
@@ -477,28 +477,22 @@ extension DownloadManager {
         // A running download's own limit changes as it runs.
         var unlimited = request
         unlimited.bytesPerSecondLimit = entry.record.definition.bytesPerSecondLimit
-        if entry.state == .running, unlimited == entry.record.definition, let limiter = jobs[id]?.rateLimiter {
-            limiter.setRate(request.bytesPerSecondLimit)
-            entry.record.definition = request
-            try save(&entry)
-            return entry.info
-        }
-        let wasRunning = entry.state == .running
         switch entry.state {
+        case .running:
+            guard unlimited == entry.record.definition, let limiter = jobs[id]?.rateLimiter else {
+                throw HaulError(
+                    .invalidState, "download \(id) is running: only its limit changes while it runs; pause it first")
+            }
+            limiter.setRate(request.bytesPerSecondLimit)
         case .queued, .paused, .failed: break
-        case .running: _ = try await pause(id)
         case .completed, .cancelled:
             throw HaulError(.invalidState, "download \(id) is \(entry.state); its request can no longer change")
         }
-        entry = try controllable(id)
         entry.record.definition = request
-        if wasRunning && entry.state == .paused {
-            markQueued(&entry)
-            try write([entry.record])
-            enter(entry)
-        } else {
-            try save(&entry)
-        }
+        entry.record.updatedAt = Self.now
+        // Its state stays: nothing is told (a failed download is not told to have failed again).
+        try write([entry.record])
+        entries[id] = entry
         return entry.info
     }
 

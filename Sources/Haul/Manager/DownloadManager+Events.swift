@@ -8,6 +8,11 @@ extension DownloadManager {
         subscribers.subscribe(to: nil)
     }
 
+    /// ``events()`` for a reader that may fall behind: past `count` events not read, the oldest go.
+    package nonisolated func events(keepingNewest count: Int) -> AsyncStream<DownloadManagerEvent> {
+        subscribers.subscribe(to: nil, buffering: .bufferingNewest(count))
+    }
+
     /// Events of one download, starting with its current state. The sequence ends when the download
     /// completes, is cancelled or removed, or the manager is closed; it ends at once for an unknown ID
     /// or a download that is already over.
@@ -95,8 +100,11 @@ final class Subscribers: Sendable {
 
     private let state = Mutex(State())
 
-    func subscribe(to download: DownloadID?, first: DownloadManagerEvent? = nil) -> AsyncStream<DownloadManagerEvent> {
-        let (stream, continuation) = AsyncStream<DownloadManagerEvent>.makeStream()
+    func subscribe(
+        to download: DownloadID?, first: DownloadManagerEvent? = nil,
+        buffering: AsyncStream<DownloadManagerEvent>.Continuation.BufferingPolicy = .unbounded
+    ) -> AsyncStream<DownloadManagerEvent> {
+        let (stream, continuation) = AsyncStream<DownloadManagerEvent>.makeStream(bufferingPolicy: buffering)
         if let first { continuation.yield(first) }
         let key = state.withLock { state -> Int? in
             guard !state.closed else { return nil }
