@@ -123,7 +123,7 @@ public final class Daemon: Sendable {
         try options.hooks.check()
         for url in options.webhooks where !WebhookSender.isWebhookURL(url) {
             throw HaulError(
-                .invalidArgument, "--webhook \(WebhookSender.withoutQuery(url)) is not an http or https URL")
+                .invalidArgument, "--webhook \(WebhookSender.receiver(url)) is not an http or https URL")
         }
         for origin in options.allowedOrigins where !Self.isOrigin(origin) {
             throw HaulError(
@@ -141,7 +141,18 @@ public final class Daemon: Sendable {
         roots = try DownloadRoots(options.downloadRoots, forbidden: [directory])
         // Progress reaches event streams at most every 200 ms per download.
         var queue = options.manager
-        if let rules = try DaemonFiles.readRules(in: directory) { queue.rules = rules }
+        if let rules = try DaemonFiles.readRules(in: directory) {
+            // The roots may have changed since the rules were set.
+            for folder in rules.sites.compactMap(\.directory) + rules.categories.map(\.directory) {
+                do {
+                    _ = try roots.confine(folder, isDirectory: true)
+                } catch let error as APIError {
+                    throw HaulError(
+                        .outsideDownloadRoot, "\(directory)/\(DaemonFiles.rulesName): \(error.message)")
+                }
+            }
+            queue.rules = rules
+        }
         queue.progressInterval = max(queue.progressInterval, .milliseconds(200))
         // The roots are checked again when each download's files are opened, beneath them.
         var transfer = options.downloader

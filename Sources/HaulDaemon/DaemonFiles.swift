@@ -135,7 +135,6 @@ public enum DaemonFiles {
         return Address(url: String(fields[0]), processID: processID)
     }
 
-    /// Writes the address file (mode 0600, replaced atomically).
     /// The daemon's schedules and rules, set through its API.
     public static let rulesName = "rules.json"
 
@@ -163,6 +162,7 @@ public enum DaemonFiles {
         try POSIX.replacePrivateFile(stateDirectory + "/" + rulesName, with: Array(try encoder.encode(rules)))
     }
 
+    /// Writes the address file (mode 0600, replaced atomically).
     static func writeAddress(_ address: Address, in stateDirectory: String) throws {
         try POSIX.replacePrivateFile(
             stateDirectory + "/" + addressName, with: Array("\(address.url) \(address.processID)\n".utf8))

@@ -168,6 +168,11 @@ public struct QueueRules: Sendable, Codable, Equatable {
                 throw HaulError(.invalidArgument, "a site rule's limit is at least 1 byte per second")
             }
             try DownloadRequest.check(headers: site.headers.map { ($0.name, $0.value) })
+            // Rules are stored and shown: a secret would be too.
+            if let secret = site.headers.first(where: { DownloadRequest.looksSecret($0.name) }) {
+                throw HaulError(
+                    .invalidArgument, "a site rule cannot hold \(secret.name): rules are stored, and secrets never are")
+            }
         }
         for category in categories
         where category.extensions.isEmpty || category.extensions.contains(where: \.isEmpty) {
