@@ -250,6 +250,8 @@ struct Aria2RPC: Sendable {
                 results.append(.array([try await perform(method, inner, nested: true)]))
             } catch let failure as Failure {
                 results.append(failure.json)
+            } catch {
+                results.append(Failure("\(error)").json)
             }
         }
         return .array(results)
@@ -284,7 +286,7 @@ struct Aria2RPC: Sendable {
         }
         let last = try await page(0, 0).total + offset
         guard last >= 0 else { return [] }
-        let first = max(0, last - count + 1)
+        let first = max(0, last - min(count, 1000) + 1)
         let downloads = try await page(first, min(last - first + 1, 1000)).downloads
         return .array(downloads.reversed().map { status($0, keys: keys) })
     }
@@ -350,13 +352,21 @@ struct Aria2RPC: Sendable {
             request.connections = min(split ?? Int.max, servers.overflow ? Int.max : servers.partialValue)
         }
         _ = try request.check()
-        let id = try await manager.enqueue(request)
-        if paused { try await manager.pause(id) }
-        if let position {
-            var place = Arguments([.string(Self.gid(id)), .integer(Int64(position)), "POS_SET"])
-            _ = try await changePosition(&place)
+        // Paused or moved in line before it can start.
+        await manager.holdStarts()
+        do {
+            let id = try await manager.enqueue(request)
+            if paused { try await manager.pause(id) }
+            if let position {
+                var place = Arguments([.string(Self.gid(id)), .integer(Int64(position)), "POS_SET"])
+                _ = try await changePosition(&place)
+            }
+            await manager.releaseStarts()
+            return .string(Self.gid(id))
+        } catch {
+            await manager.releaseStarts()
+            throw error
         }
-        return .string(Self.gid(id))
     }
 
     /// Applies an option `addUri` and `changeOption` both take.
@@ -383,10 +393,10 @@ struct Aria2RPC: Sendable {
                 guard let colon = line.firstIndex(of: ":") else { throw Failure.option(name) }
                 let field = String(line[..<colon]).trimmingCharacters(in: .whitespaces)
                 let content = String(line[line.index(after: colon)...]).trimmingCharacters(in: .whitespaces)
-                request.headers.append((field, content))
+                setHeader(field, content, in: &request)
             }
-        case "referer": request.headers.append(("Referer", try text(value, name)))
-        case "user-agent": request.headers.append(("User-Agent", try text(value, name)))
+        case "referer": setHeader("Referer", try text(value, name), in: &request)
+        case "user-agent": setHeader("User-Agent", try text(value, name), in: &request)
         case "http-user", "http-passwd":
             var credentials = request.credentials ?? BasicCredentials(user: "", password: "")
             if name == "http-user" {
@@ -398,6 +408,12 @@ struct Aria2RPC: Sendable {
         default:
             throw Failure("Haul does not support the option '--\(name)'")
         }
+    }
+
+    /// Sets a header, in place of one of the same name (given twice, the later wins).
+    private static func setHeader(_ name: String, _ value: String, in request: inout DownloadRequest) {
+        request.headers.removeAll { $0.name.lowercased() == name.lowercased() }
+        request.headers.append((name, value))
     }
 
     // MARK: Changing
@@ -419,6 +435,7 @@ struct Aria2RPC: Sendable {
         let others = line.filter { $0.id != info.id }
         let asked = how == "POS_SET" ? position : how == "POS_CUR" ? current + position : others.count + position
         let target = min(max(asked, 0), others.count)
+        guard target != current else { return .integer(Int64(target)) }
         var priority = info.priority.rawValue
         if others.isEmpty {
             return 0
@@ -642,18 +659,9 @@ struct Aria2RPC: Sendable {
         return number
     }
 
-    /// A size as aria2 writes it: bytes, or `K`/`M` for KiB and MiB.
+    /// A size as aria2 writes it (bytes, or `K`/`M` for KiB and MiB), as Haul reads sizes.
     static func byteCount(_ text: String, _ name: String) throws -> Int64 {
-        var digits = Substring(text)
-        var unit: Int64 = 1
-        switch digits.last {
-        case "K", "k": unit = 1 << 10
-        case "M", "m": unit = 1 << 20
-        default: break
-        }
-        if unit > 1 { digits = digits.dropLast() }
-        guard let number = Int64(digits), number >= 0, number <= Int64.max / unit else { throw Failure.option(name) }
-        return number * unit
+        do { return try ByteCount.parse(text) } catch { throw Failure.option(name) }
     }
 }
 

@@ -7,14 +7,14 @@ import NIOCore
 /// notifications of the downloads' changes (`aria2.onDownloadStart`, …), which carry a GID only.
 extension Aria2RPC {
     /// The WebSocket for a request to open one on ``path`` that the access rules let through
-    /// (a page of another site cannot open one), while fewer than the daemon's event streams are
-    /// open; anything else is answered as HTTP.
+    /// (a page of another site cannot open one), while fewer than the daemon's cap of WebSockets
+    /// are open; anything else is answered as HTTP.
     func upgrade(_ head: HTTPRequest, rules: AccessRules, connections: ConnectionLedger)
         -> ShouldUpgradeResult<WebSocketDataHandler<HTTP1WebSocketUpgradeChannel.Context>>
     {
         guard head.path?.split(separator: "?").first.map(String.init) == Self.path,
             rules.refusal(of: head, changesState: true) == nil,
-            connections.openEventStreams < connections.limits.maximumEventStreams
+            connections.openWebSockets < connections.limits.maximumWebSockets
         else { return .dontUpgrade }
         let maxMessageBytes = rules.maxBodyBytes
         return .upgrade([:]) { inbound, outbound, _ in
@@ -26,7 +26,8 @@ extension Aria2RPC {
     private func serve(_ inbound: WebSocketInboundStream, _ outbound: WebSocketOutboundWriter, maxMessageBytes: Int)
         async throws
     {
-        let events = manager.events()
+        // A client that stops reading loses the oldest of what it has not read, not the daemon's memory.
+        let events = manager.events(keepingNewest: Self.notificationBuffer)
         try await withThrowingTaskGroup(of: Void.self) { group in
             group.addTask {
                 var notifier = Aria2Notifier()
@@ -47,6 +48,11 @@ extension Aria2RPC {
             group.cancelAll()
         }
     }
+}
+
+extension Aria2RPC {
+    /// Events held for a WebSocket client that has not read them.
+    static let notificationBuffer = 1024
 }
 
 /// Turns the queue's events into aria2's notifications: one for each change of a download's state
@@ -74,6 +80,8 @@ struct Aria2Notifier {
             return nil
         }
         guard told[id] != method else { return nil }
+        // Held for downloads seen on this connection; a long one starts over (at worst a state is told twice).
+        if told.count >= 100_000 { told.removeAll() }
         told[id] = method
         return "{\"jsonrpc\":\"2.0\",\"method\":\"\(method)\",\"params\":[{\"gid\":\"\(Aria2RPC.gid(id))\"}]}"
     }

@@ -12,6 +12,10 @@ public struct ConnectionLimits: Sendable {
     public var maximumConnectionsPerClient = 512
     /// Event streams (`GET /api/v1/events`) open at once; past it, 503 with `Retry-After`.
     public var maximumEventStreams = 256
+    /// WebSockets (aria2's `/jsonrpc`) open at once, apart from the event streams: one opens without
+    /// the token (aria2's clients send it in each call), so these must not crowd out the page's
+    /// stream. Past it, the upgrade is refused.
+    public var maximumWebSockets = 32
     /// Time a request may take to arrive, head and body, from its first byte.
     public var requestTimeout: Duration = .seconds(10)
     /// Time a connection may stay open with no request under way, before its first and between two.
@@ -47,12 +51,15 @@ final class ConnectionLedger: Sendable {
         /// When the current activity began.
         var since: Moment
         var isEventStream = false
+        /// A WebSocket: open for as long as its client keeps it, never swept.
+        var isWebSocket = false
     }
 
     private struct State {
         var connections: [ObjectIdentifier: Connection] = [:]
         var perClient: [String: Int] = [:]
         var eventStreams = 0
+        var webSockets = 0
     }
 
     let limits: ConnectionLimits
@@ -68,6 +75,8 @@ final class ConnectionLedger: Sendable {
     var openConnections: Int { state.withLock { $0.connections.count } }
     /// Event streams open now.
     var openEventStreams: Int { state.withLock { $0.eventStreams } }
+    /// WebSockets open now.
+    var openWebSockets: Int { state.withLock { $0.webSockets } }
     /// Clients with a connection open now.
     var clientsWithConnections: Int { state.withLock { $0.perClient.count } }
 
@@ -91,6 +100,7 @@ final class ConnectionLedger: Sendable {
                 state.perClient[gone.client, default: 1] -= 1
                 if state.perClient[gone.client] == 0 { state.perClient[gone.client] = nil }
                 if gone.isEventStream { state.eventStreams -= 1 }
+                if gone.isWebSocket { state.webSockets -= 1 }
                 closed = gone.channel
             }
             state.connections[ObjectIdentifier(channel)] = Connection(
@@ -129,6 +139,18 @@ final class ConnectionLedger: Sendable {
         }
     }
 
+    /// Records that the connection became a WebSocket.
+    func noteWebSocket(_ channel: any Channel) {
+        state.withLock { state in
+            let key = ObjectIdentifier(channel)
+            guard var connection = state.connections[key], !connection.isWebSocket else { return }
+            connection.isWebSocket = true
+            connection.activity = .responding
+            state.connections[key] = connection
+            state.webSockets += 1
+        }
+    }
+
     /// Forgets a closed connection.
     func remove(_ channel: any Channel) {
         state.withLock { state in
@@ -136,6 +158,7 @@ final class ConnectionLedger: Sendable {
             state.perClient[gone.client, default: 1] -= 1
             if state.perClient[gone.client] == 0 { state.perClient[gone.client] = nil }
             if gone.isEventStream { state.eventStreams -= 1 }
+            if gone.isWebSocket { state.webSockets -= 1 }
         }
     }
 
@@ -149,7 +172,9 @@ final class ConnectionLedger: Sendable {
                 switch connection.activity {
                 case .idle: now - connection.since >= limits.idleTimeout
                 case .receiving: now - connection.since >= limits.requestTimeout
-                case .responding: !connection.isEventStream && now - connection.since >= limits.responseTimeout
+                case .responding:
+                    !connection.isEventStream && !connection.isWebSocket
+                        && now - connection.since >= limits.responseTimeout
                 }
             }.map(\.channel)
         }

@@ -143,11 +143,10 @@ final class RequestWatch: ChannelDuplexHandler, RemovableChannelHandler {
         switch unwrapOutboundIn(data) {
         case .head(var head):
             if head.status == .switchingProtocols {
-                // A WebSocket from here on: it stays open like an event stream, and its frames pass
-                // this handler unread.
+                // A WebSocket from here on: it stays open as long as its client keeps it, and its
+                // frames pass this handler unread.
                 upgraded = true
-                ledger.note(context.channel, .responding)
-                ledger.noteEventStream(context.channel)
+                ledger.noteWebSocket(context.channel)
                 return context.write(data, promise: promise)
             }
             if head.headers.first(name: "content-type")?.hasPrefix("text/event-stream") == true {

@@ -26,6 +26,20 @@ struct Aria2RPCTests {
         var result: JSONValue?
     }
 
+    /// The status line of the daemon's answer to a request to open a WebSocket, read without
+    /// blocking a thread of the task pool (the daemon in this process needs them to answer).
+    static func upgradeAnswer(_ connection: RawConnection) async throws -> String {
+        var text = ""
+        let deadline = ContinuousClock.now + .seconds(10)
+        while !text.contains("\r\n\r\n"), ContinuousClock.now < deadline {
+            let (more, closed) = connection.readToEnd(timeout: .milliseconds(1))
+            text += more
+            if closed { break }
+            try await Task.sleep(for: .milliseconds(10))
+        }
+        return String(text.split(separator: "\r\n").first ?? "")
+    }
+
     static func call(
         _ daemon: DaemonHarness, _ method: String, _ params: String, headers: [(String, String)] = []
     ) async throws -> (status: Int, answer: Answer?) {
@@ -79,20 +93,41 @@ struct Aria2RPCTests {
 
             // A WebSocket opens for the daemon's own origin and for a client without one, not for
             // another site's page or another host name.
-            func opening(origin: String?, host: String = "127.0.0.1:\(daemon.port)") throws -> String {
+            func opening(origin: String?, host: String = "127.0.0.1:\(daemon.port)") async throws -> String {
                 let connection = try RawConnection(port: daemon.port)
                 defer { connection.close() }
                 connection.send(
                     "GET /jsonrpc HTTP/1.1\r\nHost: \(host)\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
                         + "Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
                         + (origin.map { "Origin: \($0)\r\n" } ?? "") + "\r\n")
-                let answer = connection.readToEnd(timeout: .seconds(1)).text
-                return String(answer.split(separator: "\r\n").first ?? "")
+                return try await Self.upgradeAnswer(connection)
             }
-            #expect(try opening(origin: "http://127.0.0.1:\(daemon.port)") == "HTTP/1.1 101 Switching Protocols")
-            #expect(try opening(origin: nil) == "HTTP/1.1 101 Switching Protocols")
-            #expect(try opening(origin: "http://attacker.example") == "HTTP/1.1 400 Bad Request")
-            #expect(try opening(origin: nil, host: "attacker.example") == "HTTP/1.1 400 Bad Request")
+            #expect(try await opening(origin: "http://127.0.0.1:\(daemon.port)") == "HTTP/1.1 101 Switching Protocols")
+            #expect(try await opening(origin: nil) == "HTTP/1.1 101 Switching Protocols")
+            #expect(try await opening(origin: "http://attacker.example") == "HTTP/1.1 400 Bad Request")
+            #expect(try await opening(origin: nil, host: "attacker.example") == "HTTP/1.1 400 Bad Request")
+        }
+    }
+
+    @Test func webSocketsHaveACapOfTheirOwnAndLeaveTheEventStreamsAlone() async throws {
+        try await withDaemon({ $0.connections.maximumWebSockets = 2 }, live: true) { daemon in
+            func open() async throws -> (RawConnection, String) {
+                let connection = try RawConnection(port: daemon.port)
+                connection.send(
+                    "GET /jsonrpc HTTP/1.1\r\nHost: 127.0.0.1:\(daemon.port)\r\nConnection: Upgrade\r\n"
+                        + "Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\n"
+                        + "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
+                return (connection, try await Self.upgradeAnswer(connection))
+            }
+            let first = try await open()
+            let second = try await open()
+            let third = try await open()
+            defer { for (connection, _) in [first, second, third] { connection.close() } }
+            #expect(first.1 == "HTTP/1.1 101 Switching Protocols" && second.1 == "HTTP/1.1 101 Switching Protocols")
+            #expect(third.1 == "HTTP/1.1 400 Bad Request")
+            // The page's event stream still opens.
+            let events = try await daemon.openEvents()
+            #expect(events.status == .ok)
         }
     }
 
@@ -176,6 +211,32 @@ struct Aria2RPCTests {
         }
     }
 
+    @Test func addedPausedItAsksNothingAndHeadersAreNotGivenTwice() async throws {
+        try await HaulTestServer.withRunning { server in
+            server.add("/later", TestResource(name: "later", size: 1000))
+            try await withDaemon { daemon in
+                let secret = "token:\(daemon.token)"
+                let (_, added) = try await Self.call(
+                    daemon, "aria2.addUri",
+                    #"["\#(secret)", ["\#(server.url("/later"))"], {"pause": "true", "user-agent": "one", "#
+                        + #""header": ["User-Agent: two", "X-A: 1"], "referer": "http://127.0.0.1/page"}]"#)
+                guard case .string(let gid)? = added?.result, let id = Int64(gid, radix: 16) else {
+                    throw TestFailure("\(added as Any)")
+                }
+                #expect(try await daemon.download(id).state == "paused")
+                #expect(server.requests(for: "/later").isEmpty)
+                // One User-Agent: the later option wins ("header" comes before "user-agent").
+                let shown = try await daemon.send(.GET, "/api/v1/downloads/\(id)").body
+                #expect(shown.components(separatedBy: "User-Agent").count == 2, "\(shown)")
+                #expect(shown.contains(#""value":"one""#) && !shown.contains(#""value":"two""#), "\(shown)")
+                let (_, unpaused) = try await Self.call(daemon, "aria2.unpause", #"["\#(secret)", "\#(gid)"]"#)
+                #expect(unpaused?.result == .string(gid))
+                _ = try await daemon.waitFor(id, "completed")
+                #expect(server.requests(for: "/later").first?.header("user-agent") == "one")
+            }
+        }
+    }
+
     @Test func aRunningDownloadsLimitChangesWithoutARestart() async throws {
         try await HaulTestServer.withRunning { server in
             let resource = TestResource(name: "slow", size: 3_000_000)
@@ -191,6 +252,12 @@ struct Aria2RPCTests {
                 }
                 _ = try await daemon.waitFor(id, "running")
                 try await waitUntilAsync("bytes arrive") { try await daemon.download(id).bytes > 0 }
+                let (_, before) = try await Self.call(daemon, "aria2.getOption", #"["\#(secret)", "\#(gid)"]"#)
+                #expect(before?.result?["max-download-limit"] == "102400")
+                // Anything else waits for a pause: the running download is left as it is.
+                let (refusedStatus, refused) = try await Self.call(
+                    daemon, "aria2.changeOption", #"["\#(secret)", "\#(gid)", {"header": "X-B: 2"}]"#)
+                #expect(refusedStatus == 400 && refused?.error?.message.contains("pause it first") == true)
                 let (status, changed) = try await Self.call(
                     daemon, "aria2.changeOption", #"["\#(secret)", "\#(gid)", {"max-download-limit": "0"}]"#)
                 #expect(status == 200 && changed?.result == "OK")
