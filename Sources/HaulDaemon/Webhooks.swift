@@ -16,8 +16,11 @@ import NIOHTTP1
 /// the event and the download (`id`, `gid`, `name`, `url`, `file`, `bytes`, `totalBytes`, `error`);
 /// ntfy takes the body as the message and the `Title` header as its title. Nothing in it is a
 /// credential: no header, cookie or password, and the URL without its query (a signed link's
-/// signature) or fragment. A delivery that fails (no answer, 5xx, 429) is tried again after 1, 2, 4
-/// and 8 s, on the daemon's clock; any other answer ends it. Redirects are not followed.
+/// signature) or fragment, also where the error's message names a URL. A delivery that fails (no
+/// answer, 5xx, 429) is tried again after 1, 2, 4 and 8 s, on the daemon's clock; any other answer
+/// ends it. Redirects are not followed. The log names a receiver by its scheme and host only (a
+/// topic in its path, a token in its query, may be its secret). When the daemon stops, deliveries
+/// under way end: a receiver that is down does not hold up the stop.
 struct WebhookSender: Sendable {
     let urls: [String]
     let logger: Logger
@@ -50,13 +53,14 @@ struct WebhookSender: Sendable {
                     group.addTask { await deliver(body.json, title: body.title, to: url, with: client) }
                 }
             }
+            group.cancelAll()
         }
         try? await client.shutdown()
     }
 
     /// POSTs one event to one URL, tried again as the type says; logs what happened.
     func deliver(_ body: ByteBuffer, title: String, to url: String, with client: HTTPClient) async {
-        let shown = Self.withoutQuery(url)
+        let shown = Self.receiver(url)
         var delay = Self.firstDelay
         for attempt in 1...Self.attempts {
             var request = HTTPClientRequest(url: url)
@@ -105,7 +109,7 @@ struct WebhookSender: Sendable {
         case .failed:
             event = "failed"
             title = "Haul: \(download.name) failed"
-            message = "\(download.name) failed: \(download.error?.message ?? "unknown error")"
+            message = "\(download.name) failed: \(withoutQueries(in: download.error?.message ?? "unknown error"))"
             priority = 8
         default:
             return nil
@@ -116,7 +120,9 @@ struct WebhookSender: Sendable {
                 id: download.id.rawValue, gid: Aria2RPC.gid(download.id), name: download.name,
                 url: withoutQuery(download.url), file: download.destination, bytes: download.bytes,
                 totalBytes: download.totalBytes,
-                error: download.error.map { ErrorResponse.Detail(code: $0.code.name, message: $0.message) },
+                error: download.error.map {
+                    ErrorResponse.Detail(code: $0.code.name, message: withoutQueries(in: $0.message))
+                },
                 worker: download.worker))
         // A header's value is printable ASCII here; the body keeps the name as it is.
         let asciiTitle = String(title.unicodeScalars.map { (0x20..<0x7F).contains($0.value) ? Character($0) : "?" })
@@ -126,6 +132,20 @@ struct WebhookSender: Sendable {
     /// `url` without its query and fragment (which may hold a signature or a token).
     static func withoutQuery(_ url: String) -> String {
         String(url.prefix { $0 != "?" && $0 != "#" })
+    }
+
+    /// `text` with the query and fragment of each URL in it taken out.
+    static func withoutQueries(in text: String) -> String {
+        text.split(separator: " ", omittingEmptySubsequences: false)
+            .map { $0.contains("://") ? withoutQuery(String($0)) : String($0) }.joined(separator: " ")
+    }
+
+    /// How the log names a receiver: its scheme and host, without user, path or query.
+    static func receiver(_ url: String) -> String {
+        guard let separator = url.range(of: "://") else { return "(a receiver)" }
+        let authority = url[separator.upperBound...].prefix { !"/?#".contains($0) }
+        let host = authority.split(separator: "@").last.map(String.init) ?? ""
+        return String(url[..<separator.upperBound]) + host
     }
 }
 

@@ -90,8 +90,18 @@ struct DaemonWebhookTests {
                         #expect(["Haul: file.iso completed", "Haul: missing failed"].contains(request.header("title")))
                         #expect(request.uri.hasSuffix("?token=receivers-own"))
                     }
-                    // Still once each, after the hooks' results changed the downloads.
-                    #expect(server.requests(for: "/hook").count == 2)
+                    // Still once each, after the hooks' results changed the downloads: a third download's
+                    // event, sent after theirs, is the third and last.
+                    let third = try await daemon.add(
+                        #"{"url": "\#(server.url("/file.iso"))", "destination": "again.iso"}"#)[0]
+                    _ = try await daemon.waitFor(third, "completed")
+                    try await waitUntil("the third event arrives") { server.requests(for: "/hook").count >= 3 }
+                    try await waitUntilAsync("its hook's result is recorded") {
+                        try await daemon.download(third).hook != nil
+                    }
+                    #expect(server.requests(for: "/hook").count == 3)
+                    #expect(
+                        try Self.events(server, "/hook").map(\.download.id).sorted() == [done, failed, third].sorted())
                 }
             }
         }
@@ -130,6 +140,13 @@ struct DaemonWebhookTests {
             #expect(logs.all.contains { $0.1.contains("took the event (200)") })
             try await client.shutdown()
         }
+    }
+
+    @Test func noURLsQueryReachesAReceiverOrTheLog() {
+        #expect(
+            WebhookSender.withoutQueries(in: "redirect loop at https://a.example/f?X-Amz-Signature=s3cr3t#x (3 times)")
+                == "redirect loop at https://a.example/f (3 times)")
+        #expect(WebhookSender.receiver("https://user:pw@ntfy.example/secret-topic?auth=t") == "https://ntfy.example")
     }
 
     @Test func aWebhookThatIsNotAnHTTPURLIsRefusedAtStart() async throws {
