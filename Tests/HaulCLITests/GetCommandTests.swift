@@ -482,37 +482,3 @@ struct DaemonOptionTests {
         #expect(!FileManager.default.fileExists(atPath: directory + "/state/daemon.address"))
     }
 }
-
-/// A loopback port bound but not listening: connections to it are refused.
-struct RefusingPort {
-    let descriptor: Int32
-    let port: Int
-
-    init() throws {
-        #if canImport(Glibc)
-            let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        #else
-            let descriptor = socket(AF_INET, SOCK_STREAM, 0)
-        #endif
-        self.descriptor = descriptor
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        let bound = withUnsafeMutablePointer(to: &address) { pointer in
-            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                bind(descriptor, $0, length) == 0 && getsockname(descriptor, $0, &length) == 0
-            }
-        }
-        guard descriptor >= 0, bound else { throw CocoaError(.fileReadUnknown) }
-        port = Int(UInt16(bigEndian: address.sin_port))
-    }
-
-    func close() {
-        #if canImport(Glibc)
-            _ = Glibc.close(descriptor)
-        #else
-            _ = Darwin.close(descriptor)
-        #endif
-    }
-}

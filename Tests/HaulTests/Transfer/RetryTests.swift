@@ -130,25 +130,9 @@ struct RetryTests {
     }
 
     @Test func refusedConnectionIsANetworkError() async throws {
-        // A port bound but not listening refuses connections, and no other test can take it meanwhile
-        // (a port freed by a stopped server can be taken by the next one another test starts).
-        #if canImport(Glibc)
-            let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        #else
-            let descriptor = socket(AF_INET, SOCK_STREAM, 0)
-        #endif
-        defer { close(descriptor) }
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        let bound = withUnsafeMutablePointer(to: &address) { pointer in
-            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                bind(descriptor, $0, length) == 0 && getsockname(descriptor, $0, &length) == 0
-            }
-        }
-        try #require(bound)
-        let port = Int(UInt16(bigEndian: address.sin_port))
+        let refusing = try RefusingPort()
+        defer { refusing.close() }
+        let port = refusing.port
         try await withTemporaryDirectory { directory in
             let error = await expectHaulError(.network) {
                 try await withDownloader(testConfiguration(retries: 1)) { downloader in
