@@ -36,7 +36,7 @@ import time
 import urllib.error
 import urllib.request
 
-from checks import failer, sha256_of_file, sha256_of_url
+from checks import failer, sha256_of_file, sha256_of_url, stop_processes, waiter
 
 DEADLINE = 20  # seconds any one expected state may take
 
@@ -71,17 +71,7 @@ DECIMAL_KEYS = {"completedLength", "totalLength", "downloadSpeed", "uploadSpeed"
 EQUAL_KEYS = {"gid", "errorCode", "numActive", "numWaiting", "numStopped", "selected"}
 
 
-def wait_for(what, condition, timeout=DEADLINE):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        try:
-            value = condition()
-        except Exception:
-            value = None
-        if value:
-            return value
-        time.sleep(0.05)
-    fail(f"timed out waiting until {what}")
+wait_for = waiter(fail, DEADLINE)
 
 
 def free_port():
@@ -698,14 +688,7 @@ def main():
         part_b(reference, tested, files, fast_sha256, allowed=not args.self_check, dump=args.dump)
         print(f"aria2 rpc test: passed in {time.monotonic() - started:.0f} s")
     finally:
-        for process in reversed(processes):
-            if process.stdin:
-                process.stdin.close()
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        stop_processes(processes)
         shutil.rmtree(work, ignore_errors=True)
 
 

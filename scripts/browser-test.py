@@ -22,7 +22,7 @@ import tempfile
 import time
 import urllib.request
 
-from checks import failer, sha256_of_file, sha256_of_url
+from checks import failer, poll, sha256_of_file, sha256_of_url, stop_processes, waiter
 
 from selenium import webdriver
 from selenium.webdriver.chrome.options import Options
@@ -35,30 +35,12 @@ DEADLINE = 30  # seconds any one expected state may take
 fail = failer("browser test")
 
 
-def wait_for(what, condition, timeout=DEADLINE):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        try:
-            value = condition()
-        except Exception:  # the element may be re-rendered while it is read
-            value = None
-        if value:
-            return value
-        time.sleep(0.05)
-    fail(f"timed out waiting until {what}")
+wait_for = waiter(fail, DEADLINE)
 
 
 def wait_for_quietly(condition, timeout=DEADLINE):
     """Whether `condition` held within `timeout`, for a caller that says more when it did not."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        try:
-            if condition():
-                return True
-        except Exception:  # the element may be re-rendered while it is read
-            pass
-        time.sleep(0.05)
-    return False
+    return bool(poll(condition, timeout))
 
 
 def main():
@@ -336,14 +318,7 @@ def main():
     finally:
         if driver:
             driver.quit()
-        for process in reversed(processes):
-            if process.stdin:
-                process.stdin.close()
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        stop_processes(processes)
         shutil.rmtree(work, ignore_errors=True)
 
 

@@ -46,7 +46,7 @@ import time
 import urllib.parse
 import urllib.request
 
-from checks import failer, sha256_of_file, sha256_of_url
+from checks import failer, poll, sha256_of_file, sha256_of_url, stop_processes, waiter
 
 from selenium import webdriver
 from selenium.webdriver.chrome.options import Options
@@ -62,30 +62,12 @@ EXTENSION = os.path.join(ROOT, "contrib", "browser")
 fail = failer("extension test")
 
 
-def wait_for(what, condition, timeout=DEADLINE):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        try:
-            value = condition()
-        except Exception:  # an element re-rendered, a page still loading
-            value = None
-        if value:
-            return value
-        time.sleep(0.1)
-    fail(f"timed out waiting until {what}")
+wait_for = waiter(fail, DEADLINE)
 
 
 def wait_for_quietly(condition, timeout=DEADLINE):
     """Whether `condition` held within `timeout`, for a caller that says more when it did not."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        try:
-            if condition():
-                return True
-        except Exception:
-            pass
-        time.sleep(0.1)
-    return False
+    return bool(poll(condition, timeout))
 
 
 def extension_id(manifest_path):
@@ -475,14 +457,7 @@ def main():
             driver.quit()
         if page_server:
             page_server.shutdown()
-        for process in reversed(processes):
-            if process.stdin:
-                process.stdin.close()
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        stop_processes(processes)
         shutil.rmtree(work, ignore_errors=True)
 
 
