@@ -157,6 +157,8 @@ extension DownloadManager {
             } else {
                 let vanished = HaulError(.fileSystem, "the finished file \(destination) is no longer on disk")
                 try? record.move(to: .failed, at: now, error: vanished)
+                // Nothing of it is left: a retry starts from byte 0, and says so.
+                record.bytes = 0
             }
         case .cancelled:
             record.bytes = 0
