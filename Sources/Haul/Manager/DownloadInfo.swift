@@ -172,6 +172,10 @@ public struct AggregateProgress: Sendable, Equatable {
     public var running: Int = 0
     /// Downloads waiting for a free slot.
     public var queued: Int = 0
+    /// Downloads stopped with their data kept, until resumed.
+    public var paused: Int = 0
+    /// Downloads stopped for good by the user.
+    public var cancelled: Int = 0
     /// Downloads whose file is complete.
     public var completed: Int = 0
     /// Downloads that failed.
@@ -204,7 +208,8 @@ public struct AggregateProgress: Sendable, Equatable {
             case .queued: queued += 1
             case .completed: completed += 1
             case .failed: failed += 1
-            case .paused, .cancelled: break
+            case .paused: paused += 1
+            case .cancelled: cancelled += 1
             }
         }
     }

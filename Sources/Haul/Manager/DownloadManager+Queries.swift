@@ -98,7 +98,8 @@ extension DownloadManager {
                 case .queued: progress.queued += totals.count
                 case .completed: progress.completed += totals.count
                 case .failed: progress.failed += totals.count
-                case .paused, .cancelled: break
+                case .paused: progress.paused += totals.count
+                case .cancelled: progress.cancelled += totals.count
                 }
             }
             for id in jobs.keys {
