@@ -42,32 +42,66 @@ extension DownloadManager {
 
     // MARK: Keyed by URL
 
+    /// How ``download(_:to:options:checksum:headers:priority:onProgress:onStateChange:)`` treats
+    /// the destination, as Alamofire's download options do.
+    public struct Options: OptionSet, Sendable {
+        public let rawValue: Int
+        /// The options of this raw value.
+        public init(rawValue: Int) { self.rawValue = rawValue }
+        /// Make the folders of a `.file` destination that are missing (a `.directory` one is always made).
+        public static let createIntermediateDirectories = Options(rawValue: 1 << 0)
+        /// Replace a file already at the destination once the new one is complete (without it, a
+        /// file in the way is refused with ``HaulError/Code/destinationExists``).
+        public static let removePreviousFile = Options(rawValue: 1 << 1)
+    }
+
     /// Queues a download of `url` into `destination` and returns its ID; the same URL and
     /// destination give the same download, and a completed one whose file is still there is
-    /// reported complete, not fetched again.
+    /// reported complete, not fetched again. A download of them the user paused stays paused:
+    /// ``resume(_:)-(URL)`` goes on with it.
+    ///
+    /// The callbacks are this call's own: each call adds its own pair, for as long as the download
+    /// lasts. To follow a download from a screen that comes and goes (after a relaunch too), use
+    /// ``updates(of:)-(URL)`` instead, which attaches without changing anything and ends when its task is
+    /// cancelled.
     ///
     /// - Parameters:
     ///   - url: the http or https URL of the file.
     ///   - destination: the file, or the directory to name it in from the server's answer.
+    ///   - options: what to do about missing folders and a file already there.
     ///   - checksum: the digest the complete file must have.
     ///   - headers: extra request headers; credentials among them are never stored.
     ///   - priority: its place in the queue.
     ///   - onProgress: called with the download as it stands after each progress report (at most
     ///     once per ``Configuration/progressInterval``).
     ///   - onStateChange: called with the download's current state at once, then after each change.
-    ///   Both are called in order, on a task of their own, until the download completes, is
+    ///   Both are called in order, on a task of their own (not on the main actor: a view model
+    ///   follows ``updates(of:)-(URL)`` from a main-actor task instead), until the download completes, is
     ///   cancelled or removed, or the manager closes.
     /// - Throws: as ``enqueue(_:priority:)-(DownloadRequest,_)``.
     @discardableResult
     public func download(
-        _ url: URL, to destination: DownloadRequest.Destination, checksum: Checksum? = nil,
+        _ url: URL, to destination: DownloadRequest.Destination, options: Options = [], checksum: Checksum? = nil,
         headers: [(name: String, value: String)] = [], priority: DownloadPriority = .normal,
         onProgress: (@Sendable (DownloadInfo) -> Void)? = nil,
         onStateChange: (@Sendable (DownloadInfo) -> Void)? = nil
     ) async throws -> DownloadID {
         let request = DownloadRequest(
-            url: url.absoluteString, destination: destination, headers: headers, checksum: checksum)
-        let id = try await enqueue(request, priority: priority)
+            url: url.absoluteString, destination: destination, headers: headers,
+            overwrite: options.contains(.removePreviousFile), checksum: checksum)
+        if options.contains(.createIntermediateDirectories), case .file(let path) = destination {
+            try POSIX.makeDirectories(DownloadPaths.split(POSIX.absolutePath(path)).directory)
+        }
+        let added: DownloadID
+        if let known = self.id(of: url), let info = download(known), info.state == .paused,
+            info.request.destination == request.destination
+        {
+            // The user paused it: asking for it again (a screen shown anew) leaves it so.
+            added = known
+        } else {
+            added = try await enqueue(request, priority: priority)
+        }
+        let id = added
         if onProgress != nil || onStateChange != nil {
             let events = events(for: id)
             Task {
@@ -81,6 +115,33 @@ extension DownloadManager {
             }
         }
         return id
+    }
+
+    /// The download as it changes, starting with how it stands now, until it completes, is
+    /// cancelled or removed, or the manager closes: for a view model, which iterates it on the main
+    /// actor (`for await info in manager.updates(of: id) { rows[url] = info }`), in order. Attaching
+    /// changes nothing of the download; cancelling the iterating task detaches.
+    public func updates(of id: DownloadID) -> AsyncStream<DownloadInfo> {
+        let events = events(for: id)
+        let (stream, continuation) = AsyncStream<DownloadInfo>.makeStream(bufferingPolicy: .bufferingNewest(64))
+        let forwarding = Task {
+            for await event in events {
+                switch event.kind {
+                case .removed: continuation.finish()
+                case .added, .stateChanged, .transfer(.progress): continuation.yield(event.download)
+                case .transfer: break
+                }
+            }
+            continuation.finish()
+        }
+        continuation.onTermination = { _ in forwarding.cancel() }
+        return stream
+    }
+
+    /// ``updates(of:)-(DownloadID)`` of `url`'s download.
+    /// - Throws: ``HaulError/Code/unknownDownload`` when there is no download of `url`.
+    public func updates(of url: URL) throws -> AsyncStream<DownloadInfo> {
+        updates(of: try existing(url))
     }
 
     /// The download of `url` (the latest one, when the same URL goes to several places); `nil` when

@@ -85,6 +85,121 @@ struct AppAPITests {
         }
     }
 
+    @Test("a screen shown anew attaches to a paused download without resuming it, and follows it on the main actor")
+    func attachingChangesNothing() async throws {
+        try await HaulTestServer.withRunning { server in
+            try await withTemporaryDirectory { directory in
+                let resource = TestResource(name: "episode", size: 2_000_000)
+                server.add("/episode", resource)
+                server.setStandingFaults("/episode", [.throttle(bytesPerSecond: 1_000_000)])
+                let url = try #require(URL(string: server.url("/episode")))
+                let file = URL(fileURLWithPath: directory + "/episode.mp4")
+                try await withManager(directory + "/state", downloader: segmentedConfiguration(connections: 1)) {
+                    manager in
+                    let id = try await manager.download(url, to: .file(file))
+                    await manager.start()
+                    try await waitFor(manager, id) { $0.bytes > 0 }
+                    try await manager.pause(url)
+                    let asked = server.requests(for: "/episode").count
+                    // The screen comes back and asks for the same download: it stays paused.
+                    #expect(try await manager.download(url, to: .file(file)) == id)
+                    #expect(await manager.info(for: url)?.state == .paused)
+                    // A view model follows it on the main actor, in order, without a Task wrapper.
+                    let model = await MainActor.run { RowModel() }
+                    let following = Task { @MainActor in
+                        for await info in try await manager.updates(of: url) { model.rows[url] = info }
+                    }
+                    try await waitUntilAsync("the model shows it paused") {
+                        await model.rows[url]?.state == .paused
+                    }
+                    #expect(server.requests(for: "/episode").count == asked)
+                    server.setStandingFaults("/episode", [])
+                    try await manager.resume(url)
+                    try await waitUntilAsync("the model shows it complete") {
+                        await model.rows[url]?.state == .completed
+                    }
+                    following.cancel()
+                    #expect(try readFile(file.path) == resource.content)
+                    let totals = await manager.aggregateProgress()
+                    #expect(totals.completed == 1 && totals.paused == 0)
+                }
+            }
+        }
+    }
+
+    @Test("a paused download counts as paused in the queue's totals")
+    func pausedDownloadsAreCounted() async throws {
+        try await withTemporaryDirectory { directory in
+            try await withManager(directory + "/state") { manager in
+                let url = try #require(URL(string: "http://127.0.0.1:9/later.bin"))
+                _ = try await manager.download(url, to: .directory(URL(fileURLWithPath: directory)))
+                try await manager.pause(url)
+                let totals = await manager.aggregateProgress()
+                #expect(totals.paused == 1 && totals.queued == 0 && totals.downloads == 1)
+            }
+        }
+    }
+
+    @Test("a finished file deleted between launches fails with no bytes, and a new download starts from 0")
+    func aDeletedFileStartsOver() async throws {
+        try await HaulTestServer.withRunning { server in
+            try await withTemporaryDirectory { directory in
+                let resource = TestResource(name: "gone.bin", size: 300_000)
+                server.add("/gone.bin", resource)
+                let url = try #require(URL(string: server.url("/gone.bin")))
+                let file = URL(fileURLWithPath: directory + "/gone.bin")
+                try await withManager(directory + "/state") { manager in
+                    let id = try await manager.download(url, to: .file(file))
+                    await manager.start()
+                    try await waitFor(manager, id) { $0.state == .completed }
+                }
+                try FileManager.default.removeItem(at: file)
+                try await withManager(directory + "/state") { manager in
+                    let info = try #require(await manager.info(for: url))
+                    #expect(info.state == .failed && info.bytes == 0 && info.fraction == 0)
+                    // Asked again, it runs from byte 0: no progress past what is on disk.
+                    let events = manager.events()
+                    let id = try await manager.download(url, to: .file(file))
+                    await manager.start()
+                    try await waitFor(manager, id) { $0.state == .completed }
+                    #expect(try readFile(file.path) == resource.content)
+                    var shown: [Int64] = []
+                    for await event in events {
+                        guard event.download.id == id else { continue }
+                        shown.append(event.download.bytes)
+                        if event.download.state == .completed { break }
+                    }
+                    #expect(shown.first == 0, "\(shown)")
+                }
+            }
+        }
+    }
+
+    @Test("options make a file's folders and replace a file left in the way, as Alamofire's do")
+    func optionsForTheDestination() async throws {
+        try await HaulTestServer.withRunning { server in
+            try await withTemporaryDirectory { directory in
+                let resource = TestResource(name: "photo.jpg", size: 50_000)
+                server.add("/photo.jpg", resource)
+                let url = try #require(URL(string: server.url("/photo.jpg")))
+                let file = URL(fileURLWithPath: directory + "/albums/2026/photo.jpg")
+                try await withManager(directory + "/state") { manager in
+                    await manager.start()
+                    let id = try await manager.download(url, to: .file(file), options: .createIntermediateDirectories)
+                    try await waitFor(manager, id) { $0.state == .completed }
+                    // Forgotten, its file kept: asked again, the file in the way is refused unless
+                    // it may be replaced.
+                    try await manager.remove(url, deletingFiles: false)
+                    await expectHaulError(.destinationExists) { try await manager.download(url, to: .file(file)) }
+                    let again = try await manager.download(url, to: .file(file), options: .removePreviousFile)
+                    try await waitFor(manager, again) { $0.state == .completed }
+                    #expect(try readFile(file.path) == resource.content)
+                    #expect(server.requests(for: "/photo.jpg").count == 2)
+                }
+            }
+        }
+    }
+
     @Test("stop() checkpoints what runs; the next start() goes on from the stored bytes, as does a new manager")
     func startAndStopWithDownloadsInFlight() async throws {
         try await HaulTestServer.withRunning { server in
@@ -348,4 +463,9 @@ final class Changes: Sendable {
     private let value = Mutex(0)
     var count: Int { value.withLock { $0 } }
     func add() { value.withLock { $0 += 1 } }
+}
+
+/// What an app's view model holds: rows by URL, on the main actor.
+@MainActor final class RowModel {
+    var rows: [URL: DownloadInfo] = [:]
 }
