@@ -181,6 +181,29 @@ extension DownloadManager {
         try await remove(try existing(url), deletingFiles: deletingFiles)
     }
 
+    /// Cancels `url`'s download: stopped for good, its partial data deleted, its record kept as
+    /// cancelled (see ``cancel(_:)-(DownloadID)``).
+    /// - Throws: ``HaulError/Code/unknownDownload`` when there is no download of `url`.
+    public func cancel(_ url: URL) async throws {
+        try await cancel(try existing(url))
+    }
+
+    /// Removes every download of this queue, and their finished files when `deletingFiles`: what an
+    /// app's "clear all" does. A running one is stopped first; one another process runs is left.
+    /// Returns how many were removed.
+    @discardableResult
+    public func removeAll(deletingFiles: Bool = false) async -> Int {
+        var removed = 0
+        var after: DownloadID?
+        while let page = try? storedPage(in: nil, after: after), let last = page.last {
+            after = last.id
+            for entry in page where (try? await remove(entry.id, deletingFiles: deletingFiles)) != nil {
+                removed += 1
+            }
+        }
+        return removed
+    }
+
     /// The latest download of `url`: the store's records read page by page (an app's queue is
     /// short), with this manager's own versions of those it holds.
     private func id(of url: URL) -> DownloadID? {

@@ -200,6 +200,39 @@ struct AppAPITests {
         }
     }
 
+    @Test("cancel by URL deletes the partial data; removeAll clears the queue, files too when asked")
+    func cancelByURLAndRemoveAll() async throws {
+        try await HaulTestServer.withRunning { server in
+            try await withTemporaryDirectory { directory in
+                server.add("/slow", TestResource(name: "slow", size: 2_000_000))
+                server.setStandingFaults("/slow", [.throttle(bytesPerSecond: 500_000)])
+                server.add("/done", TestResource(name: "done", size: 10_000))
+                let slow = try #require(URL(string: server.url("/slow")))
+                let done = try #require(URL(string: server.url("/done")))
+                try await withManager(directory + "/state", downloader: segmentedConfiguration(connections: 1)) {
+                    manager in
+                    let slowID = try await manager.download(slow, to: .file(URL(fileURLWithPath: directory + "/slow")))
+                    let doneID = try await manager.download(done, to: .file(URL(fileURLWithPath: directory + "/done")))
+                    await manager.start()
+                    try await waitFor(manager, slowID) { $0.bytes > 0 }
+                    try await waitFor(manager, doneID) { $0.state == .completed }
+                    #expect(FileManager.default.fileExists(atPath: directory + "/slow.haul.part"))
+                    try await manager.cancel(slow)
+                    #expect(await manager.info(for: slow)?.state == .cancelled)
+                    #expect(!FileManager.default.fileExists(atPath: directory + "/slow.haul.part"))
+                    // Cleared: no download is left, and the finished file goes too when asked.
+                    #expect(await manager.removeAll(deletingFiles: true) == 2)
+                    #expect(await manager.info(for: slow) == nil)
+                    #expect(await manager.info(for: done) == nil)
+                    #expect(!FileManager.default.fileExists(atPath: directory + "/done"))
+                    #expect(await manager.aggregateProgress().downloads == 0)
+                    let unknown = try #require(URL(string: server.url("/never")))
+                    await expectHaulError(.unknownDownload) { try await manager.cancel(unknown) }
+                }
+            }
+        }
+    }
+
     @Test("stop() checkpoints what runs; the next start() goes on from the stored bytes, as does a new manager")
     func startAndStopWithDownloadsInFlight() async throws {
         try await HaulTestServer.withRunning { server in
