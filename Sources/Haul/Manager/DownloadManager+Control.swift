@@ -73,7 +73,7 @@ extension DownloadManager {
         var checked = 0
         let rules = configuration.rules
         try list.read { requests in
-            let requests = requests.map(rules.applied)
+            let requests = rules.applied(to: requests)
             let examined = try examine(requests)
             if let refusal = examined.refusal { throw refusal.error }
             replaced += examined.replaced
@@ -84,7 +84,7 @@ extension DownloadManager {
         var added = 0
         do {
             try list.read { requests in
-                for chunk in Self.chunks(of: requests.map(rules.applied)) {
+                for chunk in Self.chunks(of: rules.applied(to: requests)) {
                     answered(try enqueueChunk(chunk, priority: priority, withInfo: withInfo))
                     added += chunk.count
                     // Known downloads read for the add stay in memory only as long as needed.
@@ -225,7 +225,7 @@ extension DownloadManager {
     /// `nil` when it would take them all. Nothing changes: a caller that must add all or nothing
     /// (the daemon's API) asks first.
     package func refusal(of requests: [DownloadRequest]) throws -> (index: Int, error: HaulError)? {
-        try examine(requests.map(configuration.rules.applied)).refusal
+        try examine(configuration.rules.applied(to: requests)).refusal
     }
 
     /// The first of `requests` that would be refused and why, else the downloads of other URLs their

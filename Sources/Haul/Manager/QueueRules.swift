@@ -188,6 +188,12 @@ public struct QueueRules: Sendable, Codable, Equatable {
     /// Whether any rule changes what is added.
     var changesRequests: Bool { !sites.isEmpty || !categories.isEmpty }
 
+    /// `requests` with what the rules give each: the same array, not copied, when no rule changes
+    /// what is added (a long list added without rules pays nothing).
+    public func applied(to requests: [DownloadRequest]) -> [DownloadRequest] {
+        changesRequests ? requests.map(applied) : requests
+    }
+
     /// `request` with what the rules give its host and its kind of file.
     public func applied(to request: DownloadRequest) -> DownloadRequest {
         guard changesRequests else { return request }
