@@ -241,10 +241,10 @@ extension DownloadManager {
         let limiter = RateLimiter(bytesPerSecond: request.bytesPerSecondLimit, clock: clock)
         request.rateLimiter = limiter
         jobs[id]?.rateLimiter = limiter
-        let transport = self.transport
+        let downloader = self.downloader
         let mailbox = self.mailbox
         let task = Task.detached {
-            try await transport.download(request, observing: { event in mailbox.post(event, of: id) }) {
+            try await downloader.download(request, observing: { event in mailbox.post(event, of: id) }) {
                 await self.recordBeforeFinishing(id)
             }
         }

@@ -101,8 +101,8 @@ public actor DownloadManager {
     public private(set) var configuration: Configuration
     /// Where the queue's records are kept (``SQLiteQueueStore`` in the state directory).
     let store: any QueueStore
-    /// What runs each download (Haul's own engine unless a test or an adapter gives another).
-    let transport: any DownloadTransport
+    /// What runs each download, through the transport its configuration names.
+    let downloader: Downloader
     /// Who this manager is among those sharing the queue (see ``QueueOwnership``).
     nonisolated let claim: any QueueOwnership
 
@@ -232,7 +232,7 @@ public actor DownloadManager {
         if let lease = ownership.lease { transfer.writePermit = { lease.isHeld } }
         self.rateLimiter = limiter
         let downloader = Downloader(configuration: transfer, logger: logger, clock: clock)
-        self.transport = downloader
+        self.downloader = downloader
         self.clock = downloader.clock
         self.lastSpaceCheck = self.clock.now
         self.dateAnchor = (self.clock.now, configuration.startDate ?? Date())
@@ -266,7 +266,7 @@ public actor DownloadManager {
         releaseClaims()
         flushUnwritten()
         subscribers.finishAll()
-        try? await transport.shutdown()
+        try? await downloader.shutdown()
     }
 
     /// Lets go of every download this manager claimed and is not running, and of its claim.

@@ -1,8 +1,5 @@
-import AsyncHTTPClient
 import Logging
 import NIOCore
-import NIOPosix
-import NIOSSL
 
 #if canImport(FoundationEssentials)
     import FoundationEssentials
@@ -27,8 +24,10 @@ import NIOSSL
 public final class Downloader: Sendable {
     /// How the downloader behaves.
     public let configuration: DownloaderConfiguration
-    /// One HTTP client per connection of a download, for each way out (see ``ProxiedLanes``).
-    let lanes: ProxiedLanes
+    /// What sends the requests: ``DownloaderConfiguration/transport``, or Haul's own client.
+    let transport: any DownloadTransport
+    /// Why the transport refused this configuration, if it did: every download fails with it.
+    let refusal: HaulError?
     /// The cap on connections to one host, when there is one
     /// (``DownloaderConfiguration/maxConnectionsPerHost``).
     let hostCap: HostConnectionCap?
@@ -60,42 +59,25 @@ public final class Downloader: Sendable {
         self.clock = TransferClock(clock)
         self.io = .shared
         self.confinement = DownloadConfinement(roots: configuration.downloadRoots)
-        // Stalls are detected by the transfer's own clock (`timeouts.stall`), not by the client.
-        var clientConfiguration = HTTPClient.Configuration(
-            redirectConfiguration: .disallow,
-            timeout: .init(connect: TimeAmount(configuration.timeouts.connect), read: nil),
-            decompression: .disabled
-        )
-        clientConfiguration.httpVersion = configuration.tls.allowHTTP2 ? .automatic : .http1Only
-        var tls = TLSConfiguration.makeClientConfiguration()
-        tls.additionalTrustRoots = configuration.tls.trustedCertificateFiles.map { .file($0) }
-        // Haul closes a connection when it has what it asked for from an open-ended or cut-short range
-        // (it checks lengths itself, so a truncation is never taken for the end). Waiting there for the
-        // server's close_notify would read, and discard, the rest of the response for up to 5 s.
-        tls.shutdownTimeout = .zero
-        clientConfiguration.tlsConfiguration = tls
-        // Haul retries with its own backoff and reports each attempt; a refused connection should reach it at once.
-        clientConfiguration.connectionPool.retryConnectionEstablishment = false
-        // Connection k of every download goes through client k: a limit the caller gives is shared out
-        // over the clients (each needs about as many connections to a host as downloads run at once).
-        // Under a cap, HTTP/1.1 requests all go through the first client, whose pool the cap bounds.
-        let lanes = max(1, configuration.segmentation.connections)
-        // Places shared with other downloaders bound this one too: its HTTP/1.1 requests to a host
-        // then share one pool, whose idle connections close before their places are given back.
-        let shared = configuration.sharedHostSlots
-        hostCap = (configuration.maxConnectionsPerHost ?? shared?.limit).map { HostConnectionCap(limit: $0) }
-        if let shared { clientConfiguration.connectionPool.idleTimeout = TimeAmount(shared.idleTimeout) }
-        clientConfiguration.connectionPool.concurrentHTTP1ConnectionsPerHostSoftLimit =
-            hostCap?.limit ?? configuration.connectionsPerHost.map { max(1, ($0 + lanes - 1) / lanes) } ?? 8
-        clientConfiguration.http2StreamChannelDebugInitializer = { HTTP2BodyCoalescer.install(on: $0) }
-        self.lanes = ProxiedLanes(
-            count: configuration.segmentation.connections, configuration: clientConfiguration,
-            addresses: AddressCache(clock: self.clock))
+        hostCap = (configuration.maxConnectionsPerHost ?? configuration.sharedHostSlots?.limit).map {
+            HostConnectionCap(limit: $0)
+        }
+        let transport =
+            configuration.transport
+            ?? ClientTransport(configuration: configuration, hostCap: hostCap, clock: self.clock)
+        self.transport = transport
+        do {
+            try transport.check(configuration)
+            refusal = nil
+        } catch {
+            refusal = HaulError.wrapping(error)
+        }
     }
 
-    /// Closes the connections. Call it once no download is running any more.
+    /// Closes the connections, and shuts the transport down (``DownloaderConfiguration/transport``,
+    /// when one was given, too). Call it once no download is running any more.
     public func shutdown() async throws {
-        try await lanes.shutdown()
+        try await transport.shutdown()
     }
 
     /// Downloads `request.url`, resuming a partial download of the same destination when there is one.
@@ -119,6 +101,7 @@ public final class Downloader: Sendable {
         beforeFinishing: @escaping @Sendable () async -> Void
     ) async throws -> DownloadResult {
         do {
+            if let refusal { throw refusal }
             let url = try request.check()
             let result = try await TransferDriver.run(
                 downloader: self, request: request, url: url, observe: observe, beforeFinishing: beforeFinishing)
@@ -175,19 +158,3 @@ package struct DownloadURL: Sendable, Equatable {
         return "\(scheme)://\(url.host?.lowercased() ?? ""):\(port)"
     }
 }
-
-/// How the queue runs one download: a request in, its events out, then a result or a
-/// ``HaulError``. ``Downloader`` (Haul's own HTTP engine) is the one transport today; this is where
-/// one that hands transfers to the system (a background `URLSession` on iOS) would plug in.
-package protocol DownloadTransport: Sendable {
-    /// Runs `request` to its end, reporting its events in order; cancelling the calling task pauses it.
-    /// `beforeFinishing` runs once every byte is written and checked, before the final name is given.
-    func download(
-        _ request: DownloadRequest, observing observe: @escaping @Sendable (DownloadEvent) -> Void,
-        beforeFinishing: @escaping @Sendable () async -> Void
-    ) async throws -> DownloadResult
-    /// Closes what the transport holds open.
-    func shutdown() async throws
-}
-
-extension Downloader: DownloadTransport {}

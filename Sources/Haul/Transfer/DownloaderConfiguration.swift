@@ -213,6 +213,11 @@ public struct DownloaderConfiguration: Sendable {
     package var sharedHostSlots: (any SharedHostSlots)?
     /// The least time between two progress events.
     public var progressInterval: Duration = .milliseconds(200)
+    /// What sends the requests (see ``DownloadTransport``). `nil` (the default): Haul's own HTTP
+    /// client on SwiftNIO, set up from this configuration (its TLS trust, proxies, timeouts and cap
+    /// per host). A transport given here refuses the settings it cannot honour
+    /// (``DownloadTransport/check(_:)``): each download then fails with that error.
+    public var transport: (any DownloadTransport)?
 
     /// The defaults.
     public init() {}

@@ -1,6 +1,4 @@
-import AsyncHTTPClient
 import Logging
-import NIOCore
 import NIOHTTP1
 
 #if canImport(FoundationEssentials)
@@ -16,7 +14,8 @@ struct HTTPFetcher: Sendable {
     /// The request's URL, then its mirrors: the sources a request may go to.
     let sources: [DownloadURL]
     let request: DownloadRequest
-    let clients: ProxiedLanes
+    /// What sends the requests.
+    let transport: any DownloadTransport
     /// The cap on connections to one host, if any: every request enters it before it is sent.
     let hostCap: HostConnectionCap?
     let configuration: DownloaderConfiguration
@@ -25,14 +24,15 @@ struct HTTPFetcher: Sendable {
     /// A fetcher of `request` from `sources` (its URL, then its mirrors: see
     /// ``DownloadRequest/sources()``).
     init(
-        sources: [DownloadURL], request: DownloadRequest, clients: ProxiedLanes, hostCap: HostConnectionCap?,
+        sources: [DownloadURL], request: DownloadRequest, transport: any DownloadTransport,
+        hostCap: HostConnectionCap?,
         configuration: DownloaderConfiguration, logger: Logger
     ) {
         precondition(!sources.isEmpty, "a download has a URL")
         self.url = sources[0]
         self.sources = sources
         self.request = request
-        self.clients = clients
+        self.transport = transport
         self.hostCap = hostCap
         self.configuration = configuration
         self.logger = logger
@@ -45,7 +45,7 @@ struct HTTPFetcher: Sendable {
     /// (``DownloaderConfiguration/maxConnectionsPerHost``), `false` when it got one.
     func fetch<Result>(
         _ ask: RangeAsk, connection: Int, source: Int = 0, waiting: (Bool) -> Void = { _ in },
-        _ consume: (HTTPClientResponse, DownloadURL) async -> Result
+        _ consume: (TransportResponse, DownloadURL) async -> Result
     ) async throws -> Result {
         var current = sources.indices.contains(source) ? sources[source] : url
         var headers = RedirectPolicy.headers(
@@ -58,24 +58,22 @@ struct HTTPFetcher: Sendable {
         var visited: Set<String> = [current.string]
         let redirects = configuration.redirects
         for _ in 0...redirects.maximum {
-            var outgoing = HTTPClientRequest(url: current.string)
-            outgoing.method = .GET
-            for (name, value) in headers { outgoing.headers.add(name: name, value: value) }
+            var outgoing = HTTPHeaders(headers)
             // Cookies expire at calendar dates: they are compared with the calendar, not the transfer's clock.
             let now = request.cookies == nil ? 0 : Int64(Date().timeIntervalSince1970)
             if let jar = request.cookies, let cookies = jar.header(for: current.url, now: now) {
                 // One Cookie header: the jar's cookies join any the caller gave for this origin.
-                let given = outgoing.headers.first(name: "cookie")
-                outgoing.headers.replaceOrAdd(name: "Cookie", value: given.map { $0 + "; " + cookies } ?? cookies)
+                let given = outgoing.first(name: "cookie")
+                outgoing.replaceOrAdd(name: "Cookie", value: given.map { $0 + "; " + cookies } ?? cookies)
             }
             let from = current
             let hop: Hop<Result> = try await exchange(outgoing, to: current, connection: connection, waiting: waiting) {
                 response in
-                request.cookies?.store(setCookie: response.headers["set-cookie"], from: from.url, now: now)
-                guard [301, 302, 303, 307, 308].contains(response.status.code),
-                    let location = response.headers.first(name: "location")
+                request.cookies?.store(setCookie: response.fields["set-cookie"], from: from.url, now: now)
+                guard [301, 302, 303, 307, 308].contains(response.status),
+                    let location = response.fields.first(name: "location")
                 else { return .answer(await consume(response, from)) }
-                _ = try? await response.body.collect(upTo: 64 * 1024)
+                await response.body.discard(upTo: 64 * 1024)
                 return .redirect(location)
             }
             switch hop {
@@ -102,15 +100,13 @@ struct HTTPFetcher: Sendable {
         case redirect(String)
     }
 
-    /// Sends one request the way its URL's scheme and host say (a redirect may leave a proxy): a
-    /// plain-http one through an HTTP proxy is forwarded, every other one goes through the HTTP
-    /// client of connection `connection` for that way out (under a cap, the client its pass
-    /// names). `handle` reads the answer; the request holds its place under the cap until then.
+    /// Sends one request with `headers` through the transport, as connection `connection` (under
+    /// a cap, the connection its pass names). `handle` reads the answer; the request holds its place
+    /// under the cap until then.
     private func exchange<Result>(
-        _ outgoing: HTTPClientRequest, to url: DownloadURL, connection: Int, waiting: (Bool) -> Void,
-        _ handle: (HTTPClientResponse) async -> Result
+        _ headers: HTTPHeaders, to url: DownloadURL, connection: Int, waiting: (Bool) -> Void,
+        _ handle: (TransportResponse) async -> Result
     ) async throws -> Result {
-        let proxy = configuration.proxy.proxy(for: url.url)
         do {
             var pass: HostConnectionCap.Pass?
             if let hostCap {
@@ -136,16 +132,11 @@ struct HTTPFetcher: Sendable {
                 if waited { waiting(false) }
             }
             defer { if let place { configuration.sharedHostSlots?.give(url.origin, place) } }
-            if let proxy, proxy.kind == .http, !url.isHTTPS {
-                return try await ProxyForwarding.execute(
-                    outgoing, url: url, through: proxy, connectTimeout: configuration.timeouts.connect, handle)
+            let outgoing = TransportRequest(url: url.url, fields: headers, connection: pass?.lane ?? connection)
+            return try await transport.send(outgoing) { response in
+                if let entered = pass { pass = hostCap?.answered(entered, multiplexed: response.httpVersion >= 2) }
+                return await handle(response)
             }
-            let client = try await clients.lanes(to: url.url, through: proxy).client(for: pass?.lane ?? connection)
-            let response = try await client.execute(outgoing, deadline: .distantFuture)
-            if let entered = pass { pass = hostCap?.answered(entered, multiplexed: response.version.major >= 2) }
-            return await handle(response)
-        } catch let error as HaulError {
-            throw error
         } catch {
             throw FetchFailure(error: error, url: url)
         }
@@ -154,7 +145,6 @@ struct HTTPFetcher: Sendable {
     /// What a failure of a request or of its body means for the transfer.
     func failure(_ error: any Error) -> TransferFailure {
         if error is CancellationError || Task.isCancelled { return .cancelled }
-        if let error = error as? HaulError { return .fatal(error) }
         var url = self.url
         var cause = error
         if let failure = error as? FetchFailure {
@@ -162,50 +152,16 @@ struct HTTPFetcher: Sendable {
             cause = failure.error
             if cause is CancellationError { return .cancelled }
         }
-        let host = url.url.host ?? url.string
-        if let unresolved = cause as? HostResolution.Failure {
-            return .retryable(HaulError(.network, unresolved.message, underlying: cause), retryAfter: nil)
+        // Haul's own refusals (a redirect loop, a file error) are final whichever transport ran.
+        if let error = cause as? HaulError, ![.network, .timedOut].contains(error.code) { return .fatal(error) }
+        switch transport.failure(
+            of: cause, sending: TransportRequest(url: url.url, fields: HTTPHeaders(), connection: 0))
+        {
+        case .retryable(let error): return .retryable(error, retryAfter: nil)
+        case .refused(let error): return .refused(error)
+        case .fatal(let error): return .fatal(error)
+        case .cancelled: return .cancelled
         }
-        if let clientError = cause as? HTTPClientError {
-            switch clientError {
-            case .readTimeout:
-                let seconds = Int(configuration.timeouts.stall.seconds)
-                return .retryable(
-                    HaulError(.timedOut, "no data from \(host) for \(seconds) s", underlying: cause), retryAfter: nil)
-            case .connectTimeout:
-                return .retryable(
-                    HaulError(.timedOut, "connecting to \(host) timed out", underlying: cause), retryAfter: nil)
-            case .cancelled:
-                return .cancelled
-            case .invalidURL, .emptyHost, .emptyScheme:
-                return .fatal(HaulError(.invalidURL, "not a valid URL: \(url.string)", underlying: cause))
-            case .proxyAuthenticationRequired:
-                let proxy = configuration.proxy.proxy(for: url.url).map { " \($0)" } ?? ""
-                return .fatal(
-                    HaulError(
-                        .httpStatus, "the proxy\(proxy) asks for credentials (407): give them in its URL", status: 407,
-                        underlying: cause))
-            case .invalidProxyResponse:
-                let proxy = configuration.proxy.proxy(for: url.url).map { " \($0)" } ?? ""
-                return .retryable(
-                    HaulError(.network, "the proxy\(proxy) could not reach \(host)", underlying: cause), retryAfter: nil
-                )
-            case .remoteConnectionClosed:
-                return .retryable(
-                    HaulError(.network, "\(host) closed the connection", underlying: cause), retryAfter: nil)
-            default:
-                return .retryable(
-                    HaulError(.network, "transfer from \(host) failed: \(clientError)", underlying: cause),
-                    retryAfter: nil)
-            }
-        }
-        let typeName = String(reflecting: type(of: cause))
-        if typeName.contains("NIOSSL") || typeName.contains("TLS") {
-            return .fatal(HaulError(.tls, TransportErrorDescription.describeTLS(cause, host: host), underlying: cause))
-        }
-        let message = TransportErrorDescription.describe(cause, url: url)
-        let error = HaulError(.network, message, underlying: cause)
-        return TransportErrorDescription.isRefusal(cause) ? .refused(error) : .retryable(error, retryAfter: nil)
     }
 }
 

@@ -1,4 +1,3 @@
-import AsyncHTTPClient
 import NIOCore
 import Synchronization
 
@@ -60,7 +59,7 @@ struct RangeReceiver: Sendable {
     }
 
     /// Writes the body as `plan` says; returns how the request ended.
-    func receive(_ body: HTTPClientResponse.Body, plan: ReceivePlan) async -> ConnectionEnd {
+    func receive(_ body: TransportBody, plan: ReceivePlan) async -> ConnectionEnd {
         var overlap: [UInt8] = []
         if plan.writeStart > plan.bodyStart {
             let count = Int(plan.writeStart - plan.bodyStart)

@@ -1,4 +1,3 @@
-import AsyncHTTPClient
 import Logging
 import Synchronization
 
@@ -75,7 +74,7 @@ final class TransferDriver {
             bootID: BootIdentity.current, now: downloader.clock.now)
         self.files = files
         self.fetcher = HTTPFetcher(
-            sources: sources, request: request, clients: downloader.lanes, hostCap: downloader.hostCap,
+            sources: sources, request: request, transport: downloader.transport, hostCap: downloader.hostCap,
             configuration: configuration, logger: downloader.logger)
         self.clock = downloader.clock
         self.observe = observe
@@ -310,12 +309,12 @@ final class TransferDriver {
                 ) { response, finalURL in
                     let reply = Reply<Verdict>()
                     let head = ResponseHead(
-                        status: Int(response.status.code), headers: response.headers, finalURL: finalURL.string,
+                        status: response.status, headers: response.fields, finalURL: finalURL.string,
                         date: Int64(Date().timeIntervalSince1970))
                     post.yield(.answer(request, head, reply))
                     switch await reply.wait() {
                     case .drop:
-                        _ = try? await response.body.collect(upTo: 64 * 1024)
+                        await response.body.discard(upTo: 64 * 1024)
                         return .dropped
                     case .receive(let plan, let receiver):
                         return await receiver.receive(response.body, plan: plan)
