@@ -217,7 +217,10 @@ func pauseWhenRanges(
             try await withTemporaryDirectory { directory in
                 let resource = TestResource(name: "stalled", size: 4 * 1024 * 1024)
                 server.add("/stalled", resource)
-                server.script("/stalled", [[], [.stall(afterBytes: 64 * 1024, seconds: 60)]])
+                // The first answer is held to 4 MiB/s: unheld, it could bring the whole file before the
+                // other connections start, and no range would be left to stall.
+                server.script(
+                    "/stalled", [[.throttle(bytesPerSecond: 4 << 20)], [.stall(afterBytes: 64 * 1024, seconds: 60)]])
                 let log = EventLog()
                 let clock = ManualClock()
                 let configuration = try reaching(server, segmentedConfiguration(stall: .seconds(60)), in: directory)
