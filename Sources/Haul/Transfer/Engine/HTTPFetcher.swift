@@ -45,7 +45,7 @@ struct HTTPFetcher: Sendable {
     /// (``DownloaderConfiguration/maxConnectionsPerHost``), `false` when it got one.
     func fetch<Result>(
         _ ask: RangeAsk, connection: Int, source: Int = 0, waiting: (Bool) -> Void = { _ in },
-        _ consume: (TransportResponse, DownloadURL) async -> Result
+        active: (@Sendable () -> Void)? = nil, _ consume: (TransportResponse, DownloadURL) async -> Result
     ) async throws -> Result {
         var current = sources.indices.contains(source) ? sources[source] : url
         var headers = RedirectPolicy.headers(
@@ -67,7 +67,9 @@ struct HTTPFetcher: Sendable {
                 outgoing.replaceOrAdd(name: "Cookie", value: given.map { $0 + "; " + cookies } ?? cookies)
             }
             let from = current
-            let hop: Hop<Result> = try await exchange(outgoing, to: current, connection: connection, waiting: waiting) {
+            let hop: Hop<Result> = try await exchange(
+                outgoing, to: current, connection: connection, waiting: waiting, active: active
+            ) {
                 response in
                 request.cookies?.store(setCookie: response.fields["set-cookie"], from: from.url, now: now)
                 guard [301, 302, 303, 307, 308].contains(response.status),
@@ -105,7 +107,7 @@ struct HTTPFetcher: Sendable {
     /// under the cap until then.
     private func exchange<Result>(
         _ headers: HTTPHeaders, to url: DownloadURL, connection: Int, waiting: (Bool) -> Void,
-        _ handle: (TransportResponse) async -> Result
+        active: (@Sendable () -> Void)?, _ handle: (TransportResponse) async -> Result
     ) async throws -> Result {
         do {
             var pass: HostConnectionCap.Pass?
@@ -132,7 +134,8 @@ struct HTTPFetcher: Sendable {
                 if waited { waiting(false) }
             }
             defer { if let place { configuration.sharedHostSlots?.give(url.origin, place) } }
-            let outgoing = TransportRequest(url: url.url, fields: headers, connection: pass?.lane ?? connection)
+            let outgoing = TransportRequest(
+                url: url.url, fields: headers, connection: pass?.lane ?? connection, activity: active)
             return try await transport.send(outgoing) { response in
                 if let entered = pass { pass = hostCap?.answered(entered, multiplexed: response.httpVersion >= 2) }
                 return await handle(response)
@@ -155,7 +158,7 @@ struct HTTPFetcher: Sendable {
         // Haul's own refusals (a redirect loop, a file error) are final whichever transport ran.
         if let error = cause as? HaulError, ![.network, .timedOut].contains(error.code) { return .fatal(error) }
         switch transport.failure(
-            of: cause, sending: TransportRequest(url: url.url, fields: HTTPHeaders(), connection: 0))
+            of: cause, sending: TransportRequest(url: url.url, fields: HTTPHeaders(), connection: 0, activity: nil))
         {
         case .retryable(let error): return .retryable(error, retryAfter: nil)
         case .refused(let error): return .refused(error)

@@ -305,7 +305,8 @@ final class TransferDriver {
             do {
                 end = try await fetcher.fetch(
                     ask, connection: connection, source: request.source,
-                    waiting: { post.yield(.machine($0 ? .queued(request) : .admitted(request))) }
+                    waiting: { post.yield(.machine($0 ? .queued(request) : .admitted(request))) },
+                    active: { post.yield(.machine(.active(request))) }
                 ) { response, finalURL in
                     let reply = Reply<Verdict>()
                     let head = ResponseHead(

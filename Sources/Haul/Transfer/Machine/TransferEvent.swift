@@ -99,6 +99,9 @@ enum TransferEvent: Sendable {
     case wrote(RequestTag, segment: Int, upTo: Int64, pieces: [Int: String])
     /// A rate limit holds a request's bytes back until `until`: its silence until then is no stall.
     case throttled(RequestTag, until: Moment)
+    /// The transport hears from the server while the request's bytes are out of Haul's sight (a
+    /// download task's body going to a file): its silence until now is no stall.
+    case active(RequestTag)
     /// A request reached the end of its range while its answer goes on.
     case reachedLimit(RequestTag, at: Int64)
     /// A request is over.

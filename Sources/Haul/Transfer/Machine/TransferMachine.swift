@@ -118,6 +118,9 @@ struct TransferMachine: Sendable {
         case .throttled(let request, let until):
             throttled(request, until: until)
             return []
+        case .active(let request):
+            active(request, now: now)
+            return []
         case .reachedLimit(let request, let offset):
             guard isCurrent(request) else { return [.proceed(connection: request.connection, nil)] }
             return reachedLimit(request.connection, at: offset, now: now)
@@ -783,6 +786,23 @@ struct TransferMachine: Sendable {
         receiving.lastByte = max(receiving.lastByte, until)
         connections[request.connection].state = .receiving(receiving)
         table?.hold(receiving.segment, until: until)
+    }
+
+    /// The transport heard from the server for `request` while its bytes are out of sight: its stall
+    /// clock starts again, and its range is not taken over for the silence until now.
+    private mutating func active(_ request: RequestTag, now: Moment) {
+        guard isCurrent(request) else { return }
+        switch connections[request.connection].state {
+        case .requesting(let ask, let segment, _):
+            connections[request.connection].state = .requesting(ask, segment: segment, since: now)
+            if let segment { table?.hold(segment, until: now) }
+        case .receiving(var receiving):
+            receiving.lastByte = max(receiving.lastByte, now)
+            connections[request.connection].state = .receiving(receiving)
+            table?.hold(receiving.segment, until: now)
+        default:
+            break
+        }
     }
 
     /// A connection wrote bytes of a range: progress, the end of the file, checkpoints and the ramp

@@ -89,17 +89,27 @@ public struct TransportRequest: Sendable {
     public let connection: Int
     /// The headers as Haul's own client takes them.
     let fields: HTTPHeaders
+    /// Tells the download that the server is heard from (see ``noteActivity()``).
+    let activity: (@Sendable () -> Void)?
 
     /// A request for `url` with `headers`, sent by connection `connection`.
     public init(url: URL, headers: [(name: String, value: String)], connection: Int = 0) {
-        self.init(url: url, fields: HTTPHeaders(headers.map { ($0.name, $0.value) }), connection: connection)
+        self.init(
+            url: url, fields: HTTPHeaders(headers.map { ($0.name, $0.value) }), connection: connection, activity: nil)
     }
 
-    init(url: URL, fields: HTTPHeaders, connection: Int) {
+    init(url: URL, fields: HTTPHeaders, connection: Int, activity: (@Sendable () -> Void)?) {
         self.url = url
         self.fields = fields
         self.connection = connection
+        self.activity = activity
     }
+
+    /// Tells Haul that the server is sending this request's answer while Haul cannot see its bytes
+    /// yet (a download task writing the body to a file of its own). Haul takes a request that it
+    /// hears nothing of for ``DownloaderConfiguration/Timeouts/stall`` for a stalled one; a transport
+    /// that holds the body back calls this as bytes arrive. One that streams the body needs not.
+    public func noteActivity() { activity?() }
 
     /// The value of the first header named `name` (case does not matter).
     public func header(_ name: String) -> String? { fields.first(name: name) }
@@ -164,7 +174,7 @@ public struct TransportBody: AsyncSequence, Sendable {
     enum Source: Sendable {
         case client(HTTPClientResponse.Body)
         case stream(AsyncThrowingStream<ByteBuffer, any Error>)
-        case file(path: String, remove: Bool)
+        case file(path: @Sendable () async throws -> String, remove: Bool)
     }
 
     let source: Source
@@ -177,6 +187,15 @@ public struct TransportBody: AsyncSequence, Sendable {
     /// The body held in the file at `path`, read in blocks; with `removingIt`, the file is removed
     /// once the body is read to its end or fails.
     public static func file(atPath path: String, removingIt: Bool) -> TransportBody {
+        TransportBody(source: .file(path: { path }, remove: removingIt))
+    }
+
+    /// A body that will be in a file: `path` waits until the file is complete and returns where it
+    /// is (or throws the transfer's failure). A transport that knows the answer's head before its
+    /// body is stored (a download task's response) gives the head at once and the file this way.
+    public static func file(removingIt: Bool, whenReady path: @escaping @Sendable () async throws -> String)
+        -> TransportBody
+    {
         TransportBody(source: .file(path: path, remove: removingIt))
     }
 
@@ -232,21 +251,35 @@ public struct TransportBody: AsyncSequence, Sendable {
 
 /// Reads a body held in a file, a block at a time, on the I/O threads.
 final class FileChunks: Sendable {
-    private let path: String
+    private struct State {
+        var path: String?
+        var descriptor: Int32?
+        var offset: Int64 = 0
+        var done = false
+    }
+
+    private let ready: @Sendable () async throws -> String
     private let remove: Bool
-    private let state = Mutex<(descriptor: Int32?, offset: Int64, done: Bool)>((nil, 0, false))
+    private let state = Mutex(State())
     static let chunkSize = 1 << 20
 
-    init(path: String, remove: Bool) {
-        self.path = path
+    init(path: @escaping @Sendable () async throws -> String, remove: Bool) {
+        self.ready = path
         self.remove = remove
     }
 
     deinit { finish() }
 
     func next() async throws -> ByteBuffer? {
-        let path = self.path
         do {
+            let known = state.withLock { $0.path }
+            let path: String
+            if let known {
+                path = known
+            } else {
+                path = try await ready()
+                state.withLock { $0.path = path }
+            }
             let chunk = try await BlockingIO.shared.run { [self] () -> [UInt8]? in
                 try state.withLock { state -> [UInt8]? in
                     if state.done { return nil }
@@ -270,14 +303,14 @@ final class FileChunks: Sendable {
 
     /// Closes the file, and removes it when asked to.
     private func finish() {
-        let descriptor = state.withLock { state -> Int32? in
+        let ended = state.withLock { state -> (descriptor: Int32?, path: String?)? in
             guard !state.done else { return nil }
             state.done = true
             defer { state.descriptor = nil }
-            return state.descriptor ?? -1
+            return (state.descriptor, state.path)
         }
-        guard let descriptor else { return }
-        if descriptor >= 0 { POSIX.close(descriptor) }
-        if remove { try? POSIX.unlink(path) }
+        guard let ended else { return }
+        if let descriptor = ended.descriptor { POSIX.close(descriptor) }
+        if remove, let path = ended.path { try? POSIX.unlink(path) }
     }
 }
