@@ -8,6 +8,7 @@ let package = Package(
     platforms: [.macOS(.v15), .iOS(.v18), .tvOS(.v18), .visionOS(.v2)],
     products: [
         .library(name: "Haul", targets: ["Haul"]),
+        .library(name: "HaulURLSession", targets: ["HaulURLSession"]),
         .library(name: "HaulTestServer", targets: ["HaulTestServer"]),
         .library(name: "HaulDaemon", targets: ["HaulDaemon"]),
         .library(name: "HaulPostgreSQL", targets: ["HaulPostgreSQL"]),
@@ -59,6 +60,11 @@ let package = Package(
             ]
         ),
         .target(name: "CHaulSystem"),
+        // A transport on URLSession, apart so that Haul alone does not link FoundationNetworking on Linux.
+        .target(
+            name: "HaulURLSession",
+            dependencies: ["Haul", .product(name: "NIOCore", package: "swift-nio")]
+        ),
         .target(
             name: "HaulPostgreSQL",
             dependencies: [
@@ -118,7 +124,8 @@ let package = Package(
         ),
         .executableTarget(name: "HaulTestServerTool", dependencies: ["HaulTestServer"]),
         // An app-style program on the app-facing API only; scripts/example-test.py runs it in CI.
-        .executableTarget(name: "DownloadQueueExample", dependencies: ["Haul"], path: "Examples/DownloadQueue"),
+        .executableTarget(
+            name: "DownloadQueueExample", dependencies: ["Haul", "HaulURLSession"], path: "Examples/DownloadQueue"),
         .target(name: "CLibFuzzer"),
         .executableTarget(
             name: "HaulFuzz",
@@ -127,7 +134,7 @@ let package = Package(
         .testTarget(
             name: "HaulTests",
             dependencies: [
-                "Haul", "HaulTestServer", "HaulDaemon", "HaulPostgreSQL",
+                "Haul", "HaulTestServer", "HaulDaemon", "HaulPostgreSQL", "HaulURLSession",
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "HummingbirdTesting", package: "hummingbird"),
                 .product(name: "HTTPTypes", package: "swift-http-types"),

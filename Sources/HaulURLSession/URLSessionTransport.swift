@@ -1,0 +1,190 @@
+import Haul
+import NIOCore
+import Synchronization
+
+#if canImport(FoundationNetworking)
+    import Foundation
+    import FoundationNetworking
+#else
+    import Foundation
+#endif
+
+/// A ``Haul/DownloadTransport`` on `URLSession`: each request of a download (the first one and each
+/// range) is one `URLSession` task, and Haul checks and stores every answer as it does with its own
+/// client.
+///
+/// ```swift
+/// var configuration = DownloaderConfiguration()
+/// configuration.transport = URLSessionTransport()
+/// let manager = try DownloadManager(downloaderConfiguration: configuration)
+/// ```
+///
+/// Two modes:
+/// - ``Mode/streaming`` (the default) runs data tasks: the body streams into the partial file as it
+///   arrives, as with Haul's own client.
+/// - ``Mode/files(directory:)`` runs download tasks: `URLSession` writes the body to a file, which
+///   is moved into `directory` as soon as the task finishes; Haul then checks it (status,
+///   `Content-Range`, validator, length, `Content-Digest`) and writes it into the partial file at its
+///   offset. This is the mode of a background session.
+///
+/// The session's own cookies, cache and redirects are turned off: Haul sends the cookies, follows
+/// redirects itself (credentials never leave their origin) and never takes a cached answer.
+/// `URLSession` picks the HTTP version, the connections and the proxy (the system's, or the
+/// configuration's `connectionProxyDictionary`); a downloader whose configuration sets Haul's own
+/// proxy, trusted certificates or HTTP/1.1 only is refused (``check(_:)``).
+///
+/// On Linux this runs on FoundationNetworking's `URLSession` (libcurl), which has no background
+/// sessions and cannot hold a data task back: `suspend()` there ends the request and `resume()`
+/// sends it again from the first byte. So the body of a streaming task is kept in memory when it
+/// arrives faster than Haul writes it (under a rate limit, say); on Apple platforms the task is
+/// suspended once 8 MiB wait and resumed when they are written.
+public final class URLSessionTransport: DownloadTransport {
+    /// How the body of an answer reaches Haul.
+    public enum Mode: Sendable, Equatable {
+        /// Data tasks: the body as it arrives.
+        case streaming
+        /// Download tasks: the body as a finished file, moved into `directory` (which must exist).
+        case files(directory: String)
+    }
+
+    /// How bodies reach Haul.
+    public let mode: Mode
+    private let session: SessionBox
+    private let router: TaskRouter
+
+    /// A transport on a session made from `configuration` (with its cookies, cache and redirects
+    /// turned off, as Haul needs).
+    ///
+    /// - Parameters:
+    ///   - configuration: the session's configuration; `.ephemeral` unless given.
+    ///   - mode: data tasks (``Mode/streaming``) or download tasks (``Mode/files(directory:)``).
+    public init(configuration: URLSessionConfiguration = .ephemeral, mode: Mode = .streaming) {
+        self.mode = mode
+        let configuration = configuration.copy() as? URLSessionConfiguration ?? configuration
+        configuration.httpShouldSetCookies = false
+        configuration.httpCookieAcceptPolicy = .never
+        configuration.httpCookieStorage = nil
+        configuration.urlCache = nil
+        configuration.requestCachePolicy = .reloadIgnoringLocalCacheData
+        let router = TaskRouter(mode: mode)
+        self.router = router
+        let queue = OperationQueue()
+        queue.maxConcurrentOperationCount = 1
+        queue.name = "haul.urlsession"
+        session = SessionBox(URLSession(configuration: configuration, delegate: router, delegateQueue: queue))
+    }
+
+    /// Refuses the settings `URLSession` takes from elsewhere: Haul's proxies (the session's
+    /// `connectionProxyDictionary` or the system's apply), trusted certificate files (the system's
+    /// trust applies) and HTTP/1.1 only (the session chooses).
+    public func check(_ configuration: DownloaderConfiguration) throws {
+        if configuration.proxy.http != nil || configuration.proxy.https != nil {
+            throw HaulError(
+                .invalidArgument,
+                "URLSessionTransport does not take Haul's proxy settings: give the session's "
+                    + "connectionProxyDictionary instead")
+        }
+        if !configuration.tls.trustedCertificateFiles.isEmpty {
+            throw HaulError(
+                .invalidArgument,
+                "URLSessionTransport trusts what the system trusts: it cannot add trusted certificate files")
+        }
+        if case .files = mode, configuration.segmentation.connections > 1 || configuration.segmentation.adaptive {
+            throw HaulError(
+                .invalidArgument,
+                "URLSessionTransport with download tasks fetches a file over one connection: set connections "
+                    + "to 1 and turn the ramp off")
+        }
+        if !configuration.tls.allowHTTP2 {
+            throw HaulError(
+                .invalidArgument, "URLSessionTransport cannot be held to HTTP/1.1: URLSession picks the version")
+        }
+    }
+
+    public func send<Result>(
+        _ request: TransportRequest, receive: (TransportResponse) async -> Result
+    ) async throws -> Result {
+        var outgoing = URLRequest(url: request.url)
+        outgoing.httpMethod = "GET"
+        outgoing.httpShouldHandleCookies = false
+        outgoing.cachePolicy = .reloadIgnoringLocalCacheData
+        for (name, value) in request.headers { outgoing.addValue(value, forHTTPHeaderField: name) }
+        let task: URLSessionTask =
+            switch mode {
+            case .streaming: session.value.dataTask(with: outgoing)
+            case .files: session.value.downloadTask(with: outgoing)
+            }
+        let exchange = Exchange(task: TaskBox(task), request: request)
+        router.register(exchange, for: task.taskIdentifier)
+        defer {
+            router.forget(task.taskIdentifier)
+            // The answer was read as far as Haul wanted: the rest is not fetched.
+            if !exchange.isComplete { task.cancel() }
+            exchange.discardUnreadFile()
+        }
+        let response = try await withTaskCancellationHandler {
+            try await exchange.answer()
+        } onCancel: {
+            task.cancel()
+        }
+        return await withTaskCancellationHandler {
+            await receive(response)
+        } onCancel: {
+            task.cancel()
+        }
+    }
+
+    /// `URLError`s by what they mean: a refused connection, a failed TLS handshake or a URL the
+    /// session cannot send are told apart from failures worth another attempt.
+    public func failure(of error: any Error, sending request: TransportRequest) -> TransportFailure {
+        if let error = error as? HaulError {
+            return [.network, .timedOut].contains(error.code) ? .retryable(error) : .fatal(error)
+        }
+        let host = request.url.host ?? request.url.absoluteString
+        let port = request.url.port ?? (request.url.scheme?.lowercased() == "https" ? 443 : 80)
+        guard let urlError = error as? URLError else {
+            return .retryable(HaulError(.network, "transfer from \(host) failed: \(error)", underlying: error))
+        }
+        switch urlError.code {
+        case .cancelled:
+            return .cancelled
+        case .timedOut:
+            return .retryable(HaulError(.timedOut, "no answer from \(host) in time", underlying: error))
+        case .cannotConnectToHost:
+            return .refused(HaulError(.network, "cannot connect to \(host):\(port)", underlying: error))
+        case .cannotFindHost, .dnsLookupFailed:
+            return .retryable(HaulError(.network, "cannot resolve \(host)", underlying: error))
+        case .networkConnectionLost:
+            return .retryable(HaulError(.network, "\(host) closed the connection", underlying: error))
+        case .secureConnectionFailed, .serverCertificateUntrusted, .serverCertificateHasBadDate,
+            .serverCertificateNotYetValid, .serverCertificateHasUnknownRoot, .clientCertificateRejected,
+            .clientCertificateRequired:
+            return .fatal(HaulError(.tls, "TLS with \(host) failed: \(urlError.code.rawValue)", underlying: error))
+        case .badURL, .unsupportedURL:
+            return .fatal(
+                HaulError(.invalidURL, "URLSession cannot send \(request.url.absoluteString)", underlying: error))
+        default:
+            return .retryable(
+                HaulError(
+                    .network, "transfer from \(host) failed (URLError \(urlError.code.rawValue))", underlying: error))
+        }
+    }
+
+    /// Cancels the session's tasks and invalidates it.
+    public func shutdown() async throws {
+        session.value.invalidateAndCancel()
+    }
+}
+
+/// A value the session's queue and Haul's tasks both use, which Foundation does not mark `Sendable`
+/// on every platform. `URLSession` and its tasks are safe to use from any thread.
+struct SessionBox: @unchecked Sendable {
+    let value: URLSession
+    init(_ value: URLSession) { self.value = value }
+}
+
+/// A task, passed between threads (see ``SessionBox``).
+struct TaskBox: @unchecked Sendable {
+    let value: URLSessionTask
+    init(_ value: URLSessionTask) { self.value = value }
+}
