@@ -127,6 +127,42 @@ struct AppAPITests {
         }
     }
 
+    @Test("a row shows sizes, speed and time left as Foundation formats them, in the user's language")
+    func formattedSizesSpeedAndTimeLeft() async throws {
+        try await HaulTestServer.withRunning { server in
+            try await withTemporaryDirectory { directory in
+                let resource = TestResource(name: "show", size: 2_500_000)
+                server.add("/show", resource)
+                server.setStandingFaults("/show", [.throttle(bytesPerSecond: 1_000_000)])
+                let url = try #require(URL(string: server.url("/show")))
+                let english = Locale(identifier: "en_US")
+                try await withManager(directory + "/state") { manager in
+                    let id = try await manager.download(url, to: .directory(URL(fileURLWithPath: directory)))
+                    await manager.start()
+                    let running = try await waitFor(manager, id) {
+                        $0.bytes > 0 && $0.bytesPerSecond != nil && $0.secondsRemaining != nil
+                    }
+                    let size = running.formattedSize(locale: english)
+                    #expect(size.wholeMatch(of: /[0-9.]+ (kB|MB) \/ 2.5 MB/) != nil, "\(size)")
+                    let speed = try #require(running.formattedSpeed(locale: english))
+                    #expect(speed.wholeMatch(of: /[0-9.]+ (kB|MB)\/s/) != nil, "\(speed)")
+                    let left = try #require(running.formattedTimeRemaining(locale: english))
+                    #expect(left.wholeMatch(of: /[0-9]+ (sec|min(, [0-9]+ sec)?)/) != nil, "\(left)")
+                    server.setStandingFaults("/show", [])
+                    let done = try await waitFor(manager, id) { $0.state == .completed }
+                    #expect(done.formattedSize(locale: english) == "2.5 MB / 2.5 MB")
+                    // The user's language is used: German writes a decimal comma.
+                    #expect(done.formattedSize(locale: Locale(identifier: "de_DE")) == "2,5 MB / 2,5 MB")
+                    #expect(done.formattedSpeed(locale: english) == nil)
+                    #expect(done.formattedTimeRemaining(locale: english) == nil)
+                    let totals = await manager.aggregateProgress()
+                    #expect(totals.formattedSize(locale: english) == "2.5 MB / 2.5 MB")
+                    #expect(totals.formattedSpeed(locale: english).hasSuffix("B/s"))
+                }
+            }
+        }
+    }
+
     @Test("a paused download counts as paused in the queue's totals")
     func pausedDownloadsAreCounted() async throws {
         try await withTemporaryDirectory { directory in
