@@ -103,7 +103,8 @@ public struct DownloaderConfiguration: Sendable {
     public struct Segmentation: Sendable {
         /// Connections per download. Above 1, the first request asks for `bytes=0-`; when the server
         /// answers `206` with the total length and a strong validator, the file is fetched in ranges
-        /// over this many connections; otherwise one connection fetches it.
+        /// over this many connections; otherwise one connection fetches it. The library's default is
+        /// 1; the `haul` command ramps up to 4 (``adaptive``) unless told otherwise.
         public var connections: Int = 1
         /// No range is split into pieces smaller than this (ranges are cut on 64 KiB boundaries, so
         /// less than 64 KiB counts as 64 KiB).

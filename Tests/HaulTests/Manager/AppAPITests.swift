@@ -163,6 +163,33 @@ struct AppAPITests {
         }
     }
 
+    @Test("the library fetches over one connection unless told to ramp, as Getting Started says")
+    func oneConnectionUnlessAskedForMore() async throws {
+        try await HaulTestServer.withRunning { server in
+            try await withTemporaryDirectory { directory in
+                let resource = TestResource(name: "plain", size: 3_000_000)
+                server.add("/plain", resource)
+                let request = DownloadRequest(url: server.url("/plain"), destination: .file(directory + "/plain"))
+                let downloader = Downloader()
+                try await downloader.download(request)
+                try await downloader.shutdown()
+                #expect(try readFile(directory + "/plain") == resource.content)
+                // One request, for the whole file: no probe for ranges.
+                #expect(server.requests.map { $0.header("range") } == [nil])
+                // The configuration the article gives asks whether ranges are served, to ramp up.
+                var configuration = DownloaderConfiguration()
+                configuration.segmentation.connections = 4
+                configuration.segmentation.adaptive = true
+                let ramping = Downloader(configuration: configuration)
+                try await ramping.download(
+                    DownloadRequest(url: server.url("/plain"), destination: .file(directory + "/ramped")))
+                try await ramping.shutdown()
+                #expect(try readFile(directory + "/ramped") == resource.content)
+                #expect(server.requests.dropFirst().first?.header("range") == "bytes=0-")
+            }
+        }
+    }
+
     @Test("a paused download counts as paused in the queue's totals")
     func pausedDownloadsAreCounted() async throws {
         try await withTemporaryDirectory { directory in
