@@ -13,16 +13,19 @@ import Synchronization
 /// The session calls it on one serial queue.
 final class TaskRouter: NSObject, URLSessionDataDelegate, URLSessionDownloadDelegate, @unchecked Sendable {
     private let mode: URLSessionTransport.Mode
-    private let exchanges = Mutex<[Int: Exchange]>([:])
+    /// By task: two sessions (see ``URLSessionTransport``) number their tasks alike.
+    private let exchanges = Mutex<[ObjectIdentifier: Exchange]>([:])
 
     init(mode: URLSessionTransport.Mode) { self.mode = mode }
 
-    func register(_ exchange: Exchange, for task: Int) { exchanges.withLock { $0[task] = exchange } }
+    func register(_ exchange: Exchange, for task: URLSessionTask) {
+        exchanges.withLock { $0[ObjectIdentifier(task)] = exchange }
+    }
 
-    func forget(_ task: Int) { exchanges.withLock { $0[task] = nil } }
+    func forget(_ task: URLSessionTask) { exchanges.withLock { $0[ObjectIdentifier(task)] = nil } }
 
     private func exchange(_ task: URLSessionTask) -> Exchange? {
-        exchanges.withLock { $0[task.taskIdentifier] }
+        exchanges.withLock { $0[ObjectIdentifier(task)] }
     }
 
     // Haul follows redirects itself: the redirect is the answer.

@@ -50,6 +50,8 @@ public final class URLSessionTransport: DownloadTransport {
     /// How bodies reach Haul.
     public let mode: Mode
     private let session: SessionBox
+    /// The session of requests the system may put off (``Haul/NetworkAccess/isDiscretionary``).
+    private let discretionarySession: SessionBox
     private let router: TaskRouter
 
     /// A transport on a session made from `configuration` (with its cookies, cache and redirects
@@ -72,6 +74,12 @@ public final class URLSessionTransport: DownloadTransport {
         queue.maxConcurrentOperationCount = 1
         queue.name = "haul.urlsession"
         session = SessionBox(URLSession(configuration: configuration, delegate: router, delegateQueue: queue))
+        // The system may put off the requests of a download that allows it: they go through a session
+        // of their own (discretion is a session's setting), with the same delegate.
+        let discretionary = configuration.copy() as? URLSessionConfiguration ?? configuration
+        discretionary.isDiscretionary = true
+        discretionarySession = SessionBox(
+            URLSession(configuration: discretionary, delegate: router, delegateQueue: queue))
     }
 
     /// Refuses the settings `URLSession` takes from elsewhere: Haul's proxies (the session's
@@ -109,15 +117,20 @@ public final class URLSessionTransport: DownloadTransport {
         outgoing.httpShouldHandleCookies = false
         outgoing.cachePolicy = .reloadIgnoringLocalCacheData
         for (name, value) in request.headers { outgoing.addValue(value, forHTTPHeaderField: name) }
+        #if canImport(Darwin)
+            outgoing.allowsExpensiveNetworkAccess = request.networkAccess.allowsExpensiveNetworkAccess
+            outgoing.allowsConstrainedNetworkAccess = request.networkAccess.allowsConstrainedNetworkAccess
+        #endif
+        let session = request.networkAccess.isDiscretionary ? discretionarySession : session
         let task: URLSessionTask =
             switch mode {
             case .streaming: session.value.dataTask(with: outgoing)
             case .files: session.value.downloadTask(with: outgoing)
             }
         let exchange = Exchange(task: TaskBox(task), request: request)
-        router.register(exchange, for: task.taskIdentifier)
+        router.register(exchange, for: task)
         defer {
-            router.forget(task.taskIdentifier)
+            router.forget(task)
             // The answer was read as far as Haul wanted: the rest is not fetched.
             if !exchange.isComplete { task.cancel() }
             exchange.discardUnreadFile()
@@ -173,6 +186,7 @@ public final class URLSessionTransport: DownloadTransport {
     /// Cancels the session's tasks and invalidates it.
     public func shutdown() async throws {
         session.value.invalidateAndCancel()
+        discretionarySession.value.invalidateAndCancel()
     }
 }
 

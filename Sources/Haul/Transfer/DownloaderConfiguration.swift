@@ -214,6 +214,11 @@ public struct DownloaderConfiguration: Sendable {
     package var sharedHostSlots: (any SharedHostSlots)?
     /// The least time between two progress events.
     public var progressInterval: Duration = .milliseconds(200)
+    /// Which networks downloads may use, and whether the system may put them off: passed to
+    /// `URLSession` by the `HaulURLSession` module's transport on Apple platforms. Haul's own client,
+    /// and `URLSession` on Linux, cannot tell an expensive or constrained network: there these have
+    /// no effect.
+    public var networkAccess = NetworkAccess()
     /// What sends the requests (see ``DownloadTransport``). `nil` (the default): Haul's own HTTP
     /// client on SwiftNIO, set up from this configuration (its TLS trust, proxies, timeouts and cap
     /// per host). A transport given here refuses the settings it cannot honour
@@ -221,6 +226,23 @@ public struct DownloaderConfiguration: Sendable {
     public var transport: (any DownloadTransport)?
 
     /// The defaults.
+    public init() {}
+}
+
+/// Which networks a download may use, as an app states it for `URLSession` (see
+/// ``DownloaderConfiguration/networkAccess``).
+public struct NetworkAccess: Sendable, Equatable {
+    /// Whether the download may use a network the system deems expensive (cellular, a personal
+    /// hotspot): `URLRequest.allowsExpensiveNetworkAccess`.
+    public var allowsExpensiveNetworkAccess = true
+    /// Whether the download may use a network in Low Data Mode:
+    /// `URLRequest.allowsConstrainedNetworkAccess`.
+    public var allowsConstrainedNetworkAccess = true
+    /// Whether the system may wait for a good moment (power, Wi-Fi) to transfer:
+    /// `URLSessionConfiguration.isDiscretionary`.
+    public var isDiscretionary = false
+
+    /// Every network, at once.
     public init() {}
 }
 

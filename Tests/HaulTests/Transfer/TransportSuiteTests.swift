@@ -1,5 +1,6 @@
 import HaulTestServer
 import HaulURLSession
+import Synchronization
 import Testing
 
 @testable import Haul
@@ -308,4 +309,53 @@ struct TransportSuiteTests {
             }
         }
     }
+
+    /// The networks an app allows reach every request the transport sends, through the queue.
+    @Test func theQueuesNetworkAccessReachesEveryRequest() async throws {
+        try await HaulTestServer.withRunning { server in
+            let resource = TestResource(name: "policy", size: 100_000)
+            server.add("/f", resource)
+            server.add("/go", .redirect(to: "/f"))
+            try await withTemporaryDirectory { directory in
+                var configuration = testConfiguration()
+                configuration.networkAccess.allowsExpensiveNetworkAccess = false
+                configuration.networkAccess.isDiscretionary = true
+                let recording = RecordingTransport(URLSessionTransport())
+                configuration.transport = recording
+                try await withManager(directory + "/state", downloader: configuration) { manager in
+                    let id = try await manager.enqueue(
+                        DownloadRequest(url: server.url("/go"), destination: .file(directory + "/f")))
+                    await manager.start()
+                    try await waitFor(manager, id) { $0.state == .completed }
+                }
+                #expect(try readFile(directory + "/f") == resource.content)
+                let sent = recording.sent
+                #expect(sent.count == 2)
+                #expect(sent.allSatisfy { !$0.allowsExpensiveNetworkAccess && $0.allowsConstrainedNetworkAccess })
+                #expect(sent.allSatisfy { $0.isDiscretionary })
+            }
+        }
+    }
+}
+
+/// A transport that notes the network access of every request and lets another send it.
+final class RecordingTransport: DownloadTransport {
+    private let inner: any DownloadTransport
+    private let recorded = Mutex<[NetworkAccess]>([])
+
+    init(_ inner: any DownloadTransport) { self.inner = inner }
+
+    var sent: [NetworkAccess] { recorded.withLock { $0 } }
+
+    func send<Result>(_ request: TransportRequest, receive: (TransportResponse) async -> Result) async throws -> Result
+    {
+        recorded.withLock { $0.append(request.networkAccess) }
+        return try await inner.send(request, receive: receive)
+    }
+
+    func failure(of error: any Error, sending request: TransportRequest) -> TransportFailure {
+        inner.failure(of: error, sending: request)
+    }
+
+    func shutdown() async throws { try await inner.shutdown() }
 }

@@ -135,7 +135,8 @@ struct HTTPFetcher: Sendable {
             }
             defer { if let place { configuration.sharedHostSlots?.give(url.origin, place) } }
             let outgoing = TransportRequest(
-                url: url.url, fields: headers, connection: pass?.lane ?? connection, activity: active)
+                url: url.url, fields: headers, connection: pass?.lane ?? connection,
+                networkAccess: configuration.networkAccess, activity: active)
             return try await transport.send(outgoing) { response in
                 if let entered = pass { pass = hostCap?.answered(entered, multiplexed: response.httpVersion >= 2) }
                 return await handle(response)

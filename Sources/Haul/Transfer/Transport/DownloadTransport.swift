@@ -87,21 +87,32 @@ public struct TransportRequest: Sendable {
     /// Which of the download's connections sends it, from 0: requests with different numbers may
     /// run at the same time, over different connections unless HTTP/2 shares one.
     public let connection: Int
+    /// Which networks the request may use (``DownloaderConfiguration/networkAccess``).
+    public let networkAccess: NetworkAccess
     /// The headers as Haul's own client takes them.
     let fields: HTTPHeaders
     /// Tells the download that the server is heard from (see ``noteActivity()``).
     let activity: (@Sendable () -> Void)?
 
-    /// A request for `url` with `headers`, sent by connection `connection`.
-    public init(url: URL, headers: [(name: String, value: String)], connection: Int = 0) {
+    /// A request for `url` with `headers`, sent by connection `connection` over the networks
+    /// `networkAccess` allows.
+    public init(
+        url: URL, headers: [(name: String, value: String)], connection: Int = 0,
+        networkAccess: NetworkAccess = NetworkAccess()
+    ) {
         self.init(
-            url: url, fields: HTTPHeaders(headers.map { ($0.name, $0.value) }), connection: connection, activity: nil)
+            url: url, fields: HTTPHeaders(headers.map { ($0.name, $0.value) }), connection: connection,
+            networkAccess: networkAccess, activity: nil)
     }
 
-    init(url: URL, fields: HTTPHeaders, connection: Int, activity: (@Sendable () -> Void)?) {
+    init(
+        url: URL, fields: HTTPHeaders, connection: Int, networkAccess: NetworkAccess = NetworkAccess(),
+        activity: (@Sendable () -> Void)?
+    ) {
         self.url = url
         self.fields = fields
         self.connection = connection
+        self.networkAccess = networkAccess
         self.activity = activity
     }
 
