@@ -13,10 +13,23 @@ import Synchronization
 /// The session calls it on one serial queue.
 final class TaskRouter: NSObject, URLSessionDataDelegate, URLSessionDownloadDelegate, @unchecked Sendable {
     private let mode: URLSessionTransport.Mode
+    /// Where answers nobody waits for are kept (download tasks).
+    private let held: HeldAnswers?
     /// By task: two sessions (see ``URLSessionTransport``) number their tasks alike.
     private let exchanges = Mutex<[ObjectIdentifier: Exchange]>([:])
 
-    init(mode: URLSessionTransport.Mode) { self.mode = mode }
+    init(mode: URLSessionTransport.Mode) {
+        self.mode = mode
+        if case .files(let directory) = mode { held = HeldAnswers(directory: directory) } else { held = nil }
+    }
+
+    /// Forgets every request; returns them.
+    func forgetAll() -> [Exchange] {
+        exchanges.withLock { exchanges in
+            defer { exchanges = [:] }
+            return Array(exchanges.values)
+        }
+    }
 
     func register(_ exchange: Exchange, for task: URLSessionTask) {
         exchanges.withLock { $0[ObjectIdentifier(task)] = exchange }
@@ -50,7 +63,15 @@ final class TaskRouter: NSObject, URLSessionDataDelegate, URLSessionDownloadDele
 
     func urlSession(_ session: URLSession, downloadTask: URLSessionDownloadTask, didFinishDownloadingTo location: URL) {
         // The file is the session's until this returns: it is moved at once.
-        guard case .files(let directory) = mode, let exchange = exchange(downloadTask) else { return }
+        guard case .files(let directory) = mode else { return }
+        guard let exchange = exchange(downloadTask) else {
+            // Nobody waits for it (the app was not running, or let the request go): held for the
+            // download's next request, by the task's description.
+            if let key = downloadTask.taskDescription {
+                try? held?.hold(location, response: downloadTask.response, key: key)
+            }
+            return
+        }
         let path = directory + "/haul-body-" + UUID().uuidString
         do {
             try FileManager.default.moveItem(atPath: location.path, toPath: path)
@@ -88,6 +109,8 @@ final class Exchange: Sendable {
         var fileResult: Result<String, any Error>?
         /// When the download was last told that the server is heard from.
         var lastActivity: ContinuousClock.Instant?
+        /// The request was let go while its task goes on (``URLSessionTransport/letGo()``).
+        var letGo = false
     }
 
     /// Bytes waiting for Haul past which a task is suspended (where suspending holds it back).
@@ -110,6 +133,18 @@ final class Exchange: Sendable {
 
     /// Whether the session has finished the task (its body is all received, or it failed).
     var isComplete: Bool { state.withLock { $0.complete } }
+
+    /// Whether the request was let go while its task goes on.
+    var isLetGo: Bool { state.withLock { $0.letGo } }
+
+    /// Fails the request without stopping its task (see ``URLSessionTransport/letGo()``).
+    func letGo() {
+        state.withLock { $0.letGo = true }
+        let error = URLError(.networkConnectionLost)
+        feed.finish(throwing: error)
+        fileSettled(.failure(error))
+        settle(.failure(error))
+    }
 
     /// Starts the task and waits for its answer.
     func answer() async throws -> TransportResponse {

@@ -51,7 +51,7 @@ public final class URLSessionTransport: DownloadTransport {
     public let mode: Mode
     private let session: SessionBox
     /// The session of requests the system may put off (``Haul/NetworkAccess/isDiscretionary``).
-    private let discretionarySession: SessionBox
+    private let discretionarySession: SessionBox?
     private let router: TaskRouter
 
     /// A transport on a session made from `configuration` (with its cookies, cache and redirects
@@ -68,6 +68,7 @@ public final class URLSessionTransport: DownloadTransport {
         configuration.httpCookieStorage = nil
         configuration.urlCache = nil
         configuration.requestCachePolicy = .reloadIgnoringLocalCacheData
+        if case .files(let directory) = mode { HeldAnswers(directory: directory).sweep(olderThan: 7 * 24 * 3600) }
         let router = TaskRouter(mode: mode)
         self.router = router
         let queue = OperationQueue()
@@ -75,11 +76,16 @@ public final class URLSessionTransport: DownloadTransport {
         queue.name = "haul.urlsession"
         session = SessionBox(URLSession(configuration: configuration, delegate: router, delegateQueue: queue))
         // The system may put off the requests of a download that allows it: they go through a session
-        // of their own (discretion is a session's setting), with the same delegate.
-        let discretionary = configuration.copy() as? URLSessionConfiguration ?? configuration
-        discretionary.isDiscretionary = true
-        discretionarySession = SessionBox(
-            URLSession(configuration: discretionary, delegate: router, delegateQueue: queue))
+        // of their own (discretion is a session's setting), with the same delegate. A background
+        // session is one of a kind: its own discretion, set by the app, holds for all.
+        if configuration.identifier == nil {
+            let discretionary = configuration.copy() as? URLSessionConfiguration ?? configuration
+            discretionary.isDiscretionary = true
+            discretionarySession = SessionBox(
+                URLSession(configuration: discretionary, delegate: router, delegateQueue: queue))
+        } else {
+            discretionarySession = nil
+        }
     }
 
     /// Refuses the settings `URLSession` takes from elsewhere: Haul's proxies (the session's
@@ -112,27 +118,38 @@ public final class URLSessionTransport: DownloadTransport {
     public func send<Result>(
         _ request: TransportRequest, receive: (TransportResponse) async -> Result
     ) async throws -> Result {
-        var outgoing = URLRequest(url: request.url)
-        outgoing.httpMethod = "GET"
-        outgoing.httpShouldHandleCookies = false
-        outgoing.cachePolicy = .reloadIgnoringLocalCacheData
-        for (name, value) in request.headers { outgoing.addValue(value, forHTTPHeaderField: name) }
-        #if canImport(Darwin)
-            outgoing.allowsExpensiveNetworkAccess = request.networkAccess.allowsExpensiveNetworkAccess
-            outgoing.allowsConstrainedNetworkAccess = request.networkAccess.allowsConstrainedNetworkAccess
-        #endif
-        let session = request.networkAccess.isDiscretionary ? discretionarySession : session
-        let task: URLSessionTask =
-            switch mode {
-            case .streaming: session.value.dataTask(with: outgoing)
-            case .files: session.value.downloadTask(with: outgoing)
+        let session = request.networkAccess.isDiscretionary ? discretionarySession ?? session : session
+        let task: URLSessionTask
+        switch mode {
+        case .streaming:
+            task = session.value.dataTask(with: Self.urlRequest(request))
+        case .files(let directory):
+            let key = HeldAnswers.key(for: request)
+            // The answer of a task that finished while nobody waited: the download's next request takes it.
+            if let held = HeldAnswers(directory: directory).take(key) { return await Self.deliver(held, to: receive) }
+            // A task the session still runs for it (started by an earlier run, or let go): followed, not sent again.
+            if let running = await Self.task(described: key, in: session.value) {
+                task = running
+            } else {
+                task = session.value.downloadTask(with: Self.urlRequest(request))
+                task.taskDescription = key
             }
+        }
         let exchange = Exchange(task: TaskBox(task), request: request)
         router.register(exchange, for: task)
+        if task.state == .completed {
+            // It ended before it was followed: its answer is held, or it failed.
+            router.forget(task)
+            guard case .files(let directory) = mode,
+                let held = HeldAnswers(directory: directory).take(HeldAnswers.key(for: request))
+            else { throw URLError(.networkConnectionLost) }
+            return await Self.deliver(held, to: receive)
+        }
+        if let response = task.response, task.countOfBytesReceived > 0 { exchange.progressed(response: response) }
         defer {
             router.forget(task)
             // The answer was read as far as Haul wanted: the rest is not fetched.
-            if !exchange.isComplete { task.cancel() }
+            if !exchange.isComplete && !exchange.isLetGo { task.cancel() }
             exchange.discardUnreadFile()
         }
         let response = try await withTaskCancellationHandler {
@@ -145,6 +162,47 @@ public final class URLSessionTransport: DownloadTransport {
         } onCancel: {
             task.cancel()
         }
+    }
+
+    /// Gives `receive` a held answer; its body file is removed afterwards, read or not.
+    private static func deliver<Result>(
+        _ held: (head: HeldAnswers.Head, body: String), to receive: (TransportResponse) async -> Result
+    ) async -> Result {
+        let headers = held.head.headers.compactMap { $0.count == 2 ? (name: $0[0], value: $0[1]) : nil }
+        let result = await receive(
+            TransportResponse(
+                status: held.head.status, headers: headers, body: .file(atPath: held.body, removingIt: true)))
+        try? FileManager.default.removeItem(atPath: held.body)
+        return result
+    }
+
+    /// The `URLRequest` of `request`: its headers exactly, no cookies or cache of the session's.
+    private static func urlRequest(_ request: TransportRequest) -> URLRequest {
+        var outgoing = URLRequest(url: request.url)
+        outgoing.httpMethod = "GET"
+        outgoing.httpShouldHandleCookies = false
+        outgoing.cachePolicy = .reloadIgnoringLocalCacheData
+        for (name, value) in request.headers { outgoing.addValue(value, forHTTPHeaderField: name) }
+        #if canImport(Darwin)
+            outgoing.allowsExpensiveNetworkAccess = request.networkAccess.allowsExpensiveNetworkAccess
+            outgoing.allowsConstrainedNetworkAccess = request.networkAccess.allowsConstrainedNetworkAccess
+        #endif
+        return outgoing
+    }
+
+    /// The session's running task described by `key`, if there is one.
+    private static func task(described key: String, in session: URLSession) async -> URLSessionTask? {
+        let tasks = await withCheckedContinuation { continuation in
+            session.getAllTasks { tasks in continuation.resume(returning: TaskList(tasks)) }
+        }
+        return tasks.value.first { $0.taskDescription == key && $0.state == .running }
+    }
+
+    /// Lets every request go without stopping its task, as an app that is killed does while the
+    /// system carries its transfers on: each request fails, and what its task brings is held for
+    /// the download's next request.
+    func letGo() {
+        for exchange in router.forgetAll() { exchange.letGo() }
     }
 
     /// `URLError`s by what they mean: a refused connection, a failed TLS handshake or a URL the
@@ -186,7 +244,7 @@ public final class URLSessionTransport: DownloadTransport {
     /// Cancels the session's tasks and invalidates it.
     public func shutdown() async throws {
         session.value.invalidateAndCancel()
-        discretionarySession.value.invalidateAndCancel()
+        discretionarySession?.value.invalidateAndCancel()
     }
 }
 
@@ -195,6 +253,12 @@ public final class URLSessionTransport: DownloadTransport {
 struct SessionBox: @unchecked Sendable {
     let value: URLSession
     init(_ value: URLSession) { self.value = value }
+}
+
+/// The tasks of a session, passed between threads (see ``SessionBox``).
+struct TaskList: @unchecked Sendable {
+    let value: [URLSessionTask]
+    init(_ value: [URLSessionTask]) { self.value = value }
 }
 
 /// A task, passed between threads (see ``SessionBox``).

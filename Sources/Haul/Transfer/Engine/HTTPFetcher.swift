@@ -21,6 +21,14 @@ struct HTTPFetcher: Sendable {
     let configuration: DownloaderConfiguration
     let logger: Logger
 
+    /// Names the download for its transport: its URL and destination (``TransportRequest/download``).
+    var download: String {
+        switch request.destination {
+        case .file(let path): "\(request.url) file:\(path)"
+        case .directory(let path): "\(request.url) directory:\(path)"
+        }
+    }
+
     /// A fetcher of `request` from `sources` (its URL, then its mirrors: see
     /// ``DownloadRequest/sources()``).
     init(
@@ -136,7 +144,7 @@ struct HTTPFetcher: Sendable {
             defer { if let place { configuration.sharedHostSlots?.give(url.origin, place) } }
             let outgoing = TransportRequest(
                 url: url.url, fields: headers, connection: pass?.lane ?? connection,
-                networkAccess: configuration.networkAccess, activity: active)
+                networkAccess: configuration.networkAccess, download: download, activity: active)
             return try await transport.send(outgoing) { response in
                 if let entered = pass { pass = hostCap?.answered(entered, multiplexed: response.httpVersion >= 2) }
                 return await handle(response)

@@ -89,6 +89,10 @@ public struct TransportRequest: Sendable {
     public let connection: Int
     /// Which networks the request may use (``DownloaderConfiguration/networkAccess``).
     public let networkAccess: NetworkAccess
+    /// Names the download the request belongs to, the same in every run of the app: its URL and
+    /// where its file goes. A transport whose transfers go on while the app is not running matches
+    /// them to the download's requests on the next run by it.
+    public let download: String
     /// The headers as Haul's own client takes them.
     let fields: HTTPHeaders
     /// Tells the download that the server is heard from (see ``noteActivity()``).
@@ -98,21 +102,22 @@ public struct TransportRequest: Sendable {
     /// `networkAccess` allows.
     public init(
         url: URL, headers: [(name: String, value: String)], connection: Int = 0,
-        networkAccess: NetworkAccess = NetworkAccess()
+        networkAccess: NetworkAccess = NetworkAccess(), download: String = ""
     ) {
         self.init(
             url: url, fields: HTTPHeaders(headers.map { ($0.name, $0.value) }), connection: connection,
-            networkAccess: networkAccess, activity: nil)
+            networkAccess: networkAccess, download: download, activity: nil)
     }
 
     init(
         url: URL, fields: HTTPHeaders, connection: Int, networkAccess: NetworkAccess = NetworkAccess(),
-        activity: (@Sendable () -> Void)?
+        download: String = "", activity: (@Sendable () -> Void)?
     ) {
         self.url = url
         self.fields = fields
         self.connection = connection
         self.networkAccess = networkAccess
+        self.download = download
         self.activity = activity
     }
 
