@@ -2,7 +2,7 @@
 """Fails when a public symbol of a library has no `///` documentation comment.
 
 Reads the symbol graphs `swift package dump-symbol-graph --minimum-access-level public` writes (run
-it first) for the libraries apps and servers use: Haul and HaulDaemon. Members the compiler makes
+it first) for the libraries apps and servers use: Haul, HaulURLSession and HaulDaemon. Members the compiler makes
 (`hashValue`, `hash(into:)`, `==` of a synthesized conformance) are not written in the source and
 are left out; so are members a type gets from a protocol's extension (documented there).
 
@@ -13,7 +13,7 @@ import pathlib
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-MODULES = ["Haul", "HaulDaemon"]
+MODULES = ["Haul", "HaulURLSession", "HaulDaemon"]
 
 
 def main():
