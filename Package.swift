@@ -18,6 +18,12 @@ let package = Package(
         .executable(name: "haul-test-server", targets: ["HaulTestServerTool"]),
         .executable(name: "download-queue-example", targets: ["DownloadQueueExample"]),
     ],
+    // An app that depends on the Haul library only turns the trait off (`traits: []`): the daemon's
+    // and the command's packages (Hummingbird, PostgresNIO, ArgumentParser…) are then not resolved.
+    traits: [
+        .default(enabledTraits: ["Tools"]),
+        .trait(name: "Tools", description: "The haul command, its daemon and their test tools."),
+    ],
     dependencies: [
         .package(url: "https://github.com/swift-server/async-http-client.git", from: "1.37.0"),
         .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.2"),
@@ -69,7 +75,7 @@ let package = Package(
             name: "HaulPostgreSQL",
             dependencies: [
                 "Haul",
-                .product(name: "PostgresNIO", package: "postgres-nio"),
+                .product(name: "PostgresNIO", package: "postgres-nio", condition: .when(traits: ["Tools"])),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
@@ -79,14 +85,16 @@ let package = Package(
             name: "HaulDaemon",
             dependencies: [
                 "Haul", "CHaulSystem", "HaulPostgreSQL",
-                .product(name: "Hummingbird", package: "hummingbird"),
-                .product(name: "HummingbirdCore", package: "hummingbird"),
-                .product(name: "HummingbirdWebSocket", package: "hummingbird-websocket"),
-                .product(name: "NIOHTTPTypesHTTP1", package: "swift-nio-extras"),
-                .product(name: "HTTPTypes", package: "swift-http-types"),
+                .product(name: "Hummingbird", package: "hummingbird", condition: .when(traits: ["Tools"])),
+                .product(name: "HummingbirdCore", package: "hummingbird", condition: .when(traits: ["Tools"])),
+                .product(
+                    name: "HummingbirdWebSocket", package: "hummingbird-websocket", condition: .when(traits: ["Tools"])),
+                .product(name: "NIOHTTPTypesHTTP1", package: "swift-nio-extras", condition: .when(traits: ["Tools"])),
+                .product(name: "HTTPTypes", package: "swift-http-types", condition: .when(traits: ["Tools"])),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
-                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(
+                    name: "ServiceLifecycle", package: "swift-service-lifecycle", condition: .when(traits: ["Tools"])),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOCore", package: "swift-nio"),
             ],
@@ -111,7 +119,7 @@ let package = Package(
             name: "HaulCLI",
             dependencies: [
                 "Haul", "HaulDaemon", "HaulPostgreSQL",
-                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "ArgumentParser", package: "swift-argument-parser", condition: .when(traits: ["Tools"])),
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
@@ -119,7 +127,7 @@ let package = Package(
             name: "HaulTorture",
             dependencies: [
                 "HaulTestServer",
-                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "ArgumentParser", package: "swift-argument-parser", condition: .when(traits: ["Tools"])),
             ]
         ),
         .executableTarget(name: "HaulTestServerTool", dependencies: ["HaulTestServer"]),
@@ -135,9 +143,9 @@ let package = Package(
             name: "HaulTests",
             dependencies: [
                 "Haul", "HaulTestServer", "HaulDaemon", "HaulPostgreSQL", "HaulURLSession",
-                .product(name: "PostgresNIO", package: "postgres-nio"),
-                .product(name: "HummingbirdTesting", package: "hummingbird"),
-                .product(name: "HTTPTypes", package: "swift-http-types"),
+                .product(name: "PostgresNIO", package: "postgres-nio", condition: .when(traits: ["Tools"])),
+                .product(name: "HummingbirdTesting", package: "hummingbird", condition: .when(traits: ["Tools"])),
+                .product(name: "HTTPTypes", package: "swift-http-types", condition: .when(traits: ["Tools"])),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),
