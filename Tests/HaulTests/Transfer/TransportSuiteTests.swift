@@ -310,38 +310,51 @@ struct TransportSuiteTests {
         }
     }
 
+    /// Starts a download of `path` (1,000,000 bytes, sent at `rate`) on a download-task transport
+    /// over `bodies`, then lets its request go once the server sends, as a killed app would: the
+    /// download fails, the task goes on. Calls `body` with the transport, its downloader, the request
+    /// and the server's file, then shuts the downloader down.
+    private func letGoWhileSending(
+        _ server: HaulTestServer, rate: Int, bodies: String, into directory: String,
+        _ body: (URLSessionTransport, Downloader, DownloadRequest, TestResource) async throws -> Void
+    ) async throws {
+        let resource = TestResource(name: "carried", size: 1_000_000)
+        server.add("/f", resource)
+        server.setStandingFaults("/f", [.throttle(bytesPerSecond: rate)])
+        let request = DownloadRequest(url: server.url("/f"), destination: .file(directory + "/f"))
+        let transport = URLSessionTransport(mode: .files(directory: bodies))
+        var configuration = testConfiguration(retries: 0)
+        configuration.transport = transport
+        try await withDownloader(configuration) { downloader in
+            let run = Task { try await downloader.download(request) }
+            try await waitUntil("the server sends") { server.bodyBytesSent > 0 }
+            transport.letGo()
+            await #expect(throws: HaulError.self) { try await run.value }
+            try await body(transport, downloader, request, resource)
+        }
+    }
+
     /// A download task that finishes while nobody waits (on iOS: the app was killed and the system
     /// carried the transfer on) is matched to its download by the task's description: the next run
     /// takes its answer, checked as any other, without asking the server again.
     @Test func aDownloadTaskThatEndedWhileNobodyWaitedIsTakenOnTheNextRun() async throws {
         try await HaulTestServer.withRunning { server in
-            let resource = TestResource(name: "carried", size: 1_000_000)
-            server.add("/f", resource)
-            server.setStandingFaults("/f", [.throttle(bytesPerSecond: 2_000_000)])
             try await withTemporaryDirectory { bodies in
                 try await withTemporaryDirectory { directory in
-                    let request = DownloadRequest(url: server.url("/f"), destination: .file(directory + "/f"))
-                    let first = URLSessionTransport(mode: .files(directory: bodies))
-                    var configuration = testConfiguration(retries: 0)
-                    configuration.transport = first
-                    let downloader = Downloader(configuration: configuration)
-                    let run = Task { try await downloader.download(request) }
-                    try await waitUntil("the server sends") { server.bodyBytesSent > 0 }
-                    // The app is killed: its request goes, its task does not.
-                    first.letGo()
-                    await #expect(throws: HaulError.self) { try await run.value }
-                    try await waitUntil("the answer is held", timeout: .seconds(20)) {
-                        listDirectory(bodies).contains { $0.hasSuffix(".head") }
+                    try await letGoWhileSending(server, rate: 2_000_000, bodies: bodies, into: directory) {
+                        _, _, _, resource in
+                        try await waitUntil("the answer is held", timeout: .seconds(20)) {
+                            listDirectory(bodies).contains { $0.hasSuffix(".head") }
+                        }
+                        #expect(!fileExists(directory + "/f"))
+                        // The next run: another transport on the same directory.
+                        let result = try await download(
+                            server, to: directory + "/f",
+                            configuration: TransportKind.urlSessionFiles.configure(testConfiguration(), bodies: bodies))
+                        #expect(try readFile(directory + "/f") == resource.content)
+                        #expect(result.bytes == resource.size)
+                        #expect(server.requests(for: "/f").count == 1)
                     }
-                    #expect(!fileExists(directory + "/f"))
-                    // The next run: another transport on the same directory.
-                    let result = try await download(
-                        server, to: directory + "/f",
-                        configuration: TransportKind.urlSessionFiles.configure(testConfiguration(), bodies: bodies))
-                    try await downloader.shutdown()
-                    #expect(try readFile(directory + "/f") == resource.content)
-                    #expect(result.bytes == resource.size)
-                    #expect(server.requests(for: "/f").count == 1)
                     #expect(listDirectory(bodies).isEmpty)
                 }
             }
@@ -351,25 +364,15 @@ struct TransportSuiteTests {
     /// A request for a download whose task still runs follows that task instead of sending another.
     @Test func aRequestFollowsTheTaskStillRunningForItsDownload() async throws {
         try await HaulTestServer.withRunning { server in
-            let resource = TestResource(name: "followed", size: 1_000_000)
-            server.add("/f", resource)
-            server.setStandingFaults("/f", [.throttle(bytesPerSecond: 1_000_000)])
             try await withTemporaryDirectory { bodies in
                 try await withTemporaryDirectory { directory in
-                    let request = DownloadRequest(url: server.url("/f"), destination: .file(directory + "/f"))
-                    let transport = URLSessionTransport(mode: .files(directory: bodies))
-                    var configuration = testConfiguration(retries: 0)
-                    configuration.transport = transport
-                    let downloader = Downloader(configuration: configuration)
-                    let run = Task { try await downloader.download(request) }
-                    try await waitUntil("the server sends") { server.bodyBytesSent > 0 }
-                    transport.letGo()
-                    await #expect(throws: HaulError.self) { try await run.value }
-                    let result = try await downloader.download(request)
-                    try await downloader.shutdown()
-                    #expect(try readFile(directory + "/f") == resource.content)
-                    #expect(result.bytes == resource.size)
-                    #expect(server.requests(for: "/f").count == 1)
+                    try await letGoWhileSending(server, rate: 1_000_000, bodies: bodies, into: directory) {
+                        _, downloader, request, resource in
+                        let result = try await downloader.download(request)
+                        #expect(try readFile(directory + "/f") == resource.content)
+                        #expect(result.bytes == resource.size)
+                        #expect(server.requests(for: "/f").count == 1)
+                    }
                     #expect(listDirectory(bodies).isEmpty)
                 }
             }
