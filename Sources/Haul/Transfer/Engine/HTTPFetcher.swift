@@ -117,6 +117,7 @@ struct HTTPFetcher: Sendable {
         _ headers: HTTPHeaders, to url: DownloadURL, connection: Int, waiting: (Bool) -> Void,
         active: (@Sendable () -> Void)?, _ handle: (TransportResponse) async -> Result
     ) async throws -> Result {
+        var sent: TransportRequest?
         do {
             var pass: HostConnectionCap.Pass?
             if let hostCap {
@@ -145,30 +146,32 @@ struct HTTPFetcher: Sendable {
             let outgoing = TransportRequest(
                 url: url.url, fields: headers, connection: pass?.lane ?? connection,
                 networkAccess: configuration.networkAccess, download: download, activity: active)
+            sent = outgoing
             return try await transport.send(outgoing) { response in
                 if let entered = pass { pass = hostCap?.answered(entered, multiplexed: response.httpVersion >= 2) }
                 return await handle(response)
             }
         } catch {
-            throw FetchFailure(error: error, url: url)
+            throw FetchFailure(error: error, url: url, request: sent)
         }
     }
 
     /// What a failure of a request or of its body means for the transfer.
     func failure(_ error: any Error) -> TransferFailure {
         if error is CancellationError || Task.isCancelled { return .cancelled }
-        var url = self.url
+        var request = TransportRequest(url: url.url, fields: HTTPHeaders(), connection: 0, activity: nil)
         var cause = error
         if let failure = error as? FetchFailure {
-            url = failure.url
+            request =
+                failure.request
+                ?? TransportRequest(url: failure.url.url, fields: HTTPHeaders(), connection: 0, activity: nil)
             cause = failure.error
             if cause is CancellationError { return .cancelled }
         }
-        // Haul's own refusals (a redirect loop, a file error) are final whichever transport ran.
+        // Haul's own refusals (a redirect loop, a file error) are final whichever transport ran; a
+        // network failure or a timeout is the transport's to judge.
         if let error = cause as? HaulError, ![.network, .timedOut].contains(error.code) { return .fatal(error) }
-        switch transport.failure(
-            of: cause, sending: TransportRequest(url: url.url, fields: HTTPHeaders(), connection: 0, activity: nil))
-        {
+        switch transport.failure(of: cause, sending: request) {
         case .retryable(let error): return .retryable(error, retryAfter: nil)
         case .refused(let error): return .refused(error)
         case .fatal(let error): return .fatal(error)
@@ -177,8 +180,10 @@ struct HTTPFetcher: Sendable {
     }
 }
 
-/// A request that failed in the HTTP client, with the URL it was sent to.
+/// A request that failed in its transport, with the URL it was sent to and the request itself once
+/// it was made.
 struct FetchFailure: Error {
     let error: any Error
     let url: DownloadURL
+    var request: TransportRequest? = nil
 }

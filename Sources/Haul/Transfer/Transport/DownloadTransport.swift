@@ -26,9 +26,9 @@ import Synchronization
 /// stalls, rate limits and the final rename.
 ///
 /// A transport must:
-/// - send one `GET` for ``TransportRequest/url`` with exactly ``TransportRequest/headers`` (no
-///   cookies, cache or compression of its own), and not follow redirects: a `3xx` answer is the
-///   answer;
+/// - send one `GET` for ``TransportRequest/url`` with ``TransportRequest/headers`` (no cookies,
+///   cache or compression of its own; headers a system stack always adds, such as `Accept`, may
+///   join them), and not follow redirects: a `3xx` answer is the answer;
 /// - hand the answer's status and headers, and its body as it arrives (or a file of it), to the
 ///   closure ``send(_:receive:)`` takes, and keep the connection until that closure returns;
 /// - stop sending when the calling task is cancelled (Haul pauses and retries by cancelling);
@@ -54,6 +54,8 @@ public protocol DownloadTransport: Sendable {
     ) async throws -> Result
 
     /// What `error`, thrown by ``send(_:receive:)`` or by an answer's body, means for the download.
+    /// `request` is the request that failed; for a failure while a body is read, one with the
+    /// download's URL and no headers.
     /// The default: a ``HaulError`` with code ``HaulError/Code/network`` or
     /// ``HaulError/Code/timedOut`` is retried, another ``HaulError`` is not, and any other error is
     /// a network failure that is retried.
@@ -217,8 +219,10 @@ public struct TransportBody: AsyncSequence, Sendable {
 
     private init(source: Source) { self.source = source }
 
-    /// Reads and drops up to `limit` bytes, so that a connection can be used again.
+    /// Reads and drops up to `limit` bytes, so that a connection can be used again. A body still to
+    /// come as a file is left alone: its transport stops its transfer once the answer is let go.
     func discard(upTo limit: Int) async {
+        if case .file = source { return }
         var count = 0
         do {
             for try await chunk in self {
