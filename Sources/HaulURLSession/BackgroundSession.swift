@@ -35,7 +35,7 @@ import Synchronization
         /// `application(_:handleEventsForBackgroundURLSession:completionHandler:)`: the handler is
         /// called once the session has delivered the events it woke the app for.
         public static func handleEvents(
-            forBackgroundURLSession identifier: String, completionHandler: @escaping @Sendable () -> Void
+            forBackgroundURLSession identifier: String, completionHandler: @escaping @MainActor () -> Void
         ) {
             BackgroundEvents.shared.wait(for: identifier, completionHandler)
         }
@@ -58,18 +58,40 @@ import Synchronization
 #endif
 
 /// The handlers the system gave for each background session, called once its events are delivered.
+/// Events delivered before the app handed over its handler are remembered: a handler that comes later
+/// is called at once.
 final class BackgroundEvents: Sendable {
     static let shared = BackgroundEvents()
-    private let handlers = Mutex<[String: [@Sendable () -> Void]]>([:])
+    private struct State {
+        var handlers: [String: [@MainActor () -> Void]] = [:]
+        var delivered: Set<String> = []
+    }
 
-    func wait(for identifier: String, _ handler: @escaping @Sendable () -> Void) {
-        handlers.withLock { $0[identifier, default: []].append(handler) }
+    private let state = Mutex(State())
+
+    func wait(for identifier: String, _ handler: @escaping @MainActor () -> Void) {
+        let now = state.withLock { state -> Bool in
+            if state.delivered.remove(identifier) != nil { return true }
+            state.handlers[identifier, default: []].append(handler)
+            return false
+        }
+        if now { Self.call([handler]) }
     }
 
     func finished(_ identifier: String) {
-        let waiting = handlers.withLock { $0.removeValue(forKey: identifier) ?? [] }
-        guard !waiting.isEmpty else { return }
-        // The system expects them on the main thread.
-        DispatchQueue.main.async { for handler in waiting { handler() } }
+        let waiting = state.withLock { state -> [@MainActor () -> Void] in
+            guard let waiting = state.handlers.removeValue(forKey: identifier), !waiting.isEmpty else {
+                state.delivered.insert(identifier)
+                return []
+            }
+            return waiting
+        }
+        Self.call(waiting)
+    }
+
+    /// Calls `handlers` on the main actor, where the system expects them.
+    private static func call(_ handlers: [@MainActor () -> Void]) {
+        guard !handlers.isEmpty else { return }
+        Task { @MainActor in for handler in handlers { handler() } }
     }
 }

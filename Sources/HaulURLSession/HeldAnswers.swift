@@ -74,11 +74,11 @@ struct HeldAnswers: Sendable {
     }
 
     /// Removes the answers held longer than `seconds`: no download asked for them (it was removed
-    /// while its task ran, say).
+    /// while its task ran, say); and bodies of answers that were let go as they arrived.
     func sweep(olderThan seconds: TimeInterval) {
         let names = (try? FileManager.default.contentsOfDirectory(atPath: directory)) ?? []
         let limit = Date().addingTimeInterval(-seconds)
-        for name in names where name.hasPrefix("haul-held-") {
+        for name in names where name.hasPrefix("haul-held-") || name.hasPrefix("haul-body-") {
             let path = directory + "/" + name
             let modified = (try? FileManager.default.attributesOfItem(atPath: path))?[.modificationDate] as? Date
             if let modified, modified < limit { try? FileManager.default.removeItem(atPath: path) }

@@ -14,7 +14,7 @@ import Synchronization
 final class TaskRouter: NSObject, URLSessionDataDelegate, URLSessionDownloadDelegate, @unchecked Sendable {
     private let mode: URLSessionTransport.Mode
     /// Where answers nobody waits for are kept (download tasks).
-    private let held: HeldAnswers?
+    let held: HeldAnswers?
     /// By task: two sessions (see ``URLSessionTransport``) number their tasks alike.
     private let exchanges = Mutex<[ObjectIdentifier: Exchange]>([:])
 
@@ -35,7 +35,12 @@ final class TaskRouter: NSObject, URLSessionDataDelegate, URLSessionDownloadDele
         exchanges.withLock { $0[ObjectIdentifier(task)] = exchange }
     }
 
-    func forget(_ task: URLSessionTask) { exchanges.withLock { $0[ObjectIdentifier(task)] = nil } }
+    /// Forgets `task`'s request, if it is still `exchange` (a later request may follow the same task).
+    func forget(_ task: URLSessionTask, _ exchange: Exchange) {
+        exchanges.withLock { exchanges in
+            if exchanges[ObjectIdentifier(task)] === exchange { exchanges[ObjectIdentifier(task)] = nil }
+        }
+    }
 
     private func exchange(_ task: URLSessionTask) -> Exchange? {
         exchanges.withLock { $0[ObjectIdentifier(task)] }
@@ -111,6 +116,8 @@ final class Exchange: Sendable {
         var lastActivity: ContinuousClock.Instant?
         /// The request was let go while its task goes on (``URLSessionTransport/letGo()``).
         var letGo = false
+        /// The request is over: a body file stored from now on is nobody's.
+        var released = false
     }
 
     /// Bytes waiting for Haul past which a task is suspended (where suspending holds it back).
@@ -125,9 +132,13 @@ final class Exchange: Sendable {
     private let feed: AsyncThrowingStream<ByteBuffer, any Error>.Continuation
     private let chunks: AsyncThrowingStream<ByteBuffer, any Error>
 
-    init(task: TaskBox, request: TransportRequest) {
+    /// Where answers of finished tasks are held (download tasks).
+    private let held: HeldAnswers?
+
+    init(task: TaskBox, request: TransportRequest, held: HeldAnswers?) {
         self.task = task
         self.request = request
+        self.held = held
         (chunks, feed) = AsyncThrowingStream.makeStream(of: ByteBuffer.self, throwing: (any Error).self)
     }
 
@@ -140,6 +151,8 @@ final class Exchange: Sendable {
     /// Fails the request without stopping its task (see ``URLSessionTransport/letGo()``).
     func letGo() {
         state.withLock { $0.letGo = true }
+        // A data task's body has nowhere to go once nobody reads it.
+        if task.value is URLSessionDataTask { task.value.cancel() }
         let error = URLError(.networkConnectionLost)
         feed.finish(throwing: error)
         fileSettled(.failure(error))
@@ -165,6 +178,7 @@ final class Exchange: Sendable {
 
     /// A data task's answer arrived: its body follows.
     func answered(_ response: URLResponse) {
+        guard !refusedRedirect(response) else { return }
         let pump = BodyPump(chunks, exchange: self)
         let body = TransportBody(AsyncThrowingStream { try await pump.next() })
         settle(.success(Self.response(response, body: body)))
@@ -204,7 +218,7 @@ final class Exchange: Sendable {
             return true
         }
         if tell { request.noteActivity() }
-        guard let response else { return }
+        guard let response, !refusedRedirect(response) else { return }
         settle(.success(Self.response(response, body: .file(removingIt: true) { try await self.file() })))
     }
 
@@ -231,14 +245,35 @@ final class Exchange: Sendable {
         waiter?.resume(with: result)
     }
 
-    /// A download task's body is in the file at `path`.
-    func stored(at path: String, response: URLResponse?) {
-        state.withLock { $0.stored = (path, response) }
+    /// Refuses an answer the session reached by following a redirect itself (a background session
+    /// does, whatever its delegate says): Haul follows redirects so that credentials stay with their
+    /// origin, and could not check this one. Returns whether it refused.
+    private func refusedRedirect(_ response: URLResponse) -> Bool {
+        guard let reached = response.url?.absoluteString, reached != request.url.absoluteString else { return false }
+        settle(
+            .failure(
+                HaulError(
+                    .redirectRefused,
+                    "URLSession followed a redirect from \(request.url.absoluteString) to \(reached) by itself; "
+                        + "give the final URL")))
+        task.value.cancel()
+        return true
     }
 
-    /// Removes a download task's file nobody read (the answer was given up before its body was).
-    func discardUnreadFile() {
+    /// A download task's body is in the file at `path`; removed at once when the request is over.
+    func stored(at path: String, response: URLResponse?) {
+        let over = state.withLock { state in
+            state.stored = (path, response)
+            return state.released
+        }
+        if over { release() }
+    }
+
+    /// The request is over: a download task's file nobody read (the answer was given up before its
+    /// body was) is removed, now or when it is stored.
+    func release() {
         let path = state.withLock { state -> String? in
+            state.released = true
             guard let stored = state.stored else { return nil }
             state.stored = nil
             return stored.path
@@ -248,7 +283,7 @@ final class Exchange: Sendable {
 
     /// The session finished the task, with `error` if it failed.
     func completed(with error: (any Error)?) {
-        let stored = state.withLock { state in
+        var stored = state.withLock { state in
             state.complete = true
             return state.stored
         }
@@ -260,6 +295,15 @@ final class Exchange: Sendable {
             return
         }
         feed.finish()
+        if stored == nil, let key = task.value.taskDescription, let taken = held?.take(key) {
+            // The task finished before this request followed it: its answer was held meanwhile.
+            let response = HTTPURLResponse(
+                url: request.url, statusCode: taken.head.status, httpVersion: "HTTP/1.1",
+                headerFields: Dictionary(
+                    taken.head.headers.compactMap { $0.count == 2 ? ($0[0], $0[1]) : nil }, uniquingKeysWith: { $1 }))
+            stored = (taken.body, response)
+            state.withLock { $0.stored = stored }
+        }
         if let stored { fileSettled(.success(stored.path)) }
         if let stored, let response = stored.response {
             settle(.success(Self.response(response, body: .file(atPath: stored.path, removingIt: true))))

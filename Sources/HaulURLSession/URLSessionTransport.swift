@@ -36,8 +36,13 @@ import Synchronization
 /// On Linux this runs on FoundationNetworking's `URLSession` (libcurl), which has no background
 /// sessions and cannot hold a data task back: `suspend()` there ends the request and `resume()`
 /// sends it again from the first byte. So the body of a streaming task is kept in memory when it
-/// arrives faster than Haul writes it (under a rate limit, say); on Apple platforms the task is
-/// suspended once 8 MiB wait and resumed when they are written.
+/// arrives faster than Haul writes it (under a rate limit, say); for Apple platforms the transport
+/// is written to suspend the task once 8 MiB wait and resume it when they are written.
+///
+/// An answer's headers come from `HTTPURLResponse.allHeaderFields`: their order is lost, and a
+/// header sent several times (`Set-Cookie`) arrives as one, its values joined by commas. A session
+/// that followed a redirect by itself (a background session does, whatever its delegate says) has
+/// its answer refused (``Haul/HaulError/Code/redirectRefused``): Haul could not check where it led.
 public final class URLSessionTransport: DownloadTransport {
     /// How the body of an answer reaches Haul.
     public enum Mode: Sendable, Equatable {
@@ -115,9 +120,18 @@ public final class URLSessionTransport: DownloadTransport {
         }
     }
 
+    /// Sends `request` as a task of the session: a data task, or a download task described by its
+    /// download, URL and first byte (an answer held for that description, or a running task with
+    /// it, is taken instead of a new request). Cancelling the calling task cancels the task.
     public func send<Result>(
         _ request: TransportRequest, receive: (TransportResponse) async -> Result
     ) async throws -> Result {
+        if case .files = mode, request.connection > 0 {
+            throw HaulError(
+                .invalidArgument,
+                "URLSessionTransport with download tasks fetches a file over one connection: this download "
+                    + "asks for more (its own connections, or its mirrors)")
+        }
         let session = request.networkAccess.isDiscretionary ? discretionarySession ?? session : session
         let task: URLSessionTask
         switch mode {
@@ -135,11 +149,11 @@ public final class URLSessionTransport: DownloadTransport {
                 task.taskDescription = key
             }
         }
-        let exchange = Exchange(task: TaskBox(task), request: request)
+        let exchange = Exchange(task: TaskBox(task), request: request, held: router.held)
         router.register(exchange, for: task)
         if task.state == .completed {
             // It ended before it was followed: its answer is held, or it failed.
-            router.forget(task)
+            router.forget(task, exchange)
             guard case .files(let directory) = mode,
                 let held = HeldAnswers(directory: directory).take(HeldAnswers.key(for: request))
             else { throw URLError(.networkConnectionLost) }
@@ -147,10 +161,10 @@ public final class URLSessionTransport: DownloadTransport {
         }
         if let response = task.response, task.countOfBytesReceived > 0 { exchange.progressed(response: response) }
         defer {
-            router.forget(task)
+            router.forget(task, exchange)
             // The answer was read as far as Haul wanted: the rest is not fetched.
             if !exchange.isComplete && !exchange.isLetGo { task.cancel() }
-            exchange.discardUnreadFile()
+            exchange.release()
         }
         let response = try await withTaskCancellationHandler {
             try await exchange.answer()
@@ -231,6 +245,12 @@ public final class URLSessionTransport: DownloadTransport {
             .serverCertificateNotYetValid, .serverCertificateHasUnknownRoot, .clientCertificateRejected,
             .clientCertificateRequired:
             return .fatal(HaulError(.tls, "TLS with \(host) failed: \(urlError.code.rawValue)", underlying: error))
+        case .appTransportSecurityRequiresSecureConnection, .userAuthenticationRequired, .cannotDecodeContentData,
+            .cannotDecodeRawData:
+            return .fatal(
+                HaulError(
+                    .network, "URLSession refused the answer from \(host) (URLError \(urlError.code.rawValue))",
+                    underlying: error))
         case .badURL, .unsupportedURL:
             return .fatal(
                 HaulError(.invalidURL, "URLSession cannot send \(request.url.absoluteString)", underlying: error))
@@ -241,8 +261,14 @@ public final class URLSessionTransport: DownloadTransport {
         }
     }
 
-    /// Cancels the session's tasks and invalidates it.
+    /// Cancels the session's tasks and invalidates it; a background session's tasks are let go
+    /// instead, for the system to carry on and the next run to take (closing the queue must not end
+    /// its transfers).
     public func shutdown() async throws {
+        guard session.value.configuration.identifier == nil else {
+            letGo()
+            return
+        }
         session.value.invalidateAndCancel()
         discretionarySession?.value.invalidateAndCancel()
     }

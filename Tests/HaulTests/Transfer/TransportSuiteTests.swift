@@ -281,6 +281,63 @@ struct TransportSuiteTests {
         }
     }
 
+    /// Settings URLSession takes from elsewhere are refused with a clear error before anything is
+    /// sent, never silently dropped; so is a download that asks download tasks for several connections.
+    @Test func settingsURLSessionCannotHonourAreRefusedBeforeAnythingIsSent() async throws {
+        try await HaulTestServer.withRunning { server in
+            server.add("/f", TestResource(name: "refused", size: 4 << 20))
+            server.setStandingFaults("/f", [.throttle(bytesPerSecond: 4 << 20)])
+            try await withTemporaryDirectory { directory in
+                let changes: [(String, @Sendable (inout DownloaderConfiguration) -> Void)] = [
+                    ("proxy", { $0.proxy.http = Proxy(kind: .http, host: "127.0.0.1", port: 3128) }),
+                    ("trusts what the system trusts", { $0.tls.trustedCertificateFiles = ["/tmp/ca.pem"] }),
+                    ("HTTP/1.1", { $0.tls.allowHTTP2 = false }),
+                ]
+                for (words, change) in changes {
+                    var configuration = testConfiguration()
+                    change(&configuration)
+                    configuration.transport = URLSessionTransport()
+                    let error = await expectHaulError(.invalidArgument) {
+                        try await download(server, to: directory + "/f", configuration: configuration)
+                    }
+                    #expect(error?.message.contains(words) == true, "\(error?.message ?? "")")
+                }
+                var request = DownloadRequest(url: server.url("/f"), destination: .file(directory + "/f"))
+                request.connections = 2
+                let error = await expectHaulError(.invalidArgument) {
+                    try await withDownloader(
+                        TransportKind.urlSessionFiles.configure(testConfiguration(), bodies: directory)
+                    ) { downloader in try await downloader.download(request) }
+                }
+                #expect(error?.message.contains("one connection") == true, "\(error?.message ?? "")")
+                #expect(server.requests(for: "/f").map { $0.header("range") } == ["bytes=0-"])
+                #expect(!fileExists(directory + "/f"))
+            }
+        }
+    }
+
+    /// A refused connection says so, and is not retried when refusals are not to be.
+    @Test(arguments: [TransportKind.urlSession, .urlSessionFiles])
+    func aRefusedConnectionIsReportedAsOne(kind: TransportKind) async throws {
+        let refusing = try RefusingPort()
+        defer { refusing.close() }
+        try await withTransport(kind) { directory, configure in
+            var configuration = configure(testConfiguration(retries: 5))
+            configuration.retry.retriesRefusedConnections = false
+            let log = EventLog()
+            let error = await expectHaulError(.network) {
+                try await withDownloader(configuration) { downloader in
+                    try await downloader.download(
+                        DownloadRequest(
+                            url: "http://127.0.0.1:\(refusing.port)/f", destination: .file(directory + "/f")),
+                        observing: log.record)
+                }
+            }
+            #expect(error?.message.hasPrefix("cannot connect to 127.0.0.1:\(refusing.port)") == true)
+            #expect(log.retries.isEmpty)
+        }
+    }
+
     /// A download task's body goes to a file Haul cannot see until it is complete: the transport
     /// tells the download that bytes arrive, so a body longer than the stall timeout is no stall.
     @Test func aDownloadTaskLongerThanTheStallTimeoutIsNotTakenForAStall() async throws {
