@@ -16,16 +16,23 @@ extension DownloadInfo {
 
     /// The speed while running: "2.5 MB/s"; `nil` when none is measured (not running).
     public func formattedSpeed(locale: Locale = .current) -> String? {
-        bytesPerSecond.map { Self.formatBytes(Int64($0), locale: locale) + "/s" }
+        bytesPerSecond.map { Self.formatBytes(Self.count($0), locale: locale) + "/s" }
     }
 
     /// The time left while running, when the size is known: "1 min, 5 sec" (at most two units,
     /// "1 hr, 2 min"); `nil` otherwise.
     public func formattedTimeRemaining(locale: Locale = .current) -> String? {
-        guard let secondsRemaining, secondsRemaining.isFinite, secondsRemaining >= 0 else { return nil }
+        guard let secondsRemaining, secondsRemaining.isFinite, secondsRemaining >= 0, secondsRemaining < 1e12 else {
+            return nil
+        }
         return Duration.seconds(Int64(secondsRemaining.rounded(.up))).formatted(
             .units(allowed: [.days, .hours, .minutes, .seconds], width: .abbreviated, maximumUnitCount: 2)
                 .locale(locale))
+    }
+
+    /// `value` as a count of bytes: 0 for what is not a finite, non-negative number.
+    static func count(_ value: Double) -> Int64 {
+        value.isFinite && value > 0 ? Int64(min(value, Double(Int64.max / 2))) : 0
     }
 
     static func formatBytes(_ count: Int64, locale: Locale) -> String {
@@ -43,6 +50,6 @@ extension AggregateProgress {
 
     /// The running downloads' speed together: "4.1 MB/s".
     public func formattedSpeed(locale: Locale = .current) -> String {
-        DownloadInfo.formatBytes(Int64(bytesPerSecond), locale: locale) + "/s"
+        DownloadInfo.formatBytes(DownloadInfo.count(bytesPerSecond), locale: locale) + "/s"
     }
 }
