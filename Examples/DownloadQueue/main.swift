@@ -81,13 +81,14 @@ final class QueueModel {
     }
 }
 
-/// The transport `name` names; download tasks leave their bodies in the state directory.
+/// The transport `name` names; download tasks leave their bodies beside the state directory (which
+/// the queue keeps private to its owner).
 func makeTransport(_ name: String, state: URL) throws -> (any DownloadTransport)? {
     switch name {
     case "urlsession":
         return URLSessionTransport()
     case "urlsession-files":
-        let bodies = state.appendingPathComponent("bodies")
+        let bodies = URL(fileURLWithPath: state.path + ".bodies", isDirectory: true)
         try FileManager.default.createDirectory(at: bodies, withIntermediateDirectories: true)
         return URLSessionTransport(mode: .files(directory: bodies.path))
     default:
