@@ -232,8 +232,8 @@ def main():
             return [d["name"] for d in api("/downloads?" + query)["downloads"]]
 
         def shows(query):
-            expected = names_of(query)
-            return lambda: names_shown() == expected
+            # The API's rows for the query now: a download may change while the page catches up.
+            return lambda: names_shown() == names_of(query)
 
         def count_on(state):
             text = driver.find_element(By.CSS_SELECTOR, f'#filters [data-state="{state}"] .count').text
@@ -257,11 +257,19 @@ def main():
         target = [d for d in api("/downloads?offset=20&limit=20")["downloads"] if d["name"] == shown][0]
         api(f"/downloads/{target['id']}/pause", "POST")
         wait_for(f"{shown}, paused through the API, shows it", lambda: state_of(shown) == "paused")
-        # A page typed in.
-        field = pager.find_element(By.CSS_SELECTOR, ".page-number")
-        field.clear()
-        field.send_keys("3\n")
-        wait_for("page 3 shows rows 41–60", shows("offset=40&limit=20"))
+        # A page typed in. An event may redraw the pager while the number is typed: it is typed
+        # again into the field drawn then, up to three times.
+        for _ in range(3):
+            try:
+                field = driver.find_element(By.CSS_SELECTOR, ".pager.top .page-number")
+                field.clear()
+                field.send_keys("3\n")
+            except Exception:
+                continue
+            if wait_for_quietly(shows("offset=40&limit=20"), timeout=DEADLINE / 3):
+                break
+        else:
+            fail("timed out waiting until page 3 shows rows 41–60")
         # A filter is the API's: its rows, and its count from the stats.
         driver.find_element(By.CSS_SELECTOR, '#filters [data-state="queued"]').click()
         wait_for("the queued filter shows the API's first queued", shows("state=queued&offset=0&limit=20"))
