@@ -22,12 +22,7 @@ struct HTTPFetcher: Sendable {
     let logger: Logger
 
     /// Names the download for its transport: its URL and destination (``TransportRequest/download``).
-    var download: String {
-        switch request.destination {
-        case .file(let path): "\(request.url) file:\(path)"
-        case .directory(let path): "\(request.url) directory:\(path)"
-        }
-    }
+    let download: String
 
     /// A fetcher of `request` from `sources` (its URL, then its mirrors: see
     /// ``DownloadRequest/sources()``).
@@ -40,6 +35,11 @@ struct HTTPFetcher: Sendable {
         self.url = sources[0]
         self.sources = sources
         self.request = request
+        self.download =
+            switch request.destination {
+            case .file(let path): "\(request.url) file:\(path)"
+            case .directory(let path): "\(request.url) directory:\(path)"
+            }
         self.transport = transport
         self.hostCap = hostCap
         self.configuration = configuration
@@ -170,7 +170,9 @@ struct HTTPFetcher: Sendable {
         }
         // Haul's own refusals (a redirect loop, a file error) are final whichever transport ran; a
         // network failure or a timeout is the transport's to judge.
-        if let error = cause as? HaulError, ![.network, .timedOut].contains(error.code) { return .fatal(error) }
+        if let error = cause as? HaulError, !TransportFailure.retriedCodes.contains(error.code) {
+            return .fatal(error)
+        }
         switch transport.failure(of: cause, sending: request) {
         case .retryable(let error): return .retryable(error, retryAfter: nil)
         case .refused(let error): return .refused(error)

@@ -76,9 +76,7 @@ final class ClientTransport: DownloadTransport {
     func failure(of cause: any Error, sending request: TransportRequest) -> TransportFailure {
         let url = request.url
         let host = url.host ?? url.absoluteString
-        if let error = cause as? HaulError {
-            return [.network, .timedOut].contains(error.code) ? .retryable(error) : .fatal(error)
-        }
+        if let error = cause as? HaulError { return TransportFailure(error) }
         if let unresolved = cause as? HostResolution.Failure {
             return .retryable(HaulError(.network, unresolved.message, underlying: cause))
         }

@@ -71,9 +71,7 @@ extension DownloadTransport {
 
     /// ``HaulError``s by their code, and any other error as a network failure that is retried.
     public func failure(of error: any Error, sending request: TransportRequest) -> TransportFailure {
-        if let error = error as? HaulError {
-            return [.network, .timedOut].contains(error.code) ? .retryable(error) : .fatal(error)
-        }
+        if let error = error as? HaulError { return TransportFailure(error) }
         let host = request.url.host ?? request.url.absoluteString
         return .retryable(HaulError(.network, "transfer from \(host) failed: \(error)", underlying: error))
     }
@@ -166,6 +164,15 @@ public struct TransportResponse: Sendable {
 
 /// What a transport's failure means for a download.
 public enum TransportFailure: Sendable {
+    /// What `error` means by its code: ``HaulError/Code/network`` and ``HaulError/Code/timedOut``
+    /// are retried, any other code is final.
+    public init(_ error: HaulError) {
+        self = Self.retriedCodes.contains(error.code) ? .retryable(error) : .fatal(error)
+    }
+
+    /// The codes of failures worth another attempt.
+    static let retriedCodes: Set<HaulError.Code> = [.network, .timedOut]
+
     /// Retried after a delay, up to ``DownloaderConfiguration/Retry/maximumRetries`` (no answer, a
     /// connection lost, a timeout).
     case retryable(HaulError)
@@ -235,36 +242,25 @@ public struct TransportBody: AsyncSequence, Sendable {
     /// Reads the body, chunk after chunk.
     public func makeAsyncIterator() -> Iterator {
         switch source {
-        case .client(let body): Iterator(.client(body.makeAsyncIterator()))
-        case .stream(let stream): Iterator(.stream(stream.makeAsyncIterator()))
-        case .file(let path, let remove): Iterator(.file(FileChunks(path: path, remove: remove)))
+        case .client(let body): Iterator(client: body.makeAsyncIterator())
+        case .stream(let stream): Iterator(stream: stream.makeAsyncIterator())
+        case .file(let path, let remove): Iterator(file: FileChunks(path: path, remove: remove))
         }
     }
 
     /// Reads a ``TransportBody``.
     public struct Iterator: AsyncIteratorProtocol {
-        enum Reader {
-            case client(HTTPClientResponse.Body.AsyncIterator)
-            case stream(AsyncThrowingStream<ByteBuffer, any Error>.AsyncIterator)
-            case file(FileChunks)
-        }
-
-        var reader: Reader
-
-        init(_ reader: Reader) { self.reader = reader }
+        // One of the three is set. Each is advanced in place: the client's, on every chunk of Haul's
+        // own transport, is neither copied out nor stored back.
+        var client: HTTPClientResponse.Body.AsyncIterator?
+        var stream: AsyncThrowingStream<ByteBuffer, any Error>.AsyncIterator?
+        var file: FileChunks?
 
         /// The next chunk, or `nil` at the end of the body.
         public mutating func next() async throws -> ByteBuffer? {
-            switch reader {
-            case .client(var iterator):
-                defer { reader = .client(iterator) }
-                return try await iterator.next()
-            case .stream(var iterator):
-                defer { reader = .stream(iterator) }
-                return try await iterator.next()
-            case .file(let chunks):
-                return try await chunks.next()
-            }
+            if client != nil { return try await client?.next() }
+            if stream != nil { return try await stream?.next() }
+            return try await file?.next()
         }
     }
 }
