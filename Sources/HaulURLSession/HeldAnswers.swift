@@ -22,6 +22,12 @@ struct HeldAnswers: Sendable {
         var key: String
         var status: Int
         var headers: [[String]]
+
+        /// The answer this head describes, with `body`.
+        func response(body: TransportBody) -> TransportResponse {
+            let pairs = headers.compactMap { $0.count == 2 ? (name: $0[0], value: $0[1]) : nil }
+            return TransportResponse(status: status, headers: pairs, body: body)
+        }
     }
 
     /// The description of the task that sends `request`.
@@ -53,11 +59,7 @@ struct HeldAnswers: Sendable {
         let base = base(key)
         try? FileManager.default.removeItem(atPath: base + ".body")
         try FileManager.default.moveItem(atPath: file.path, toPath: base + ".body")
-        var headers: [[String]] = []
-        for (name, value) in http.allHeaderFields {
-            if let name = name as? String { headers.append([name, "\(value)"]) }
-        }
-        let head = Head(key: key, status: http.statusCode, headers: headers)
+        let head = Head(key: key, status: http.statusCode, headers: headerPairs(http).map { [$0.name, $0.value] })
         try JSONEncoder().encode(head).write(to: URL(fileURLWithPath: base + ".head"), options: .atomic)
     }
 

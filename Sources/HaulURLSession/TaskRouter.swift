@@ -179,6 +179,8 @@ final class Exchange: Sendable {
     /// A data task's answer arrived: its body follows.
     func answered(_ response: URLResponse) {
         guard !refusedRedirect(response) else { return }
+        // What Haul reads is counted only where a task can be held back by it.
+        guard Self.canSuspend else { return settle(.success(Self.response(response, body: TransportBody(chunks)))) }
         let pump = BodyPump(chunks, exchange: self)
         let body = TransportBody(AsyncThrowingStream { try await pump.next() })
         settle(.success(Self.response(response, body: body)))
@@ -186,9 +188,13 @@ final class Exchange: Sendable {
 
     /// A data task received more of its body.
     func received(_ data: Data) {
+        guard Self.canSuspend else {
+            feed.yield(ByteBuffer(bytes: data))
+            return
+        }
         let suspend = state.withLock { state -> Bool in
             state.buffered += data.count
-            guard Self.canSuspend, !state.suspended, state.buffered >= Self.highWater else { return false }
+            guard !state.suspended, state.buffered >= Self.highWater else { return false }
             state.suspended = true
             return true
         }
@@ -283,7 +289,7 @@ final class Exchange: Sendable {
 
     /// The session finished the task, with `error` if it failed.
     func completed(with error: (any Error)?) {
-        var stored = state.withLock { state in
+        let stored = state.withLock { state in
             state.complete = true
             return state.stored
         }
@@ -297,12 +303,10 @@ final class Exchange: Sendable {
         feed.finish()
         if stored == nil, let key = task.value.taskDescription, let taken = held?.take(key) {
             // The task finished before this request followed it: its answer was held meanwhile.
-            let response = HTTPURLResponse(
-                url: request.url, statusCode: taken.head.status, httpVersion: "HTTP/1.1",
-                headerFields: Dictionary(
-                    taken.head.headers.compactMap { $0.count == 2 ? ($0[0], $0[1]) : nil }, uniquingKeysWith: { $1 }))
-            stored = (taken.body, response)
-            state.withLock { $0.stored = stored }
+            state.withLock { $0.stored = (taken.body, nil) }
+            fileSettled(.success(taken.body))
+            settle(.success(taken.head.response(body: .file(atPath: taken.body, removingIt: true))))
+            return
         }
         if let stored { fileSettled(.success(stored.path)) }
         if let stored, let response = stored.response {
@@ -342,12 +346,13 @@ final class Exchange: Sendable {
         guard let http = response as? HTTPURLResponse else {
             return TransportResponse(status: 0, headers: [], body: body)
         }
-        var headers: [(name: String, value: String)] = []
-        for (name, value) in http.allHeaderFields {
-            if let name = name as? String { headers.append((name, "\(value)")) }
-        }
-        return TransportResponse(status: http.statusCode, headers: headers, body: body)
+        return TransportResponse(status: http.statusCode, headers: headerPairs(http), body: body)
     }
+}
+
+/// The headers of `response`, as `URLSession` gives them (see ``URLSessionTransport``).
+func headerPairs(_ response: HTTPURLResponse) -> [(name: String, value: String)] {
+    response.allHeaderFields.compactMap { name, value in (name as? String).map { ($0, "\(value)") } }
 }
 
 /// Reads the chunks a data task received, telling its ``Exchange`` how many bytes were taken.

@@ -137,10 +137,10 @@ public final class URLSessionTransport: DownloadTransport {
         switch mode {
         case .streaming:
             task = session.value.dataTask(with: Self.urlRequest(request))
-        case .files(let directory):
+        case .files:
             let key = HeldAnswers.key(for: request)
             // The answer of a task that finished while nobody waited: the download's next request takes it.
-            if let held = HeldAnswers(directory: directory).take(key) { return await Self.deliver(held, to: receive) }
+            if let held = router.held?.take(key) { return await Self.deliver(held, to: receive) }
             // A task the session still runs for it (started by an earlier run, or let go): followed, not sent again.
             if let running = await Self.task(described: key, in: session.value) {
                 task = running
@@ -154,9 +154,9 @@ public final class URLSessionTransport: DownloadTransport {
         if task.state == .completed {
             // It ended before it was followed: its answer is held, or it failed.
             router.forget(task, exchange)
-            guard case .files(let directory) = mode,
-                let held = HeldAnswers(directory: directory).take(HeldAnswers.key(for: request))
-            else { throw URLError(.networkConnectionLost) }
+            guard let held = task.taskDescription.flatMap({ router.held?.take($0) }) else {
+                throw URLError(.networkConnectionLost)
+            }
             return await Self.deliver(held, to: receive)
         }
         if let response = task.response, task.countOfBytesReceived > 0 { exchange.progressed(response: response) }
@@ -182,10 +182,7 @@ public final class URLSessionTransport: DownloadTransport {
     private static func deliver<Result>(
         _ held: (head: HeldAnswers.Head, body: String), to receive: (TransportResponse) async -> Result
     ) async -> Result {
-        let headers = held.head.headers.compactMap { $0.count == 2 ? (name: $0[0], value: $0[1]) : nil }
-        let result = await receive(
-            TransportResponse(
-                status: held.head.status, headers: headers, body: .file(atPath: held.body, removingIt: true)))
+        let result = await receive(held.head.response(body: .file(atPath: held.body, removingIt: true)))
         try? FileManager.default.removeItem(atPath: held.body)
         return result
     }
@@ -222,9 +219,7 @@ public final class URLSessionTransport: DownloadTransport {
     /// `URLError`s by what they mean: a refused connection, a failed TLS handshake or a URL the
     /// session cannot send are told apart from failures worth another attempt.
     public func failure(of error: any Error, sending request: TransportRequest) -> TransportFailure {
-        if let error = error as? HaulError {
-            return [.network, .timedOut].contains(error.code) ? .retryable(error) : .fatal(error)
-        }
+        if let error = error as? HaulError { return TransportFailure(error) }
         let host = request.url.host ?? request.url.absoluteString
         let port = request.url.port ?? (request.url.scheme?.lowercased() == "https" ? 443 : 80)
         guard let urlError = error as? URLError else {
