@@ -9,9 +9,7 @@ extension DownloadInfo {
     /// The bytes stored and the file's size: "12.3 MB / 100 MB", or "12.3 MB" while the size is
     /// not known.
     public func formattedSize(locale: Locale = .current) -> String {
-        let stored = Self.formatBytes(bytes, locale: locale)
-        guard let totalBytes else { return stored }
-        return "\(stored) / \(Self.formatBytes(totalBytes, locale: locale))"
+        Self.formatSize(bytes, of: totalBytes, locale: locale)
     }
 
     /// The speed while running: "2.5 MB/s"; `nil` when none is measured (not running).
@@ -35,6 +33,13 @@ extension DownloadInfo {
         value.isFinite && value > 0 ? Int64(min(value, Double(Int64.max / 2))) : 0
     }
 
+    /// "`bytes` / `total`", or `bytes` alone while the total is not known.
+    static func formatSize(_ bytes: Int64, of total: Int64?, locale: Locale) -> String {
+        let stored = formatBytes(bytes, locale: locale)
+        guard let total else { return stored }
+        return "\(stored) / \(formatBytes(total, locale: locale))"
+    }
+
     static func formatBytes(_ count: Int64, locale: Locale) -> String {
         count.formatted(.byteCount(style: .file).locale(locale))
     }
@@ -43,9 +48,7 @@ extension DownloadInfo {
 extension AggregateProgress {
     /// The bytes stored over every download counted and their known sizes: "120 MB / 1.2 GB".
     public func formattedSize(locale: Locale = .current) -> String {
-        let stored = DownloadInfo.formatBytes(bytes, locale: locale)
-        guard totalBytes > 0 else { return stored }
-        return "\(stored) / \(DownloadInfo.formatBytes(totalBytes, locale: locale))"
+        DownloadInfo.formatSize(bytes, of: totalBytes > 0 ? totalBytes : nil, locale: locale)
     }
 
     /// The running downloads' speed together: "4.1 MB/s".
