@@ -62,6 +62,8 @@ let package = Package(
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "HeapModule", package: "swift-collections"),
                 .product(name: "GRDB", package: "GRDB.swift"),
+                // SQLite's own calls, for binding many records' values without GRDB's arguments.
+                .product(name: "GRDBSQLite", package: "GRDB.swift"),
                 "CHaulSystem",
             ]
         ),

@@ -140,6 +140,14 @@ struct QueueStoreKind: Sendable, CustomTestStringConvertible {
             #expect(updated.definition.headers.map(\.name) == ["Accept"])
             #expect(updated.state == .failed && updated.storedError?.code == .network && updated.errorStatus == 503)
             #expect(updated.storedError?.message == "gone")
+
+            // An empty text stays empty (not NULL); any text keeps its exact characters.
+            record.hook = ""
+            record.errorMessage = "gone: \"é\" ✓"
+            try store.update([record])
+            let again = try Self.stored(store, id)
+            #expect(again.hook == "" && again.errorMessage == "gone: \"é\" ✓")
+            #expect(again == withoutSecrets(record))
         }
     }
 
