@@ -307,10 +307,8 @@ final class SQLiteQueueStore: QueueStore {
     /// The stored state of each of these records (those that exist).
     private static func states(of ids: [Int64], _ db: Database) throws -> [Int64: String] {
         var states: [Int64: String] = [:]
-        try inLists(of: ids) { list, arguments in
-            for row in try Row.fetchAll(
-                db, sql: "SELECT id, state FROM download WHERE id IN \(list)", arguments: arguments)
-            {
+        try inLists(of: ids, db, { "SELECT id, state FROM download WHERE id IN \($0)" }) { statement, arguments in
+            for row in try Row.fetchAll(statement, arguments: arguments) {
                 states[row["id"]] = row["state"]
             }
         }
@@ -434,14 +432,19 @@ final class SQLiteQueueStore: QueueStore {
     /// At most this many values in one `IN (…)` list.
     private static let listChunk = 500
 
-    /// Calls `body` with each ``listChunk`` of `values` as the text of an `IN` list (`(?,?,…)`) and
-    /// its arguments.
+    /// Calls `body` with each ``listChunk`` of `values` and the statement `sql` makes of the text
+    /// of their `IN` list (`(?,?,…)`). A whole list's statement is prepared once and kept (an add of
+    /// a hundred thousand looks up two hundred lists); a shorter last list's is not kept.
     private static func inLists<Value: DatabaseValueConvertible>(
-        of values: [Value], _ body: (_ list: String, _ arguments: StatementArguments) throws -> Void
+        of values: [Value], _ db: Database, _ sql: (_ list: String) -> String,
+        _ body: (_ statement: Statement, _ arguments: StatementArguments) throws -> Void
     ) throws {
         for start in stride(from: 0, to: values.count, by: listChunk) {
             let chunk = values[start..<min(values.count, start + listChunk)]
-            try body("(" + chunk.map { _ in "?" }.joined(separator: ",") + ")", StatementArguments(chunk))
+            let text = sql("(" + repeatElement("?", count: chunk.count).joined(separator: ",") + ")")
+            let statement =
+                chunk.count == listChunk ? try db.cachedStatement(sql: text) : try db.makeStatement(sql: text)
+            try body(statement, StatementArguments(chunk))
         }
     }
 
@@ -454,9 +457,9 @@ final class SQLiteQueueStore: QueueStore {
         let unique = Array(Set(values))
         return try read { db in
             var found: [StoredDownload] = []
-            try Self.inLists(of: unique) { list, arguments in
-                found += try StoredDownload.fetchAll(
-                    db, sql: "SELECT * FROM download WHERE \(column) IN \(list)", arguments: arguments)
+            try Self.inLists(of: unique, db, { "SELECT * FROM download WHERE \(column) IN \($0)" }) {
+                statement, arguments in
+                found += try StoredDownload.fetchAll(statement, arguments: arguments)
             }
             return found.sorted { $0.downloadID < $1.downloadID }
         }
