@@ -312,10 +312,11 @@ package final class PostgreSQLQueueStore: QueueStore {
         return try records("SELECT \(Self.columns) FROM download WHERE key = ANY($1) ORDER BY id", binding: keys)
     }
 
-    package func downloads(destinations: [String]) throws -> [StoredDownload] {
+    package func downloadsIntoDirectories(destinations: [String]) throws -> [StoredDownload] {
         guard !destinations.isEmpty else { return [] }
         return try records(
-            "SELECT \(Self.columns) FROM download WHERE destination = ANY($1) ORDER BY id", binding: destinations)
+            "SELECT \(Self.columns) FROM download WHERE destination = ANY($1) ORDER BY id", binding: destinations
+        ).filter { $0.key.hasPrefix(StoredDownload.directoryKeyPrefix) }
     }
 
     package func download(key: String) throws -> StoredDownload? {

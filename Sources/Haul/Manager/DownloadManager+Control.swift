@@ -173,10 +173,11 @@ extension DownloadManager {
         init(_ requests: some Collection<DownloadRequest>, store: any QueueStore) throws {
             let identities = requests.map(Identity.init)
             for record in try store.downloads(keys: identities.map { $0.key }) { byKey[record.key] = record }
-            // By file, those no key names (found by key, a download is not looked up by file).
+            // By file, those no key names (found by key, a download is not looked up by file): a
+            // download into a directory may have learnt the file a request names.
             let unnamed = identities.filter { byKey[$0.key] == nil }.compactMap(\.destination)
             // The latest download of a file wins (two downloads into a directory may have learnt one name).
-            for record in try store.downloads(destinations: unnamed) {
+            for record in try store.downloadsIntoDirectories(destinations: unnamed) {
                 if let destination = record.destination { byDestination[destination] = record }
             }
         }
@@ -698,7 +699,9 @@ struct Identity {
             self.init(key: Self.key(destination: destination), directory: nil, destination: destination)
         case .directory(let path):
             let directory = POSIX.absolutePath(path)
-            self.init(key: "url:" + directory + "\n" + request.url, directory: directory, destination: nil)
+            self.init(
+                key: StoredDownload.directoryKeyPrefix + directory + "\n" + request.url, directory: directory,
+                destination: nil)
         }
     }
 

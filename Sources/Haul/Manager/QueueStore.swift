@@ -70,8 +70,10 @@ package protocol QueueStore: Sendable {
     /// The records with these keys (``StoredDownload/key``), in ID order; keys without one are left out.
     func downloads(keys: [String]) throws -> [StoredDownload]
 
-    /// The records whose file is one of `destinations`, in ID order.
-    func downloads(destinations: [String]) throws -> [StoredDownload]
+    /// The records of downloads into a directory (their keys begin with
+    /// ``StoredDownload/directoryKeyPrefix``) that have learnt a file of `destinations`, in ID
+    /// order. A download to a named file is not among them: its key names its file.
+    func downloadsIntoDirectories(destinations: [String]) throws -> [StoredDownload]
 
     /// The record with this key (``StoredDownload/key``, unique); `nil` when there is none.
     func download(key: String) throws -> StoredDownload?

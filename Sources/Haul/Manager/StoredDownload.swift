@@ -87,6 +87,10 @@ package struct StoredDownload: Codable, Sendable, Equatable {
 
     package var downloadID: DownloadID { DownloadID(id ?? 0) }
 
+    /// How the ``key`` of a download into a directory begins (`url:DIRECTORY\nURL`); the key of a
+    /// download to a named file is `file:` and its path.
+    package static let directoryKeyPrefix = "url:"
+
     /// The URL the next attempt uses.
     package var url: String {
         get { definition.url }

@@ -506,6 +506,8 @@ struct QueueStoreKind: Sendable, CustomTestStringConvertible {
             let records = try Self.stored(store, count: 3)
             #expect(try store.download(key: "file:/d/1") == records[1])
             #expect(try store.download(key: "file:/d/9") == nil)
+            // With no download into a directory stored, none is found by file.
+            #expect(try store.downloadsIntoDirectories(destinations: ["/d/1"]).isEmpty)
             var inDirectory = StoredDownload(
                 key: "url:/d\nhttp://x/y",
                 definition: DownloadRequest(url: "http://x/y", destination: .directory("/d")),
@@ -532,7 +534,8 @@ struct QueueStoreKind: Sendable, CustomTestStringConvertible {
             #expect(try store.downloads(ids: []).isEmpty)
             #expect(try store.newestID() == inDirectory.downloadID)
             #expect(
-                try store.downloads(destinations: ["/d/2", "/d/1", "/d/x"]) == [records[1], records[2], inDirectory])
+                try store.downloadsIntoDirectories(destinations: ["/d/2", "/d/1", "/d/x"]) == [inDirectory])
+            #expect(try store.downloadsIntoDirectories(destinations: ["/d/1"]).isEmpty)
             let many = (0..<1_200).map { "file:/d/\($0)" }
             #expect(try store.downloads(keys: many).count == 3)
         }
