@@ -246,13 +246,17 @@ final class SQLiteQueueStore: QueueStore {
             // The state each changed record has now, kept up to date as it is written.
             let touched =
                 (changes.updatesIfPresent + changes.updates).compactMap(\.id) + changes.deletes.map(\.rawValue)
-            var states = try Self.states(of: touched, db)
+            var stored = try Self.storedRows(of: touched, db)
             var counts = StateCounts()
             func update(_ record: StoredDownload) throws {
-                try record.updateManagedColumns(db)
+                // A record whose key and file are as stored leaves them, and their indexes, alone.
+                let named = record.id.flatMap { stored[$0] }.map {
+                    $0.key == record.key && $0.destination == record.destination
+                }
+                try record.updateManagedColumns(db, keepingKeyAndDestination: named ?? false)
                 guard let id = record.id else { return }
-                counts.move(from: states[id], to: record.state.rawValue)
-                states[id] = record.state.rawValue
+                counts.move(from: stored[id]?.state, to: record.state.rawValue)
+                stored[id] = (record.state.rawValue, record.key, record.destination)
             }
             for record in changes.updatesIfPresent {
                 do {
@@ -271,8 +275,8 @@ final class SQLiteQueueStore: QueueStore {
                 counts.add(record.state.rawValue, 1)
             }
             for id in changes.deletes where try StoredDownload.deleteOne(db, key: id.rawValue) {
-                if let state = states[id.rawValue] { counts.add(state, -1) }
-                states[id.rawValue] = nil
+                if let state = stored[id.rawValue]?.state { counts.add(state, -1) }
+                stored[id.rawValue] = nil
             }
             try counts.store(db)
             return ids
@@ -304,16 +308,21 @@ final class SQLiteQueueStore: QueueStore {
         }
     }
 
-    /// The stored state of each of these records (those that exist).
-    private static func states(of ids: [Int64], _ db: Database) throws -> [Int64: String] {
-        var states: [Int64: String] = [:]
-        try inLists(of: ids, db, { "SELECT id, state FROM download WHERE id IN \($0)" }) { statement, arguments in
+    /// The stored state, key and file of each of these records (those that exist).
+    private static func storedRows(of ids: [Int64], _ db: Database) throws -> [Int64: StoredRow] {
+        var rows: [Int64: StoredRow] = [:]
+        try inLists(of: ids, db, { "SELECT id, state, key, destination FROM download WHERE id IN \($0)" }) {
+            statement, arguments in
             for row in try Row.fetchAll(statement, arguments: arguments) {
-                states[row["id"]] = row["state"]
+                rows[row[0]] = (row[1], row[2], row[3])
             }
         }
-        return states
+        return rows
     }
+
+    /// What a commit reads of a record before it writes it: its state, for the counts; its key and
+    /// file, which an update leaves alone when they are unchanged.
+    private typealias StoredRow = (state: String, key: String, destination: String?)
 
     /// Sets the request while `owner` owns the download (see ``QueueStore/setRequest(_:for:ifOwnedBy:)``).
     func setRequest(_ request: OwnerRequest, for id: DownloadID, ifOwnedBy owner: String) throws -> Bool {
@@ -699,24 +708,35 @@ extension StoredDownload: FetchableRecord, MutablePersistableRecord {
     package mutating func didInsert(_ inserted: InsertionSuccess) { id = inserted.rowID }
 
     /// The statement that writes every managed column (see ``Columns/managed``) of one row.
-    static let updateManagedColumnsSQL =
-        "UPDATE download SET "
-        + Columns.managed.map { "\"\($0.rawValue)\" = ?" }.joined(separator: ", ") + " WHERE id = ?"
+    static let updateManagedColumnsSQL = updateSQL(Columns.managed)
+
+    /// The managed columns but the key and the file: what changes as a download runs. SQLite
+    /// rewrites the entry of every index on a column an UPDATE sets, changed or not; an update of
+    /// these leaves the key's and the file's indexes alone (a third less time a write of a small
+    /// file's state took).
+    static let changingColumns = Columns.managed.filter { $0 != .key && $0 != .destination }
+
+    /// The statement that writes ``changingColumns`` of one row.
+    static let updateChangingColumnsSQL = updateSQL(changingColumns)
+
+    /// `UPDATE download SET` these columns `WHERE id = ?`.
+    private static func updateSQL(_ columns: [Columns]) -> String {
+        "UPDATE download SET " + columns.map { "\"\($0.rawValue)\" = ?" }.joined(separator: ", ") + " WHERE id = ?"
+    }
 
     /// The statement that inserts a row with every managed column (see ``Columns/managed``).
     static let insertManagedColumnsSQL =
         "INSERT INTO download (" + Columns.managed.map { "\"\($0.rawValue)\"" }.joined(separator: ", ")
         + ") VALUES (" + Columns.managed.map { _ in "?" }.joined(separator: ", ") + ")"
 
-    /// Binds the managed columns to `statement`, in the order of ``Columns/managed`` from its first
-    /// parameter, straight through SQLite's own calls: adding a hundred thousand records spent more
-    /// on building GRDB's arguments than SQLite spent on inserting them. Returns the next parameter's
-    /// position.
-    private func bindManagedColumns(to statement: Statement) throws -> Int32 {
+    /// Binds `columns` to `statement`, in their order from its first parameter, straight through
+    /// SQLite's own calls: adding a hundred thousand records spent more on building GRDB's
+    /// arguments than SQLite spent on inserting them. Returns the next parameter's position.
+    private func bind(_ columns: [Columns], to statement: Statement) throws -> Int32 {
         // Marks the statement's arguments as set and clears the previous ones; the values follow.
         statement.setUncheckedArguments(StatementArguments())
         var binder = Binder(statement)
-        for column in Columns.managed {
+        for column in columns {
             switch column {
             case .key: try binder.bind(key)
             case .definition: try binder.bind(try Self.encodeDefinition(definition))
@@ -745,18 +765,21 @@ extension StoredDownload: FetchableRecord, MutablePersistableRecord {
     /// encodes no record) and takes the ID SQLite gave it.
     mutating func insertManagedColumns(_ db: Database) throws {
         let statement = try db.cachedStatement(sql: Self.insertManagedColumnsSQL)
-        _ = try bindManagedColumns(to: statement)
+        _ = try bind(Columns.managed, to: statement)
         try statement.execute()
         id = db.lastInsertedRowID
     }
 
-    /// Writes every managed column (see ``Columns/managed``) with one cached statement whose values
-    /// are bound in place (a progress write of many downloads builds no SQL and encodes no record);
-    /// throws `RecordError` when the row is gone.
-    func updateManagedColumns(_ db: Database) throws {
+    /// Writes every managed column (see ``Columns/managed``), or only ``changingColumns`` when
+    /// `keepingKeyAndDestination` (the caller read them unchanged), with one cached statement whose
+    /// values are bound in place (a progress write of many downloads builds no SQL and encodes no
+    /// record); throws `RecordError` when the row is gone.
+    func updateManagedColumns(_ db: Database, keepingKeyAndDestination: Bool) throws {
         guard let id else { throw RecordError.recordNotFound(databaseTableName: Self.databaseTableName, key: [:]) }
-        let statement = try db.cachedStatement(sql: Self.updateManagedColumnsSQL)
-        var binder = Binder(statement, at: try bindManagedColumns(to: statement))
+        let columns = keepingKeyAndDestination ? Self.changingColumns : Columns.managed
+        let statement = try db.cachedStatement(
+            sql: keepingKeyAndDestination ? Self.updateChangingColumnsSQL : Self.updateManagedColumnsSQL)
+        var binder = Binder(statement, at: try bind(columns, to: statement))
         try binder.bind(id)
         try statement.execute()
         if db.changesCount == 0 {

@@ -141,9 +141,15 @@ struct QueueStoreKind: Sendable, CustomTestStringConvertible {
             #expect(updated.state == .failed && updated.storedError?.code == .network && updated.errorStatus == 503)
             #expect(updated.storedError?.message == "gone")
 
-            // An empty text stays empty (not NULL); any text keeps its exact characters.
+            // An empty text stays empty (not NULL); any text keeps its exact characters. The key and
+            // the file stay as they are, the request and the rest change.
+            try record.move(to: .queued, at: 37)
             record.hook = ""
             record.errorMessage = "gone: \"é\" ✓"
+            record.url = "http://x/c"
+            record.definition.label = "c"
+            record.bytes = 12
+            record.owner = nil
             try store.update([record])
             let again = try Self.stored(store, id)
             #expect(again.hook == "" && again.errorMessage == "gone: \"é\" ✓")
