@@ -1,7 +1,9 @@
 import AsyncHTTPClient
+import Foundation
 import Haul
 import HaulTestServer
 import NIOHTTP1
+import Synchronization
 import Testing
 
 @testable import HaulDaemon
@@ -293,6 +295,42 @@ struct DaemonSecurityTests {
             try await withDaemon(stateDirectory: directory, live: true) { daemon in
                 #expect(DaemonFiles.runningDaemon(in: directory)?.url == daemon.url)
             }
+        }
+    }
+
+    /// A daemon that finds its state directory locked closes the lock file it opened, once: a
+    /// second close would close whatever another thread opened meanwhile under the same number
+    /// (in a daemon, a download's socket or file). Another thread opens and checks descriptors
+    /// while the lock is refused again and again.
+    @Test func aRefusedLockClosesOnlyItsOwnDescriptor() async throws {
+        try await withTemporaryDirectory { directory in
+            let held = try DaemonLock(stateDirectory: directory)
+            let stop = Atomic(false)
+            let lost = Atomic(0)
+            let checked = Atomic(0)
+            let checker = Thread {
+                while !stop.load(ordering: .acquiring) {
+                    let descriptor = open("/dev/null", O_RDONLY | O_CLOEXEC)
+                    guard descriptor >= 0 else { continue }
+                    // Held for a moment, as a socket would be.
+                    for _ in 0..<200 where fcntl(descriptor, F_GETFD) == -1 { break }
+                    if fcntl(descriptor, F_GETFD) == -1 {
+                        lost.add(1, ordering: .relaxed)
+                    } else {
+                        close(descriptor)
+                    }
+                    checked.add(1, ordering: .relaxed)
+                }
+            }
+            checker.start()
+            for _ in 0..<3_000 {
+                #expect(throws: HaulError.self) { try DaemonLock(stateDirectory: directory) }
+            }
+            stop.store(true, ordering: .releasing)
+            while !checker.isFinished { try await Task.sleep(for: .milliseconds(1)) }
+            #expect(checked.load(ordering: .relaxed) > 0)
+            #expect(lost.load(ordering: .relaxed) == 0, "descriptors of another thread were closed")
+            withExtendedLifetime(held) {}
         }
     }
 
