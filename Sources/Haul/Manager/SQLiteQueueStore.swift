@@ -249,9 +249,11 @@ final class SQLiteQueueStore: QueueStore {
             var stored = try Self.storedRows(of: touched, db)
             var counts = StateCounts()
             func update(_ record: StoredDownload) throws {
-                // A record whose key and file are as stored leaves them, and their indexes, alone.
+                // A record whose key and file are as stored leaves them, and their indexes, alone. Their
+                // bytes are compared, as SQLite does: two spellings of one accented letter are equal
+                // Swift strings, not the same path.
                 let named = record.id.flatMap { stored[$0] }.map {
-                    $0.key == record.key && $0.destination == record.destination
+                    Self.sameBytes($0.key, record.key) && Self.sameBytes($0.destination, record.destination)
                 }
                 try record.updateManagedColumns(db, keepingKeyAndDestination: named ?? false)
                 guard let id = record.id else { return }
@@ -318,6 +320,15 @@ final class SQLiteQueueStore: QueueStore {
             }
         }
         return rows
+    }
+
+    /// Whether two texts are the same bytes (both absent, or both present and byte for byte equal).
+    private static func sameBytes(_ left: String?, _ right: String?) -> Bool {
+        switch (left, right) {
+        case (nil, nil): true
+        case (let left?, let right?): left.utf8.elementsEqual(right.utf8)
+        default: false
+        }
     }
 
     /// What a commit reads of a record before it writes it: its state, for the counts; its key and

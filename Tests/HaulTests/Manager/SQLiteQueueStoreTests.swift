@@ -191,4 +191,21 @@ import Testing
             #expect(!message.contains("\n"))
         }
     }
+
+    /// An update writes a file's path whose bytes changed, even when Swift reads the two as the
+    /// same string (an accented letter in one piece, or as a letter and its accent): SQLite and the
+    /// file system compare bytes.
+    @Test func anUpdateWritesAPathWhoseBytesChanged() async throws {
+        try await withTemporaryDirectory { directory in
+            let store = try SQLiteQueueStore(path: directory + "/" + DownloadManager.databaseName)
+            var record = QueueStoreConformanceTests.record("a")
+            record.destination = "/d/caf\u{E9}"
+            record.id = try #require(try store.insert([record]).first).rawValue
+            record.destination = "/d/cafe\u{301}"
+            #expect(record.destination == "/d/caf\u{E9}")
+            try store.update([record])
+            let stored = try #require(try store.download(record.downloadID))
+            #expect(stored.destination.map { Array($0.utf8) } == Array("/d/cafe\u{301}".utf8))
+        }
+    }
 }
