@@ -232,7 +232,12 @@ struct HostileInputTests {
                     segments == 1
                     ? ["bytes=\(piece)-"]
                     : ["bytes=\(piece)-\(2 * piece - 1)", "bytes=\(2 * piece)-\(resource.size - 1)"]
-                #expect(ranges == expected)
+                #expect(expected.isSubset(of: ranges), "\(ranges)")
+                // Nothing the verified piece holds is asked for again. A connection that finishes
+                // first may take over the end of the other's range (on a loaded machine it does).
+                let starts = ranges.compactMap { Int64($0.dropFirst("bytes=".count).prefix { $0 != "-" }) }
+                #expect(starts.count == ranges.count && starts.allSatisfy { $0 >= piece }, "\(ranges)")
+                if segments == 1 { #expect(ranges == expected) }
             }
         }
     }
