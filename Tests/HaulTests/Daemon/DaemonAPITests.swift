@@ -401,9 +401,7 @@ struct DaemonAPITests {
             servers[1].add("/m", TestResource(name: "mirrored", size: 4 << 20, fixedEntityTag: "\"second\""))
             for server in servers { server.setStandingFaults("/m", [.throttle(bytesPerSecond: 4 << 20)]) }
             let checksum = Checksum(algorithm: .sha256, digest: resource.sha256(0..<resource.size))
-            // A connection that stops (in a loaded run of the whole suite one sometimes does, for a
-            // reason not yet found) is given up after 2 s, not the default 30, within the wait below.
-            try await withDaemon({ $0.downloader.timeouts.stall = .seconds(2) }) { daemon in
+            try await withDaemon { daemon in
                 let answer = try await daemon.send(
                     .POST, "/api/v1/downloads",
                     json:
