@@ -315,8 +315,10 @@ package final class PostgreSQLQueueStore: QueueStore {
     package func downloadsIntoDirectories(destinations: [String]) throws -> [StoredDownload] {
         guard !destinations.isEmpty else { return [] }
         return try records(
-            "SELECT \(Self.columns) FROM download WHERE destination = ANY($1) ORDER BY id", binding: destinations
-        ).filter { $0.key.hasPrefix(StoredDownload.directoryKeyPrefix) }
+            """
+            SELECT \(Self.columns) FROM download
+            WHERE destination = ANY($1) AND key LIKE '\(StoredDownload.directoryKeyPrefix)%' ORDER BY id
+            """, binding: destinations)
     }
 
     package func download(key: String) throws -> StoredDownload? {

@@ -468,16 +468,16 @@ final class SQLiteQueueStore: QueueStore {
         }
     }
 
-    /// Records whose `column` is one of `values`, in ID order, read `IN` lists of
-    /// ``listChunk`` values at a time in one snapshot.
+    /// Records whose `column` is one of `values` (and that meet `condition`, SQL), in ID order,
+    /// read `IN` lists of ``listChunk`` values at a time in one snapshot.
     private func downloads<Value: DatabaseValueConvertible & Hashable & Sendable>(
-        where column: String, in values: [Value]
+        where column: String, in values: [Value], and condition: String = "1"
     ) throws -> [StoredDownload] {
         guard !values.isEmpty else { return [] }
         let unique = Array(Set(values))
         return try read { db in
             var found: [StoredDownload] = []
-            try Self.inLists(of: unique, db, { "SELECT * FROM download WHERE \(column) IN \($0)" }) {
+            try Self.inLists(of: unique, db, { "SELECT * FROM download WHERE \(column) IN \($0) AND \(condition)" }) {
                 statement, arguments in
                 found += try StoredDownload.fetchAll(statement, arguments: arguments)
             }
@@ -506,14 +506,13 @@ final class SQLiteQueueStore: QueueStore {
     /// a hundred thousand named files spent a tenth of its time looking them up by file.
     func downloadsIntoDirectories(destinations: [String]) throws -> [StoredDownload] {
         guard !destinations.isEmpty else { return [] }
-        let prefix = StoredDownload.directoryKeyPrefix
         // A GLOB of a literal prefix is a range of the key index (its collation is BINARY).
+        let intoDirectory = "key GLOB '\(StoredDownload.directoryKeyPrefix)*'"
         let any = try read { db in
-            try Bool.fetchOne(
-                db.cachedStatement(sql: "SELECT EXISTS (SELECT 1 FROM download WHERE key GLOB '\(prefix)*')"))
+            try Bool.fetchOne(db.cachedStatement(sql: "SELECT EXISTS (SELECT 1 FROM download WHERE \(intoDirectory))"))
         }
         guard any == true else { return [] }
-        return try downloads(where: "destination", in: destinations).filter { $0.key.hasPrefix(prefix) }
+        return try downloads(where: "destination", in: destinations, and: intoDirectory)
     }
 
     /// The record with this key (see ``QueueStore/download(key:)``).
