@@ -180,18 +180,12 @@ final class DaemonLock: Sendable {
     /// Takes the lock, or throws naming the daemon that holds it.
     init(stateDirectory: String) throws {
         let path = stateDirectory + "/" + DaemonFiles.lockName
-        // The descriptor becomes the lock's only once it is locked: an initializer that throws after
-        // setting it would run `deinit`, which would close it a second time, and by then its number
-        // may be another thread's file or socket.
-        let opened = try POSIX.open(path, flags: O_RDWR | O_CREAT | O_NOFOLLOW, mode: 0o600)
-        guard flock(opened, LOCK_EX | LOCK_NB) == 0 else {
-            let code = errno
-            POSIX.close(opened)
-            guard code == EWOULDBLOCK || code == EAGAIN else { throw POSIX.error("lock", path: path, errno: code) }
+        do {
+            descriptor = try POSIX.openLocked(path)
+        } catch let error as HaulError where (error.underlying as? SystemError)?.code == EWOULDBLOCK {
             let first = DaemonFiles.readAddress(stateDirectory).map { " (pid \($0.processID), \($0.url))" } ?? ""
             throw HaulError(.locked, "another haul daemon\(first) runs on \(stateDirectory)")
         }
-        descriptor = opened
     }
 
     deinit { POSIX.close(descriptor) }

@@ -31,15 +31,7 @@ final class ProcessClaim: QueueOwnership {
         }
         name = "\(POSIX.processID).\(serial)"
         path = directory + "/" + name + ".lock"
-        // The descriptor is the claim's only once it is locked: an initializer that throws after
-        // setting it would run `deinit`, which would close it again (and unlink the file).
-        let opened = try POSIX.open(path, flags: O_RDWR | O_CREAT | O_NOFOLLOW, mode: 0o600)
-        guard flock(opened, LOCK_EX | LOCK_NB) == 0 else {
-            let code = errno
-            POSIX.close(opened)
-            throw POSIX.error("lock", path: path, errno: code)
-        }
-        descriptor = opened
+        descriptor = try POSIX.openLocked(path)
     }
 
     deinit {

@@ -110,6 +110,20 @@ package enum POSIX {
         _ = systemClose(descriptor)
     }
 
+    /// Opens (creating, mode 0600) the file at `path` and takes its exclusive lock without
+    /// waiting; a file already locked throws with `EWOULDBLOCK` as the underlying error. A lock
+    /// object takes the descriptor only from here: one that set it and then threw would close it
+    /// twice (`deinit` runs), the second time under another thread's file or socket.
+    package static func openLocked(_ path: String) throws -> Int32 {
+        let descriptor = try open(path, flags: O_RDWR | O_CREAT | O_NOFOLLOW, mode: 0o600)
+        guard flock(descriptor, LOCK_EX | LOCK_NB) == 0 else {
+            let code = errno
+            close(descriptor)
+            throw error("lock", path: path, errno: code == EAGAIN ? EWOULDBLOCK : code)
+        }
+        return descriptor
+    }
+
     package static func rename(_ source: String, to destination: String) throws {
         let result = source.withCString { from in destination.withCString { to in systemRename(from, to) } }
         if result != 0 { throw error("rename \(source) to", path: destination) }
