@@ -312,13 +312,10 @@ struct DaemonSecurityTests {
                 while !stop.load(ordering: .acquiring) {
                     let descriptor = open("/dev/null", O_RDONLY | O_CLOEXEC)
                     guard descriptor >= 0 else { continue }
-                    // Held for a moment, as a socket would be.
-                    for _ in 0..<200 where fcntl(descriptor, F_GETFD) == -1 { break }
-                    if fcntl(descriptor, F_GETFD) == -1 {
-                        lost.add(1, ordering: .relaxed)
-                    } else {
-                        close(descriptor)
-                    }
+                    // Held for a moment, as a socket would be, and looked at all along.
+                    var open = true
+                    for _ in 0..<200 where open { open = fcntl(descriptor, F_GETFD) != -1 }
+                    if open { close(descriptor) } else { lost.add(1, ordering: .relaxed) }
                     checked.add(1, ordering: .relaxed)
                 }
             }
