@@ -17,6 +17,14 @@ final class TaskRouter: NSObject, URLSessionDataDelegate, URLSessionDownloadDele
     let held: HeldAnswers?
     /// By task: two sessions (see ``URLSessionTransport``) number their tasks alike.
     private let exchanges = Mutex<[ObjectIdentifier: Exchange]>([:])
+    /// Tasks whose request Haul is done with (it read what it wanted, or dropped the answer): what
+    /// they still deliver is nobody's, and is not held for a later request.
+    private let ended = Mutex<[ObjectIdentifier: EndedTask]>([:])
+
+    /// A task in ``ended``, held weakly: once it is gone, its identifier may name another task.
+    private struct EndedTask {
+        weak var task: URLSessionTask?
+    }
 
     init(mode: URLSessionTransport.Mode) {
         self.mode = mode
@@ -33,6 +41,18 @@ final class TaskRouter: NSObject, URLSessionDataDelegate, URLSessionDownloadDele
 
     func register(_ exchange: Exchange, for task: URLSessionTask) {
         exchanges.withLock { $0[ObjectIdentifier(task)] = exchange }
+    }
+
+    /// Forgets `task`'s request as Haul is done with it; unless it was let go, a body the task still
+    /// finishes is not held: it belongs to no request, this run's or a later one's.
+    func end(_ task: URLSessionTask, _ exchange: Exchange) {
+        if !exchange.isLetGo {
+            ended.withLock { ended in
+                ended = ended.filter { $0.value.task != nil }
+                ended[ObjectIdentifier(task)] = EndedTask(task: task)
+            }
+        }
+        forget(task, exchange)
     }
 
     /// Forgets `task`'s request, if it is still `exchange` (a later request may follow the same task).
@@ -71,8 +91,9 @@ final class TaskRouter: NSObject, URLSessionDataDelegate, URLSessionDownloadDele
         guard case .files(let directory) = mode else { return }
         guard let exchange = exchange(downloadTask) else {
             // Nobody waits for it (the app was not running, or let the request go): held for the
-            // download's next request, by the task's description.
-            if let key = downloadTask.taskDescription {
+            // download's next request, by the task's description. A task whose request ended as
+            // Haul asked (it finished between the end and its cancel) leaves nothing behind.
+            if let key = downloadTask.taskDescription, !hasEnded(downloadTask) {
                 try? held?.hold(location, response: downloadTask.response, key: key)
             }
             return
@@ -95,6 +116,18 @@ final class TaskRouter: NSObject, URLSessionDataDelegate, URLSessionDownloadDele
 
     func urlSession(_ session: URLSession, task: URLSessionTask, didCompleteWithError error: (any Error)?) {
         exchange(task)?.completed(with: error)
+        // The task's last event.
+        ended.withLock { ended in
+            if hasEnded(task, in: ended) { ended[ObjectIdentifier(task)] = nil }
+        }
+    }
+
+    private func hasEnded(_ task: URLSessionTask) -> Bool {
+        ended.withLock { hasEnded(task, in: $0) }
+    }
+
+    private func hasEnded(_ task: URLSessionTask, in ended: [ObjectIdentifier: EndedTask]) -> Bool {
+        ended[ObjectIdentifier(task)]?.task === task
     }
 }
 

@@ -161,7 +161,7 @@ public final class URLSessionTransport: DownloadTransport {
         }
         if let response = task.response, task.countOfBytesReceived > 0 { exchange.progressed(response: response) }
         defer {
-            router.forget(task, exchange)
+            router.end(task, exchange)
             // The answer was read as far as Haul wanted: the rest is not fetched.
             if !exchange.isComplete && !exchange.isLetGo { task.cancel() }
             exchange.release()
