@@ -86,10 +86,13 @@ package struct DownloadConfinement: Sendable {
         }
     }
 
-    /// `path` relative to `base` (empty for `base` itself), when it lies inside it.
+    /// `path` relative to `base` (empty for `base` itself), when it lies inside it. Compared byte
+    /// by byte, as the file system names files: two spellings of a name that Swift's `==` takes for
+    /// one (precomposed and decomposed accents) are two folders on disk.
     private static func relative(_ path: String, to base: String) -> String? {
-        if path == base { return "" }
-        let prefix = base == "/" ? "/" : base + "/"
-        return path.hasPrefix(prefix) ? String(path.dropFirst(prefix.count)) : nil
+        if path.utf8.elementsEqual(base.utf8) { return "" }
+        let prefix = base.utf8.elementsEqual("/".utf8) ? "/" : base + "/"
+        guard path.utf8.starts(with: prefix.utf8) else { return nil }
+        return String(decoding: path.utf8.dropFirst(prefix.utf8.count), as: UTF8.self)
     }
 }
