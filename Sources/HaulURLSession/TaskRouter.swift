@@ -17,14 +17,6 @@ final class TaskRouter: NSObject, URLSessionDataDelegate, URLSessionDownloadDele
     let held: HeldAnswers?
     /// By task: two sessions (see ``URLSessionTransport``) number their tasks alike.
     private let exchanges = Mutex<[ObjectIdentifier: Exchange]>([:])
-    /// Tasks whose request Haul is done with (it read what it wanted, or dropped the answer): what
-    /// they still deliver is nobody's, and is not held for a later request.
-    private let ended = Mutex<[ObjectIdentifier: EndedTask]>([:])
-
-    /// A task in ``ended``, held weakly: once it is gone, its identifier may name another task.
-    private struct EndedTask {
-        weak var task: URLSessionTask?
-    }
 
     init(mode: URLSessionTransport.Mode) {
         self.mode = mode
@@ -43,16 +35,11 @@ final class TaskRouter: NSObject, URLSessionDataDelegate, URLSessionDownloadDele
         exchanges.withLock { $0[ObjectIdentifier(task)] = exchange }
     }
 
-    /// Forgets `task`'s request as Haul is done with it; unless it was let go, a body the task still
-    /// finishes is not held: it belongs to no request, this run's or a later one's.
+    /// Haul is done with `task`'s request (`exchange`, released). Unless the task has ended, the
+    /// request stays known until its last event: a body the task still finishes (it may, between
+    /// the request's end and the task's cancel) is removed, not held for a later request.
     func end(_ task: URLSessionTask, _ exchange: Exchange) {
-        if !exchange.isLetGo {
-            ended.withLock { ended in
-                ended = ended.filter { $0.value.task != nil }
-                ended[ObjectIdentifier(task)] = EndedTask(task: task)
-            }
-        }
-        forget(task, exchange)
+        if exchange.isComplete { forget(task, exchange) }
     }
 
     /// Forgets `task`'s request, if it is still `exchange` (a later request may follow the same task).
@@ -91,9 +78,8 @@ final class TaskRouter: NSObject, URLSessionDataDelegate, URLSessionDownloadDele
         guard case .files(let directory) = mode else { return }
         guard let exchange = exchange(downloadTask) else {
             // Nobody waits for it (the app was not running, or let the request go): held for the
-            // download's next request, by the task's description. A task whose request ended as
-            // Haul asked (it finished between the end and its cancel) leaves nothing behind.
-            if let key = downloadTask.taskDescription, !hasEnded(downloadTask) {
+            // download's next request, by the task's description.
+            if let key = downloadTask.taskDescription {
                 try? held?.hold(location, response: downloadTask.response, key: key)
             }
             return
@@ -115,19 +101,10 @@ final class TaskRouter: NSObject, URLSessionDataDelegate, URLSessionDownloadDele
     }
 
     func urlSession(_ session: URLSession, task: URLSessionTask, didCompleteWithError error: (any Error)?) {
-        exchange(task)?.completed(with: error)
-        // The task's last event.
-        ended.withLock { ended in
-            if hasEnded(task, in: ended) { ended[ObjectIdentifier(task)] = nil }
-        }
-    }
-
-    private func hasEnded(_ task: URLSessionTask) -> Bool {
-        ended.withLock { hasEnded(task, in: $0) }
-    }
-
-    private func hasEnded(_ task: URLSessionTask, in ended: [ObjectIdentifier: EndedTask]) -> Bool {
-        ended[ObjectIdentifier(task)]?.task === task
+        guard let exchange = exchange(task) else { return }
+        exchange.completed(with: error)
+        // The task's last event: a request Haul is done with is forgotten now (see ``end(_:_:)``).
+        if exchange.isReleased { forget(task, exchange) }
     }
 }
 
@@ -177,6 +154,9 @@ final class Exchange: Sendable {
 
     /// Whether the session has finished the task (its body is all received, or it failed).
     var isComplete: Bool { state.withLock { $0.complete } }
+
+    /// Whether the request is over (``release()``).
+    var isReleased: Bool { state.withLock { $0.released } }
 
     /// Whether the request was let go while its task goes on.
     var isLetGo: Bool { state.withLock { $0.letGo } }

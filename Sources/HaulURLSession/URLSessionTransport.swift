@@ -153,6 +153,7 @@ public final class URLSessionTransport: DownloadTransport {
         router.register(exchange, for: task)
         if task.state == .completed {
             // It ended before it was followed: its answer is held, or it failed.
+            exchange.release()
             router.forget(task, exchange)
             guard let held = task.taskDescription.flatMap({ router.held?.take($0) }) else {
                 throw URLError(.networkConnectionLost)
@@ -161,10 +162,12 @@ public final class URLSessionTransport: DownloadTransport {
         }
         if let response = task.response, task.countOfBytesReceived > 0 { exchange.progressed(response: response) }
         defer {
-            router.end(task, exchange)
             // The answer was read as far as Haul wanted: the rest is not fetched.
             if !exchange.isComplete && !exchange.isLetGo { task.cancel() }
+            // Released before it is ended: whichever of the end and the task's last event comes
+            // second sees the other, and forgets the request.
             exchange.release()
+            router.end(task, exchange)
         }
         let response = try await withTaskCancellationHandler {
             try await exchange.answer()
