@@ -213,7 +213,10 @@ import Testing
         try await Self.withFleet { location, server, directory, root in
             let names = (1...4).map { "e\($0)" }
             for name in names { server.add("/" + name, TestResource(name: name, size: 1 << 20)) }
-            server.limitBandwidth(bytesPerSecond: 2 << 20)
+            // Each worker runs two at once. Slow enough that b, its two slots full, cannot finish
+            // them and take the other two before a claims some, even on a loaded machine (at 2 MiB/s
+            // a CI run once saw b run all four).
+            server.limitBandwidth(bytesPerSecond: 512 << 10)
             let clock = FleetLeaseTests.TestClock()
             let a = try Self.worker("a", location: location, root: root, state: directory, clock: clock)
             let b = try Self.worker("b", location: location, root: root, state: directory, clock: clock)
