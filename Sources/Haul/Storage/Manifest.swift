@@ -262,7 +262,11 @@ enum ManifestStore {
 
     /// Replaces the manifest through a temporary file and a rename, so a reader sees the old or the
     /// new manifest, never a mix. `durable` adds the fsyncs that make the replacement survive a power loss.
-    static func store(_ manifest: Manifest, at paths: DownloadPaths, durable: Bool) throws {
+    /// `permit` is asked last, right before the rename: a checkpoint begun while writes were allowed
+    /// (its flush and hashing may take long) replaces nothing once they are not.
+    static func store(
+        _ manifest: Manifest, at paths: DownloadPaths, durable: Bool, permit: (@Sendable () -> Bool)? = nil
+    ) throws {
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.sortedKeys]
         let data = try encoder.encode(manifest)
@@ -283,6 +287,10 @@ enum ManifestStore {
         } catch {
             POSIX.close(descriptor)
             throw error
+        }
+        if let permit, !permit() {
+            try? paths.folder.unlink(temporary)
+            throw DownloaderConfiguration.writeRefused
         }
         try paths.folder.rename(temporary, to: paths.manifestName)
         if durable { try paths.folder.sync() }

@@ -208,6 +208,12 @@ public struct DownloaderConfiguration: Sendable {
     /// rename: a download stops with ``HaulError/Code/locked`` and writes nothing more once it says
     /// no (a fleet's worker whose lease on the queue may have run out). `nil`: always allowed.
     package var writePermit: (@Sendable () -> Bool)?
+
+    /// What a download stops with once ``writePermit`` says no.
+    static let writeRefused = HaulError(
+        .locked,
+        "this worker's lease on the queue may have run out: it writes nothing more of this download, "
+            + "which another worker takes over")
     /// Places on remote hosts shared with other downloaders (a fleet's workers, each under its own
     /// ``maxConnectionsPerHost`` counting every worker's connections): every request takes one
     /// before it is sent. `nil`: this downloader's own cap only.

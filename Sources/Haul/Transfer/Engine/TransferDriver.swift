@@ -288,10 +288,7 @@ final class TransferDriver {
     /// ``DownloaderConfiguration/writePermit``).
     private func checkWritePermit() throws {
         guard let permit = files.configuration.writePermit, !permit() else { return }
-        throw HaulError(
-            .locked,
-            "this worker's lease on the queue may have run out: it writes nothing more of this download, "
-                + "which another worker takes over")
+        throw DownloaderConfiguration.writeRefused
     }
 
     /// Starts connection `connection`'s request: the answer's head goes to the machine, and the body

@@ -288,13 +288,18 @@ final class TransferFiles {
         manifest.bootID = BootIdentity.current
         manifest.updatedAt = Int64(Date().timeIntervalSince1970)
         let snapshot = manifest
-        try await downloader.io.run { try ManifestStore.store(snapshot, at: paths, durable: durable) }
+        let permit = configuration.writePermit
+        try await downloader.io.run {
+            try ManifestStore.store(snapshot, at: paths, durable: durable, permit: permit)
+        }
         manifestOnDisk = true
     }
 
     /// What a checkpoint needs, to run beside the transfer.
     func checkpointer() throws -> Checkpointer {
-        Checkpointer(file: try partialFile(), paths: try destinationPaths(), io: downloader.io)
+        Checkpointer(
+            file: try partialFile(), paths: try destinationPaths(), io: downloader.io,
+            permit: configuration.writePermit)
     }
 
     /// Notes that a checkpoint beside the transfer stores a manifest.
@@ -400,6 +405,8 @@ struct Checkpointer: Sendable {
     let file: PartialFile
     let paths: DownloadPaths
     let io: BlockingIO
+    /// Asked right before the manifest replaces the last (see ``DownloaderConfiguration/writePermit``).
+    let permit: (@Sendable () -> Bool)?
 
     /// Stores `checkpoint`: a durable one flushes the data first and records as durable what was
     /// written before the flush. Hashes from the file the written pieces no connection saw whole (those
@@ -431,7 +438,10 @@ struct Checkpointer: Sendable {
         manifest.updatedAt = Int64(Date().timeIntervalSince1970)
         let snapshot = manifest
         let paths = self.paths
-        try await io.run { try ManifestStore.store(snapshot, at: paths, durable: checkpoint.durable) }
+        let permit = self.permit
+        try await io.run {
+            try ManifestStore.store(snapshot, at: paths, durable: checkpoint.durable, permit: permit)
+        }
         return found
     }
 }
