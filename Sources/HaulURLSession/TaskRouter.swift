@@ -302,9 +302,9 @@ final class Exchange: Sendable {
 
     /// The session finished the task, with `error` if it failed.
     func completed(with error: (any Error)?) {
-        let stored = state.withLock { state in
+        let (stored, released) = state.withLock { state in
             state.complete = true
-            return state.stored
+            return (state.stored, state.released)
         }
         if let error {
             if let stored { try? FileManager.default.removeItem(atPath: stored.path) }
@@ -314,7 +314,8 @@ final class Exchange: Sendable {
             return
         }
         feed.finish()
-        if stored == nil, let key = task.value.taskDescription, let taken = held?.take(key) {
+        // A request that is over takes nothing: a held answer stays for the download's next request.
+        if stored == nil, !released, let key = task.value.taskDescription, let taken = held?.take(key) {
             // The task finished before this request followed it: its answer was held meanwhile.
             state.withLock { $0.stored = (taken.body, nil) }
             fileSettled(.success(taken.body))

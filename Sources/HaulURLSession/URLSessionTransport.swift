@@ -152,9 +152,11 @@ public final class URLSessionTransport: DownloadTransport {
         let exchange = Exchange(task: TaskBox(task), request: request, held: router.held)
         router.register(exchange, for: task)
         if task.state == .completed {
-            // It ended before it was followed: its answer is held, or it failed.
-            exchange.release()
+            // It ended before it was followed: its answer is held, or it failed. Forgotten first, so
+            // that a file the session delivers late is held for the next request; then released, so
+            // that one it delivered to this request meanwhile is removed.
             router.forget(task, exchange)
+            defer { exchange.release() }
             guard let held = task.taskDescription.flatMap({ router.held?.take($0) }) else {
                 throw URLError(.networkConnectionLost)
             }
