@@ -30,7 +30,8 @@ package struct DownloadConfinement: Sendable {
                 defer { free(pointer) }
                 return String(cString: pointer)
             }
-            return Root(given: absolute, resolved: resolved == absolute ? nil : resolved)
+            let same = resolved.map { Self.sameName($0, absolute) } ?? false
+            return Root(given: absolute, resolved: same ? nil : resolved)
         }
     }
 
@@ -86,13 +87,29 @@ package struct DownloadConfinement: Sendable {
         }
     }
 
-    /// `path` relative to `base` (empty for `base` itself), when it lies inside it. Compared byte
-    /// by byte, as the file system names files: two spellings of a name that Swift's `==` takes for
-    /// one (precomposed and decomposed accents) are two folders on disk.
+    /// `path` relative to `base` (empty for `base` itself), when it lies inside it, comparing names
+    /// as the file system does (``sameName(_:_:)``).
     private static func relative(_ path: String, to base: String) -> String? {
-        if path.utf8.elementsEqual(base.utf8) { return "" }
-        let prefix = base.utf8.elementsEqual("/".utf8) ? "/" : base + "/"
-        guard path.utf8.starts(with: prefix.utf8) else { return nil }
-        return String(decoding: path.utf8.dropFirst(prefix.utf8.count), as: UTF8.self)
+        #if canImport(Darwin)
+            if path == base { return "" }
+            let prefix = base == "/" ? "/" : base + "/"
+            return path.hasPrefix(prefix) ? String(path.dropFirst(prefix.count)) : nil
+        #else
+            if sameName(path, base) { return "" }
+            let prefix = sameName(base, "/") ? "/" : base + "/"
+            guard path.utf8.starts(with: prefix.utf8) else { return nil }
+            return String(decoding: path.utf8.dropFirst(prefix.utf8.count), as: UTF8.self)
+        #endif
+    }
+
+    /// Whether two paths name the same file by their spelling. Linux compares names byte by byte:
+    /// "café" with a precomposed é and with an e and a combining accent are two folders there,
+    /// though Swift's `==` takes them for one. APFS and HFS+ take them for one name, as `==` does.
+    private static func sameName(_ one: String, _ other: String) -> Bool {
+        #if canImport(Darwin)
+            one == other
+        #else
+            one.utf8.elementsEqual(other.utf8)
+        #endif
     }
 }

@@ -114,27 +114,30 @@ struct DaemonConfinementTests {
         }
     }
 
-    /// A path is beneath a root when its bytes say so: "café" spelt with a combined é and with an e
-    /// and an accent are two folders, though Swift's `==` takes them for one name.
-    @Test func aPathIsBeneathARootByItsBytes() async throws {
-        try await withTemporaryDirectory { directory throws in
-            let root = directory + "/caf\u{E9}"
-            let twin = directory + "/cafe\u{301}"
-            #expect(root == twin && !root.utf8.elementsEqual(twin.utf8))
-            mkdir(root, 0o755)
-            mkdir(twin, 0o755)
-            let confinement = DownloadConfinement(roots: [root])
-            #expect {
-                try confinement.directory(twin + "/sub", creating: true)
-            } throws: { error in
-                (error as? HaulError)?.code == .outsideDownloadRoot
+    /// On Linux a path is beneath a root when its bytes say so: "café" spelt with a combined é and
+    /// with an e and an accent are two folders, though Swift's `==` takes them for one name (on
+    /// APFS they are one folder).
+    #if os(Linux)
+        @Test func aPathIsBeneathARootByItsBytes() async throws {
+            try await withTemporaryDirectory { directory throws in
+                let root = directory + "/caf\u{E9}"
+                let twin = directory + "/cafe\u{301}"
+                #expect(root == twin && !root.utf8.elementsEqual(twin.utf8))
+                mkdir(root, 0o755)
+                mkdir(twin, 0o755)
+                let confinement = DownloadConfinement(roots: [root])
+                #expect {
+                    try confinement.directory(twin + "/sub", creating: true)
+                } throws: { error in
+                    (error as? HaulError)?.code == .outsideDownloadRoot
+                }
+                #expect(throws: HaulError.self) { try confinement.checkContains(twin + "/f") }
+                #expect(listDirectory(root).isEmpty && listDirectory(twin).isEmpty)
+                // The root's own spelling opens beneath it, under the name asked for.
+                let opened = try confinement.directory(root + "/sub", creating: true)
+                #expect(opened.path.utf8.elementsEqual((root + "/sub").utf8))
+                #expect(listDirectory(root) == ["sub"] && listDirectory(twin).isEmpty)
             }
-            #expect(throws: HaulError.self) { try confinement.checkContains(twin + "/f") }
-            #expect(listDirectory(root).isEmpty && listDirectory(twin).isEmpty)
-            // The root's own spelling opens beneath it, under the name asked for.
-            let opened = try confinement.directory(root + "/sub", creating: true)
-            #expect(opened.path.utf8.elementsEqual((root + "/sub").utf8))
-            #expect(listDirectory(root) == ["sub"] && listDirectory(twin).isEmpty)
         }
-    }
+    #endif
 }
