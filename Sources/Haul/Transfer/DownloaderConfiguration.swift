@@ -205,8 +205,9 @@ public struct DownloaderConfiguration: Sendable {
     /// A limit shared by every download of this downloader (and of any other given the same limiter).
     public var sharedRateLimiter: RateLimiter?
     /// Asked before every checkpoint, every change of a partial file's size or name, and the final
-    /// rename: a download stops with ``HaulError/Code/locked`` and writes nothing more once it says
-    /// no (a fleet's worker whose lease on the queue may have run out). `nil`: always allowed.
+    /// rename, and once more on an I/O thread right before a manifest replaces the last: a download
+    /// stops with ``HaulError/Code/locked`` and writes nothing more once it says no (a fleet's
+    /// worker whose lease on the queue may have run out). `nil`: always allowed.
     package var writePermit: (@Sendable () -> Bool)?
 
     /// What a download stops with once ``writePermit`` says no.
