@@ -203,19 +203,25 @@ struct CredentialsTests {
                     let state = directory + "/state"
                     var status = stat()
                     #expect(stat(state, &status) == 0 && status.st_mode & 0o777 == 0o700)
-                    var stored = false
-                    // The database's journal goes when its connection closes, which may be as this
-                    // loop runs (the manager's last reference goes a moment after close): a file
-                    // gone by the time it is looked at holds nothing.
-                    for name in listDirectory(state) where !name.hasPrefix("owners") {
-                        guard stat(state + "/" + name, &status) == 0, let bytes = try? readFile(state + "/" + name)
-                        else { continue }
-                        #expect(status.st_mode & 0o077 == 0, "\(name)")
-                        let text = String(decoding: bytes, as: UTF8.self)
-                        stored = stored || text.contains("plain-value")
+                    // Every file, read in one pass that none went away from: the database's journal
+                    // goes when its connection closes, a moment after the manager's close.
+                    var texts: [(name: String, text: String)] = []
+                    func listed() -> [String] { listDirectory(state).filter { !$0.hasPrefix("owners") } }
+                    for _ in 0..<100 {
+                        let names = listed()
+                        texts = names.compactMap { name in
+                            guard stat(state + "/" + name, &status) == 0, let bytes = try? readFile(state + "/" + name)
+                            else { return nil }
+                            #expect(status.st_mode & 0o077 == 0, "\(name)")
+                            return (name, String(decoding: bytes, as: UTF8.self))
+                        }
+                        if texts.count == names.count && listed() == names { break }
+                        try await Task.sleep(for: .milliseconds(20))
+                    }
+                    for (name, text) in texts {
                         for (_, value) in secrets { #expect(!text.contains(value), "\(value) in \(name)") }
                     }
-                    #expect(stored, "the plain header is stored")
+                    #expect(texts.contains { $0.text.contains("plain-value") }, "the plain header is stored")
                 }
             }
         }
