@@ -50,6 +50,11 @@ extension DownloadManager {
                 othersRunning[id] = entry.state == .running ? record.owner ?? "" : nil
                 if added.contains(id) {
                     publish(.added, entry, fromAnotherWorker: true)
+                    // Read once it had started (or ended already): that is told as well, as a worker
+                    // told of its start or end on its own would have been.
+                    if entry.state != .queued && entry.state != .paused {
+                        publish(.stateChanged, entry, fromAnotherWorker: true)
+                    }
                 } else if entry.state == .running && runningOn == record.owner {
                     let progress = DownloadProgress(
                         bytes: record.bytes, totalBytes: record.totalBytes, bytesPerSecond: record.bytesPerSecond ?? 0,

@@ -278,7 +278,7 @@ import Testing
                 ranOnA += 1
                 #expect(heard.contains("progress \(worker)"), "\(id): \(heard)")
             }
-            #expect(ranOnA >= 1, "a ran some of the downloads")
+            #expect(ranOnA >= 1, "a ran some of the downloads: \(ids.map { kinds(of: $0) })")
             for run in runs { run.cancel() }
             for run in runs { await run.value }
             await a.close()
@@ -534,5 +534,40 @@ import Testing
     /// The events a test heard.
     final class Heard: Sendable {
         let events = Mutex<[DownloadManagerEvent]>([])
+    }
+}
+
+/// What a worker tells of another worker's downloads, from the notices of its commits, whatever
+/// the moment it reads them at.
+@Suite(.timeLimit(.minutes(1))) struct OthersChangedTests {
+    /// A download another worker added and started before this one read the notice of its
+    /// addition is told as added, then as running on that worker: a listener hears of the start
+    /// even though no notice of it came apart from the addition's.
+    @Test func anAddedDownloadReadRunningIsToldAddedThenRunning() async throws {
+        try await withTemporaryDirectory { directory in
+            try await withManager(directory + "/state") { manager in
+                let url = "http://127.0.0.1:1/f"
+                var record = StoredDownload(
+                    key: "url:" + url, definition: DownloadRequest(url: url, destination: .directory(directory)),
+                    destination: nil, priority: 0, owner: "other.1", now: 1)
+                try record.move(to: .running, at: 2)
+                let store = await manager.store
+                let id = try #require(try store.commit(QueueChanges(inserts: [record])).first)
+                let events = manager.events()
+                await manager.othersChanged(QueueNotice(sender: "other.1", added: [id]))
+                // Closing ends the stream: what it holds is what was told.
+                await manager.close()
+                var told: [String] = []
+                for await event in events {
+                    switch event.kind {
+                    case .added: told.append("added")
+                    case .stateChanged: told.append("\(event.download.state) \(event.download.worker ?? "-")")
+                    default: told.append("other")
+                    }
+                    #expect(event.isFromAnotherWorker)
+                }
+                #expect(told == ["added", "running other.1"])
+            }
+        }
     }
 }
