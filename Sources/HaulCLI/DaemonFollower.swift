@@ -92,6 +92,14 @@ final class DaemonFollower: Sendable {
         }
     }
 
+    /// The error of a command whose daemon went while it followed the daemon's downloads.
+    static func lost(_ client: DaemonClient, _ reason: String) -> HaulError {
+        HaulError(
+            .network,
+            "lost the haul daemon at \(client.url) (\(reason)); its downloads go on when it runs again "
+                + "(`haul ls` shows them)")
+    }
+
     /// Follows until every download is over (`nil`), the task is cancelled (`nil`), or the daemon is
     /// gone (the error).
     func follow(_ client: DaemonClient, _ first: DaemonClient.EventStream, _ display: QueueDisplay) async
@@ -127,12 +135,7 @@ final class DaemonFollower: Sendable {
                 continue
             }
             failures += 1
-            if failures > attempts {
-                return HaulError(
-                    .network,
-                    "lost the haul daemon at \(client.url) (\(lastFailure)); its downloads go on when it runs "
-                        + "again (`haul ls` shows them)")
-            }
+            if failures > attempts { return Self.lost(client, lastFailure) }
             try? await Task.sleep(for: .milliseconds(500 * failures))
             do {
                 stream = try await client.events(after: lastEventID)

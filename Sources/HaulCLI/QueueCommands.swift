@@ -133,9 +133,8 @@ private func followInDaemon(
     // Installed before anything is queued: a Ctrl-C from here on leaves what was queued running.
     let signals = SignalWatcher(signals: [SIGINT, SIGTERM])
     let session = QueueSession(queue: client, daemonProcessID: client.processID)
-    let (stream, target): (DaemonClient.EventStream, String)
-    do {
-        (stream, target) = try await reportingErrors {
+    let (stream, target): (DaemonClient.EventStream, String) = try await reportingErrors {
+        do {
             if let reason = refusing.first { throw HaulError(.invalidArgument, reason) }
             var refused = transfer.queueSettingsGiven
             if !perDownload {
@@ -157,18 +156,24 @@ private func followInDaemon(
             // Opened first: no event of the downloads queued next is missed.
             let stream = try await client.events()
             try await prepare(session)
-            return (stream, try await client.lastEventID())
+            do {
+                return (stream, try await client.lastEventID())
+            } catch {
+                // What was queued runs there: the daemon went as its downloads were being followed.
+                throw DaemonFollower.lost(client, (error as? HaulError)?.message ?? "\(error)")
+            }
+        } catch {
+            signals.stop()
+            try? await client.shutdown()
+            // Told before the error, which stays the last line.
+            let done = session.queued.all.map(\.id.description)
+            if !done.isEmpty {
+                Output.standardError(
+                    "haul: note: \(done.joined(separator: " ")) queued in the haul daemon before that, and running "
+                        + "there (`haul ls` shows \(done.count == 1 ? "it" : "them"))\n")
+            }
+            throw error
         }
-    } catch {
-        signals.stop()
-        try? await client.shutdown()
-        let done = session.queued.all.map(\.id.description)
-        if !done.isEmpty {
-            Output.standardError(
-                "haul: note: \(done.joined(separator: " ")) queued in the haul daemon before that, and running there "
-                    + "(`haul ls` shows \(done.count == 1 ? "it" : "them"))\n")
-        }
-        throw error
     }
     guard !session.queued.all.isEmpty else {
         signals.stop()

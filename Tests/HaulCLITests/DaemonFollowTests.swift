@@ -176,7 +176,9 @@ struct DaemonFollowTests {
             _ = try await daemon.process.finish(timeout: .seconds(10))
             let ended = try await get.finish(timeout: .seconds(60))
             #expect(ended.status == 5, "\(ended.errors)")
-            #expect(ended.errors.split(separator: "\n").last?.hasPrefix("haul: error: lost the haul daemon") == true)
+            #expect(
+                ended.errors.split(separator: "\n").last?.hasPrefix("haul: error: lost the haul daemon") == true,
+                "\(ended.errors)")
             #expect(ended.errors.contains("`haul ls`"), "\(ended.errors)")
             #expect(FileManager.default.fileExists(atPath: directory + "/files/slow.bin.haul.part"))
         }
