@@ -283,15 +283,9 @@ final class TransferFiles {
 
     /// Stores `manifest` (replacing the one on disk atomically).
     func store(_ manifest: Manifest, durable: Bool) async throws {
-        let paths = try destinationPaths()
-        var manifest = manifest
-        manifest.bootID = BootIdentity.current
-        manifest.updatedAt = Int64(Date().timeIntervalSince1970)
-        let snapshot = manifest
-        let permit = configuration.writePermit
-        try await downloader.io.run {
-            try ManifestStore.store(snapshot, at: paths, durable: durable, permit: permit)
-        }
+        try await Checkpointer.storeStamped(
+            manifest, at: try destinationPaths(), durable: durable, io: downloader.io,
+            permit: configuration.writePermit)
         manifestOnDisk = true
     }
 
@@ -434,15 +428,20 @@ struct Checkpointer: Sendable {
             }
             manifest.pieces[index] = hash
         }
+        try await Self.storeStamped(manifest, at: paths, durable: checkpoint.durable, io: io, permit: permit)
+        return found
+    }
+
+    /// Stores `manifest` with this boot and the time on the I/O threads, replacing the one on disk
+    /// atomically unless `permit` says no right before (see ``ManifestStore/store(_:at:durable:permit:)``).
+    static func storeStamped(
+        _ manifest: Manifest, at paths: DownloadPaths, durable: Bool, io: BlockingIO, permit: (@Sendable () -> Bool)?
+    ) async throws {
+        var manifest = manifest
         manifest.bootID = BootIdentity.current
         manifest.updatedAt = Int64(Date().timeIntervalSince1970)
         let snapshot = manifest
-        let paths = self.paths
-        let permit = self.permit
-        try await io.run {
-            try ManifestStore.store(snapshot, at: paths, durable: checkpoint.durable, permit: permit)
-        }
-        return found
+        try await io.run { try ManifestStore.store(snapshot, at: paths, durable: durable, permit: permit) }
     }
 }
 
