@@ -90,13 +90,11 @@ package struct DownloadConfinement: Sendable {
     /// `path` relative to `base` (empty for `base` itself), when it lies inside it, comparing names
     /// as the file system does (``sameName(_:_:)``).
     private static func relative(_ path: String, to base: String) -> String? {
+        if sameName(path, base) { return "" }
+        let prefix = sameName(base, "/") ? "/" : base + "/"
         #if canImport(Darwin)
-            if path == base { return "" }
-            let prefix = base == "/" ? "/" : base + "/"
             return path.hasPrefix(prefix) ? String(path.dropFirst(prefix.count)) : nil
         #else
-            if sameName(path, base) { return "" }
-            let prefix = sameName(base, "/") ? "/" : base + "/"
             guard path.utf8.starts(with: prefix.utf8) else { return nil }
             return String(decoding: path.utf8.dropFirst(prefix.utf8.count), as: UTF8.self)
         #endif
