@@ -116,9 +116,16 @@ struct PostgreSQLSession {
     func query(_ sql: String, _ binds: PostgresBindings = PostgresBindings()) throws -> PostgresQueryResult {
         let connection = self.connection
         let answer = connection.query(PostgresQuery(unsafeSQL: sql, binds: binds), logger: logger)
-        // The limit fails the wait itself: a statement written to a connection that closed at
-        // that moment is never answered at all.
-        return try waitAtMost(timeout, for: answer) { connection.close().whenComplete { _ in } }
+        // A statement written to a connection that closed at that moment is never answered at all:
+        // the wait ends when the connection does (a server stopped or restarted), else at the limit.
+        return try waitAtMost(timeout, for: answer, orUntil: connection.closeFuture) {
+            connection.close().whenComplete { _ in }
+        }
+    }
+
+    /// A statement whose connection closed before the server answered it.
+    struct ConnectionClosed: Error, CustomStringConvertible {
+        var description: String { "the connection to the server closed before it answered" }
     }
 
     /// A statement the server did not answer in time; its connection was closed.
@@ -160,6 +167,7 @@ struct PostgreSQLSession {
     /// ended this session, or the network dropped it), so that a statement not yet sent may be sent
     /// again on a new connection.
     static func isLostConnection(_ error: (any Error)?) -> Bool {
+        if error is ConnectionClosed { return true }
         guard let error = error as? PSQLError else { return false }
         if [.serverClosedConnection, .uncleanShutdown, .connectionError].contains(error.code) { return true }
         // The server ended the session: an administrator, a shutdown, a crash, or it cannot take
@@ -170,9 +178,11 @@ struct PostgreSQLSession {
 }
 
 /// Waits for `future` at most `limit`, from a thread that is not an event loop's; past the limit,
-/// runs `expire` (on the future's event loop) and throws ``PostgreSQLSession/TimedOut``.
+/// runs `expire` (on the future's event loop) and throws ``PostgreSQLSession/TimedOut``. When
+/// `ending` (a connection's close) comes first, throws ``PostgreSQLSession/ConnectionClosed``.
 func waitAtMost<Value: Sendable>(
-    _ limit: TimeAmount, for future: EventLoopFuture<Value>, expire: @escaping @Sendable () -> Void
+    _ limit: TimeAmount, for future: EventLoopFuture<Value>, orUntil ending: EventLoopFuture<Void>? = nil,
+    expire: @escaping @Sendable () -> Void
 ) throws -> Value {
     let loop = future.eventLoop
     let outcome = loop.makePromise(of: Value.self)
@@ -184,6 +194,10 @@ func waitAtMost<Value: Sendable>(
         timer.cancel()
         // A second completion of a promise is ignored: whichever came first stands.
         outcome.completeWith(result)
+    }
+    ending?.whenComplete { _ in
+        timer.cancel()
+        outcome.fail(PostgreSQLSession.ConnectionClosed())
     }
     return try outcome.futureResult.wait()
 }

@@ -1,4 +1,3 @@
-import HaulPostgreSQL
 import Logging
 import NIOCore
 import NIOPosix
@@ -6,6 +5,7 @@ import PostgresNIO
 import Testing
 
 @testable import Haul
+@testable import HaulPostgreSQL
 
 #if canImport(Glibc)
     import Glibc
@@ -107,6 +107,24 @@ import Testing
             try await holder.close()
             #expect(try store.allDownloads().map(\.key) == ["file:/d/a"])
         }
+    }
+
+    /// A statement's wait ends as soon as its connection closes, not at the statement's limit:
+    /// a statement written to a connection that closed at that moment is never answered, and a
+    /// fleet's worker waiting that long could not stop its downloads before its lease ran out.
+    /// The end counts as a lost connection (made again for the next call).
+    @Test func aStatementsWaitEndsWhenItsConnectionCloses() throws {
+        let loop = MultiThreadedEventLoopGroup.singleton.any()
+        let answer = loop.makePromise(of: Int.self)
+        let closed = loop.makePromise(of: Void.self)
+        // Never answered before the close; completed afterwards only so that no promise leaks.
+        defer { answer.succeed(0) }
+        loop.scheduleTask(in: .milliseconds(20)) { closed.succeed() }
+        let error = #expect(throws: (any Error).self) {
+            try waitAtMost(.seconds(60), for: answer.futureResult, orUntil: closed.futureResult) {}
+        }
+        #expect(error is PostgreSQLSession.ConnectionClosed, "\(String(describing: error))")
+        #expect(PostgreSQLSession.isLostConnection(error))
     }
 
     /// The server ending the store's session (a restart, an administrator) costs nothing: the
