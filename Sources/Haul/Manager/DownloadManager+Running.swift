@@ -243,9 +243,30 @@ extension DownloadManager {
         jobs[id]?.rateLimiter = limiter
         let downloader = self.downloader
         let mailbox = self.mailbox
+        let clock = self.clock
+        // A fleet's download taken over from a worker whose lease ran out: that worker writes
+        // nothing more, but may hold the file until its manager notices, within a lease.
+        let patience = claim.lease.map { Duration.milliseconds(Int64($0.duration * 1000)) }
         let task = Task.detached {
-            try await downloader.download(request, observing: { event in mailbox.post(event, of: id) }) {
-                await self.recordBeforeFinishing(id)
+            let since = clock.now
+            while true {
+                do {
+                    return try await downloader.download(
+                        request, observing: { event in mailbox.post(event, of: id) }
+                    ) {
+                        await self.recordBeforeFinishing(id)
+                    }
+                } catch let error as HaulError
+                    where error.underlying is DestinationLock.HeldElsewhere
+                    && patience.map({ clock.now - since < $0 }) == true
+                {
+                    downloader.logger.notice("download \(id): \(error.message); trying again in a second")
+                    do {
+                        try await clock.sleep(for: Self.heldFileRetryInterval)
+                    } catch {
+                        throw HaulError(.cancelled, "download cancelled", underlying: error)
+                    }
+                }
             }
         }
         jobs[id]?.task = task
@@ -323,6 +344,10 @@ extension DownloadManager {
         entries[id] = entry
         publish(.transfer(event), entry)
     }
+
+    /// How often a fleet's worker tries again to open a download's file that another process
+    /// holds.
+    static let heldFileRetryInterval = Duration.seconds(1)
 
     /// Records how a download ended and starts the next one.
     private func ended(_ id: DownloadID, _ outcome: Result<DownloadResult, HaulError>) {

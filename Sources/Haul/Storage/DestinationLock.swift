@@ -14,6 +14,9 @@
 /// Acquiring the lock creates the partial file when there is none; ``created`` tells the caller, which
 /// removes it again (``removePartial()``) when it turns out not to be needed.
 final class DestinationLock: Sendable {
+    /// Why a lock was refused: another process holds it (the underlying error of the refusal).
+    struct HeldElsewhere: Error {}
+
     let paths: DownloadPaths
     /// Whether acquiring the lock created the partial file.
     let created: Bool
@@ -42,10 +45,15 @@ final class DestinationLock: Sendable {
                 let who: String
                 switch owner {
                 case .nobody, .unknown: who = "another process"
-                case .process(POSIX.processID): who = "another download in this process (pid \(POSIX.processID))"
+                case .process(POSIX.processID):
+                    throw HaulError(
+                        .locked,
+                        "\(paths.destination) is being downloaded by another download in this process "
+                            + "(pid \(POSIX.processID))")
                 case .process(let pid): who = "another process (pid \(pid))"
                 }
-                throw HaulError(.locked, "\(paths.destination) is being downloaded by \(who)")
+                throw HaulError(
+                    .locked, "\(paths.destination) is being downloaded by \(who)", underlying: HeldElsewhere())
             }
             // The previous owner may have renamed or removed the file between our open and our lock:
             // only a lock on the file that is still at `path` counts.

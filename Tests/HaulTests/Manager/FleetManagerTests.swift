@@ -1,3 +1,4 @@
+import Foundation
 import HaulPostgreSQL
 import HaulTestServer
 import Synchronization
@@ -16,7 +17,8 @@ import Testing
     /// the worker's own credentials by host.
     static func worker(
         _ label: String, location: PostgreSQLLocation, root: String, state: String,
-        clock: FleetLeaseTests.TestClock, limit: Int = 2, hostLimit: Int? = nil, netrc: Netrc? = nil
+        clock: FleetLeaseTests.TestClock, limit: Int = 2, hostLimit: Int? = nil, netrc: Netrc? = nil,
+        managerClock: any Clock<Duration> = ContinuousClock()
     ) throws -> DownloadManager {
         let store = try PostgreSQLQueueStore(location: location)
         let lease = try FleetLease(store: store, duration: 30, clock: clock.read)
@@ -35,7 +37,7 @@ import Testing
         configuration.netrc = netrc
         return try DownloadManager(
             store: store, ownership: lease, stateDirectory: state + "/" + label, configuration: configuration,
-            downloaderConfiguration: transfer, logger: nil, clock: ContinuousClock())
+            downloaderConfiguration: transfer, logger: nil, clock: managerClock)
     }
 
     /// Runs `body` with a queue database of its own, the test server, and a temporary directory
@@ -466,6 +468,83 @@ import Testing
             #expect(await c.download(other)?.error?.status == 401)
             #expect(server.requests(for: "/private").last?.header("Authorization") == nil)
             await c.close()
+        }
+    }
+
+    /// Another process holding a file's lock, as a worker whose manager has not yet noticed that
+    /// its lease ran out holds the file of a download taken over from it. It lets go when
+    /// ``release()`` closes its standard input.
+    final class FileLockHolder: Sendable {
+        let process: Process
+        let input: Pipe
+
+        init(_ path: String) throws {
+            process = Process()
+            input = Pipe()
+            let output = Pipe()
+            process.executableURL = URL(fileURLWithPath: "/bin/sh")
+            process.arguments = ["-c", #"exec 9>>"$1" && flock -n 9 && echo held && read line"#, "sh", path]
+            process.standardInput = input
+            process.standardOutput = output
+            try process.run()
+            // One line once it holds the lock; the end of its output when it could not.
+            let said = output.fileHandleForReading.readData(ofLength: 5)
+            guard String(decoding: said, as: UTF8.self) == "held\n" else {
+                release()
+                throw TestFailure("flock(1) could not lock \(path)")
+            }
+        }
+
+        func release() {
+            try? input.fileHandleForWriting.close()
+            process.waitUntilExit()
+        }
+    }
+
+    /// A download taken over while the worker it was taken from still holds its file (that
+    /// worker's manager has not noticed yet that its lease ran out) waits for the file: it tries
+    /// again every second of the manager's clock and runs once the file is let go. One whose file
+    /// stays held for longer than a lease fails with `locked`, saying who holds it.
+    @Test(.enabled(if: FileManager.default.isExecutableFile(atPath: "/usr/bin/flock")))
+    func aTakenOverDownloadWaitsForTheFileItsLastWorkerStillHolds() async throws {
+        try await Self.withFleet { location, server, directory, root in
+            let size: Int64 = 64 << 10
+            for name in ["held", "kept"] { server.add("/" + name, TestResource(name: name, size: size)) }
+            let clock = ManualClock()
+            let b = try Self.worker(
+                "b", location: location, root: root, state: directory, clock: FleetLeaseTests.TestClock(),
+                managerClock: clock)
+            let run = Task { await b.run() }
+            let holder = try FileLockHolder(root + "/held.haul.part")
+            let id = try await b.enqueue(DownloadRequest(url: server.url("/held"), destination: .file(root + "/held")))
+            // Refused, it waits a second of the manager's clock; nothing was asked of the server.
+            try await clock.waitForSleep(until: .seconds(1))
+            #expect(await b.download(id)?.state == .running)
+            #expect(server.requests(for: "/held").isEmpty)
+            holder.release()
+            clock.advance(by: .seconds(1))
+            try await Self.waitUntil("the download completed once the file was let go") {
+                await b.download(id)?.state == .completed
+            }
+            let expected = try #require(server.resource("/held")).bytes(0..<size)
+            #expect(try readFile(root + "/held") == expected)
+
+            // Held for longer than the lease (30 s): the download fails.
+            let keeper = try FileLockHolder(root + "/kept.haul.part")
+            defer { keeper.release() }
+            let kept = try await b.enqueue(
+                DownloadRequest(url: server.url("/kept"), destination: .file(root + "/kept")))
+            try await clock.waitForSleep(until: .seconds(2))
+            clock.advance(by: .seconds(31))
+            try await Self.waitUntil("the download failed") { await b.download(kept)?.state == .failed }
+            let error = await b.download(kept)?.error
+            #expect(error?.code == .locked)
+            #expect(
+                error?.message.contains("is being downloaded by another process") == true, "\(error?.message ?? "")")
+            #expect(server.requests(for: "/kept").isEmpty)
+            run.cancel()
+            await run.value
+            await b.close()
         }
     }
 
