@@ -139,7 +139,10 @@ struct FleetProcessTests {
                         try await Task.sleep(for: .milliseconds(200))
                     }
                     let states = Dictionary(grouping: listed, by: { $0["state"] as? String ?? "?" }).mapValues(\.count)
-                    #expect(states == ["completed": names.count], "\(states)")
+                    let unfinished = listed.filter { $0["state"] as? String != "completed" }.map {
+                        "\($0["name"] ?? "?"): \($0["state"] ?? "?") \($0["error"] ?? "")"
+                    }
+                    #expect(states == ["completed": names.count], "\(states) \(unfinished)")
                     for name in names {
                         let resource = try #require(resources[name])
                         let file = directory + "/files/" + name
