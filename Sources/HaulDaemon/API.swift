@@ -181,19 +181,25 @@ struct API: Sendable {
         }
         // IDs grow: one above the newest now is a download this request added.
         let newest = try await perform { try await manager.newestID() }
-        var ids: [DownloadID] = []
-        for (index, (downloadRequest, priority)) in requests.enumerated() {
+        // Each run of items of one priority is added in one call (a transaction per few thousand).
+        var added: [DownloadBody] = []
+        var start = 0
+        while start < requests.count {
+            let priority = requests[start].1
+            let end = requests[start...].firstIndex { $0.1 != priority } ?? requests.count
             do {
-                ids.append(try await perform { try await manager.enqueue(downloadRequest, priority: priority) })
+                let infos = try await perform {
+                    try await manager.add(requests[start..<end].map(\.0), priority: priority)
+                }
+                added += infos.map(DownloadBody.init)
             } catch let error as APIError {
                 // The ones this request added before it are taken back: it adds all or nothing.
-                for id in ids where id > newest { try? await manager.remove(id, deletingFiles: false) }
-                throw error.prefixed("downloads.\(index)")
+                for body in added where body.info.id > newest {
+                    try? await manager.remove(body.info.id, deletingFiles: false)
+                }
+                throw start == end - 1 ? error.prefixed("downloads.\(start)") : error
             }
-        }
-        var added: [DownloadBody] = []
-        for id in ids {
-            if let info = await manager.download(id) { added.append(DownloadBody(info)) }
+            start = end
         }
         return try EditedResponse(status: .created, response: AddedDownloads(downloads: added))
             .response(from: request, context: context)
