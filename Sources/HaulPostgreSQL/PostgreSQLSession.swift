@@ -17,7 +17,7 @@ final class PostgreSQLConnector: Sendable {
     let statementTimeout: TimeAmount
     /// How long connecting (and signing in) may take.
     let connectTimeout: TimeAmount
-    private let connection = Mutex<PostgresConnection?>(nil)
+    private let connection = Mutex<(open: PostgresConnection, watch: CloseWatch)?>(nil)
     private let serial = Mutex(0)
     private static let logger = Logger(label: "haul.postgresql", factory: { _ in SwiftLogNoOpLogHandler() })
 
@@ -29,20 +29,21 @@ final class PostgreSQLConnector: Sendable {
 
     deinit {
         // The connection lives until it is closed (PostgresNIO checks that it was).
-        if let open = connection.withLock({ $0 }) { open.close().whenComplete { _ in withExtendedLifetime(open) {} } }
+        if let open = connection.withLock({ $0?.open }) {
+            open.close().whenComplete { _ in withExtendedLifetime(open) {} }
+        }
     }
 
     /// Runs `body` with the connection, alone; a connection that broke is made again first.
     func withSession<T>(_ body: (PostgreSQLSession) throws -> T) throws -> T {
         try connection.withLock { current in
-            let open: PostgresConnection
-            if let current, !current.isClosed {
-                open = current
-            } else {
-                open = try connect()
-                current = open
+            if current == nil || current?.open.isClosed == true {
+                let open = try connect()
+                current = (open, CloseWatch(open.closeFuture))
             }
-            return try body(PostgreSQLSession(connection: open, timeout: statementTimeout, logger: Self.logger))
+            guard let (open, watch) = current else { throw PostgreSQLSession.ConnectionClosed() }
+            return try body(
+                PostgreSQLSession(connection: open, watch: watch, timeout: statementTimeout, logger: Self.logger))
         }
     }
 
@@ -107,6 +108,8 @@ final class PostgreSQLConnector: Sendable {
 /// The statements of one caller on the connection (see ``PostgreSQLConnector/withSession(_:)``).
 struct PostgreSQLSession {
     let connection: PostgresConnection
+    /// Tells a statement waiting on ``connection`` that it closed.
+    let watch: CloseWatch
     let timeout: TimeAmount
     let logger: Logger
 
@@ -118,7 +121,7 @@ struct PostgreSQLSession {
         let answer = connection.query(PostgresQuery(unsafeSQL: sql, binds: binds), logger: logger)
         // A statement written to a connection that closed at that moment is never answered at all:
         // the wait ends when the connection does (a server stopped or restarted), else at the limit.
-        return try waitAtMost(timeout, for: answer, orUntil: connection.closeFuture) {
+        return try waitAtMost(timeout, for: answer, watching: watch) {
             connection.close().whenComplete { _ in }
         }
     }
@@ -177,11 +180,48 @@ struct PostgreSQLSession {
     }
 }
 
+/// Tells the statement that waits on a connection when the connection closes. One callback on the
+/// connection's close serves its whole life: a callback for each statement would stay with the
+/// connection, holding that statement's answer, until it closed.
+final class CloseWatch: Sendable {
+    private struct State {
+        var closed = false
+        var waiter: (@Sendable () -> Void)?
+    }
+    private let state = Mutex(State())
+
+    /// Watches the connection that `closing` (its `closeFuture`) ends.
+    init(_ closing: EventLoopFuture<Void>) {
+        closing.whenComplete { _ in self.closed() }
+    }
+
+    private func closed() {
+        let waiter = state.withLock { state -> (@Sendable () -> Void)? in
+            state.closed = true
+            defer { state.waiter = nil }
+            return state.waiter
+        }
+        waiter?()
+    }
+
+    /// Runs `closed` when the connection closes (now, when it has), unless ``stop()`` comes first.
+    func start(_ closed: @escaping @Sendable () -> Void) {
+        let already = state.withLock { state -> Bool in
+            if !state.closed { state.waiter = closed }
+            return state.closed
+        }
+        if already { closed() }
+    }
+
+    /// Forgets what ``start(_:)`` was given.
+    func stop() { state.withLock { $0.waiter = nil } }
+}
+
 /// Waits for `future` at most `limit`, from a thread that is not an event loop's; past the limit,
-/// runs `expire` (on the future's event loop) and throws ``PostgreSQLSession/TimedOut``. When
-/// `ending` (a connection's close) comes first, throws ``PostgreSQLSession/ConnectionClosed``.
+/// runs `expire` (on the future's event loop) and throws ``PostgreSQLSession/TimedOut``. When the
+/// connection `watch` watches closes first, throws ``PostgreSQLSession/ConnectionClosed``.
 func waitAtMost<Value: Sendable>(
-    _ limit: TimeAmount, for future: EventLoopFuture<Value>, orUntil ending: EventLoopFuture<Void>? = nil,
+    _ limit: TimeAmount, for future: EventLoopFuture<Value>, watching watch: CloseWatch? = nil,
     expire: @escaping @Sendable () -> Void
 ) throws -> Value {
     let loop = future.eventLoop
@@ -195,9 +235,10 @@ func waitAtMost<Value: Sendable>(
         // A second completion of a promise is ignored: whichever came first stands.
         outcome.completeWith(result)
     }
-    ending?.whenComplete { _ in
+    watch?.start {
         timer.cancel()
         outcome.fail(PostgreSQLSession.ConnectionClosed())
     }
+    defer { watch?.stop() }
     return try outcome.futureResult.wait()
 }

@@ -119,12 +119,19 @@ import Testing
         let closed = loop.makePromise(of: Void.self)
         // Never answered before the close; completed afterwards only so that no promise leaks.
         defer { answer.succeed(0) }
+        let watch = CloseWatch(closed.futureResult)
         loop.scheduleTask(in: .milliseconds(20)) { closed.succeed() }
         let error = #expect(throws: (any Error).self) {
-            try waitAtMost(.seconds(60), for: answer.futureResult, orUntil: closed.futureResult) {}
+            try waitAtMost(.seconds(60), for: answer.futureResult, watching: watch) {}
         }
         #expect(error is PostgreSQLSession.ConnectionClosed, "\(String(describing: error))")
         #expect(PostgreSQLSession.isLostConnection(error))
+        // A statement after the close fails at once.
+        let next = loop.makePromise(of: Int.self)
+        defer { next.succeed(0) }
+        #expect(throws: PostgreSQLSession.ConnectionClosed.self) {
+            try waitAtMost(.seconds(60), for: next.futureResult, watching: watch) {}
+        }
     }
 
     /// The server ending the store's session (a restart, an administrator) costs nothing: the
