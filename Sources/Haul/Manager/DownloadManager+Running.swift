@@ -246,20 +246,24 @@ extension DownloadManager {
         let clock = self.clock
         // A fleet's download taken over from a worker whose lease ran out: that worker writes
         // nothing more, but may hold the file until its manager notices, within a lease.
-        let patience = claim.lease.map { Duration.milliseconds(Int64($0.duration * 1000)) }
+        let lease = claim.lease
+        let patience = lease.map { Duration.milliseconds(Int64($0.duration * 1000)) }
         let task = Task.detached {
             let since = clock.now
             while true {
+                // Whether a file held by another process is waited for (its refusal then told to nobody).
+                let waits = lease?.isHeld == true && patience.map { clock.now - since < $0 } == true
                 do {
                     return try await downloader.download(
-                        request, observing: { event in mailbox.post(event, of: id) }
+                        request,
+                        observing: { event in
+                            if waits, case .failed(let error) = event, Self.isHeldElsewhere(error) { return }
+                            mailbox.post(event, of: id)
+                        }
                     ) {
                         await self.recordBeforeFinishing(id)
                     }
-                } catch let error as HaulError
-                    where error.underlying is DestinationLock.HeldElsewhere
-                    && patience.map({ clock.now - since < $0 }) == true
-                {
+                } catch let error as HaulError where waits && Self.isHeldElsewhere(error) {
                     downloader.logger.notice("download \(id): \(error.message); trying again in a second")
                     do {
                         try await clock.sleep(for: Self.heldFileRetryInterval)
@@ -348,6 +352,11 @@ extension DownloadManager {
     /// How often a fleet's worker tries again to open a download's file that another process
     /// holds.
     static let heldFileRetryInterval = Duration.seconds(1)
+
+    /// Whether a download stopped before its first request because another process holds its file.
+    static func isHeldElsewhere(_ error: HaulError) -> Bool {
+        error.underlying is DestinationLock.HeldElsewhere
+    }
 
     /// Records how a download ended and starts the next one.
     private func ended(_ id: DownloadID, _ outcome: Result<DownloadResult, HaulError>) {

@@ -495,6 +495,7 @@ import Testing
             }
         }
 
+        /// Lets go of the lock (once; again does nothing) and waits until the process has ended.
         func release() {
             try? input.fileHandleForWriting.close()
             process.waitUntilExit()
@@ -514,8 +515,12 @@ import Testing
             let b = try Self.worker(
                 "b", location: location, root: root, state: directory, clock: FleetLeaseTests.TestClock(),
                 managerClock: clock)
+            let seen = Heard()
+            let events = b.events()
+            let reading = Task { for await event in events { seen.events.withLock { $0.append(event) } } }
             let run = Task { await b.run() }
             let holder = try FileLockHolder(root + "/held.haul.part")
+            defer { holder.release() }
             let id = try await b.enqueue(DownloadRequest(url: server.url("/held"), destination: .file(root + "/held")))
             // Refused, it waits a second of the manager's clock; nothing was asked of the server.
             try await clock.waitForSleep(until: .seconds(1))
@@ -528,6 +533,13 @@ import Testing
             }
             let expected = try #require(server.resource("/held")).bytes(0..<size)
             #expect(try readFile(root + "/held") == expected)
+            // The refused attempt was told to nobody: the download did not fail.
+            let failures = seen.events.withLock { events in
+                events.filter { event in
+                    if case .transfer(.failed) = event.kind { event.download.id == id } else { false }
+                }
+            }
+            #expect(failures.isEmpty, "\(failures.map(\.kind))")
 
             // Held for longer than the lease (30 s): the download fails.
             let keeper = try FileLockHolder(root + "/kept.haul.part")
@@ -545,6 +557,7 @@ import Testing
             run.cancel()
             await run.value
             await b.close()
+            reading.cancel()
         }
     }
 

@@ -56,7 +56,14 @@ final class TransferFiles {
         let suggested = contentDisposition.flatMap(ContentDisposition.filename).flatMap(FileNaming.sanitize)
         let name = suggested ?? FileNaming.name(fromURLPath: url.url.path)
         let paths = DownloadPaths(in: folder, fileName: name)
-        let found = try open(paths)
+        let found: FoundDownload
+        do {
+            found = try open(paths)
+        } catch let error as HaulError where error.underlying is DestinationLock.HeldElsewhere {
+            // Named by the answer, after a request: the name is another download's, not this one's
+            // file held a while longer by a worker that let it go (which a manager waits for).
+            throw HaulError(error.code, error.message, status: error.status, downloadID: error.downloadID)
+        }
         downloader.partials.note(url.string, at: paths)
         return found
     }
