@@ -181,12 +181,14 @@ struct API: Sendable {
         }
         // IDs grow: one above the newest now is a download this request added.
         let newest = try await perform { try await manager.newestID() }
-        // Each run of items of one priority is added in one call (a transaction per few thousand).
+        // Items of one priority in a row are added together, a transaction's worth per call, so
+        // that a call that fails added nothing.
         var added: [DownloadBody] = []
         var start = 0
         while start < requests.count {
             let priority = requests[start].1
-            let end = requests[start...].firstIndex { $0.1 != priority } ?? requests.count
+            let run = requests[start...].prefix(DownloadManager.enqueueBatch)
+            let end = run.firstIndex { $0.1 != priority } ?? run.endIndex
             do {
                 let infos = try await perform {
                     try await manager.add(requests[start..<end].map(\.0), priority: priority)

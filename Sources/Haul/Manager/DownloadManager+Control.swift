@@ -106,7 +106,7 @@ extension DownloadManager {
     }
 
     /// How many requests of a long list are decided and written together, in one transaction.
-    static let enqueueBatch = 2_000
+    package static let enqueueBatch = 2_000
 
     /// `requests` in slices of ``enqueueBatch``.
     static func chunks(of requests: [DownloadRequest]) -> [ArraySlice<DownloadRequest>] {

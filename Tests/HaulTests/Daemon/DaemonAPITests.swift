@@ -39,6 +39,29 @@ struct DaemonAPITests {
         }
     }
 
+    /// A long list with a priority of its own in the middle is added whole, in the request's
+    /// order, each download with its priority and a new ID after the one before.
+    @Test func aLongListOfMixedPrioritiesIsAddedInItsOrder() async throws {
+        try await HaulTestServer.withRunning { server in
+            // More than one transaction's worth, with one item of another priority between.
+            let count = DownloadManager.enqueueBatch + 500
+            let special = DownloadManager.enqueueBatch + 100
+            let items = (0..<count).map { index in
+                let priority = index == special ? #", "priority": 3"# : ""
+                return #"{"url": "\#(server.url("/none\(index)"))"\#(priority)}"#
+            }
+            try await withDaemon({ $0.manager.maxConcurrentDownloads = 1 }) { daemon in
+                let answer = try await daemon.send(
+                    .POST, "/api/v1/downloads", json: #"{"downloads": [\#(items.joined(separator: ","))]}"#)
+                #expect(answer.status == 201, "\(answer.body.prefix(300))")
+                let added = try answer.json(DownloadListAnswer.self).downloads
+                #expect(added.map(\.url) == (0..<count).map { server.url("/none\($0)") })
+                #expect(added.map(\.priority) == (0..<count).map { $0 == special ? 3 : 0 })
+                #expect(zip(added, added.dropFirst()).allSatisfy { $0.id < $1.id })
+            }
+        }
+    }
+
     @Test func pauseAndResumeContinueFromTheStoredBytes() async throws {
         try await HaulTestServer.withRunning { server in
             let resource = TestResource(name: "slow", size: 2_000_000)
