@@ -150,7 +150,8 @@ final class OutputCollector: Sendable {
     private struct State {
         var bytes: [UInt8] = []
         var ended = false
-        var waiters: [CheckedContinuation<Void, Never>] = []
+        var waiters: [Int: CheckedContinuation<Void, Never>] = [:]
+        var nextWaiter = 0
     }
 
     private let state = Mutex(State())
@@ -167,23 +168,37 @@ final class OutputCollector: Sendable {
             close(descriptor)
             let waiters = state.withLock { state in
                 state.ended = true
-                defer { state.waiters = [] }
-                return state.waiters
+                defer { state.waiters = [:] }
+                return state.waiters.values
             }
             for waiter in waiters { waiter.resume() }
         }
     }
 
-    /// Everything the pipe carried, once it has ended.
-    func text() async -> String {
+    /// Everything the pipe carried, once it has ended; at most `limit` after the call, then what
+    /// came so far and a line that says the pipe is still open (a process the child started keeps
+    /// it), so that a test fails with its output instead of waiting for ever.
+    func text(waitingAtMost limit: Duration = .seconds(20)) async -> String {
+        let id = state.withLock { state in
+            defer { state.nextWaiter += 1 }
+            return state.nextWaiter
+        }
+        let timer = Task {
+            try? await Task.sleep(for: limit)
+            self.state.withLock { $0.waiters.removeValue(forKey: id) }?.resume()
+        }
         await withCheckedContinuation { continuation in
             let ended = state.withLock { state in
-                if !state.ended { state.waiters.append(continuation) }
+                if !state.ended { state.waiters[id] = continuation }
                 return state.ended
             }
             if ended { continuation.resume() }
         }
-        return state.withLock { String(decoding: $0.bytes, as: UTF8.self) }
+        timer.cancel()
+        return state.withLock { state in
+            String(decoding: state.bytes, as: UTF8.self)
+                + (state.ended ? "" : "\n[the output was still open \(limit) after haul exited]\n")
+        }
     }
 }
 
