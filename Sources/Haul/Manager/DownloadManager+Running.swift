@@ -257,18 +257,21 @@ extension DownloadManager {
                     return try await downloader.download(
                         request,
                         observing: { event in
-                            if waits, case .failed(let error) = event, Self.isHeldElsewhere(error) { return }
+                            if waits, case .failed(let error) = event, DestinationLock.isHeldElsewhere(error) { return }
                             mailbox.post(event, of: id)
                         }
                     ) {
                         await self.recordBeforeFinishing(id)
                     }
-                } catch let error as HaulError where waits && Self.isHeldElsewhere(error) {
+                } catch let error as HaulError where waits && DestinationLock.isHeldElsewhere(error) {
                     downloader.logger.notice("download \(id): \(error.message); trying again in a second")
                     do {
                         try await clock.sleep(for: Self.heldFileRetryInterval)
                     } catch {
-                        throw HaulError(.cancelled, "download cancelled", underlying: error)
+                        // Stopped while it waited: told as a stop during a transfer is.
+                        let stopped = HaulError(.cancelled, "download cancelled", underlying: error)
+                        mailbox.post(.failed(stopped), of: id)
+                        throw stopped
                     }
                 }
             }
@@ -352,11 +355,6 @@ extension DownloadManager {
     /// How often a fleet's worker tries again to open a download's file that another process
     /// holds.
     static let heldFileRetryInterval = Duration.seconds(1)
-
-    /// Whether a download stopped before its first request because another process holds its file.
-    static func isHeldElsewhere(_ error: HaulError) -> Bool {
-        error.underlying is DestinationLock.HeldElsewhere
-    }
 
     /// Records how a download ended and starts the next one.
     private func ended(_ id: DownloadID, _ outcome: Result<DownloadResult, HaulError>) {

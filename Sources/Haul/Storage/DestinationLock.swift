@@ -17,6 +17,9 @@ final class DestinationLock: Sendable {
     /// Why a lock was refused: another process holds it (the underlying error of the refusal).
     struct HeldElsewhere: Error {}
 
+    /// Whether `error` is a refusal of the lock because another process holds it.
+    static func isHeldElsewhere(_ error: HaulError) -> Bool { error.underlying is HeldElsewhere }
+
     let paths: DownloadPaths
     /// Whether acquiring the lock created the partial file.
     let created: Bool

@@ -547,6 +547,20 @@ import Testing
             let kept = try await b.enqueue(
                 DownloadRequest(url: server.url("/kept"), destination: .file(root + "/kept")))
             try await clock.waitForSleep(until: .seconds(2))
+            // A pause while it waits stops it at once, told as a stop; resumed, it waits again.
+            #expect(try await b.pause(kept).state == .paused)
+            let stops = seen.events.withLock { events in
+                events.filter { event in
+                    if case .transfer(.failed(let error)) = event.kind {
+                        event.download.id == kept && error.code == .cancelled
+                    } else {
+                        false
+                    }
+                }
+            }
+            #expect(stops.count == 1, "\(stops.map(\.kind))")
+            try await b.resume(kept)
+            try await clock.waitForSleep(until: .seconds(2))
             clock.advance(by: .seconds(31))
             try await Self.waitUntil("the download failed") { await b.download(kept)?.state == .failed }
             let error = await b.download(kept)?.error

@@ -59,7 +59,7 @@ final class TransferFiles {
         let found: FoundDownload
         do {
             found = try open(paths)
-        } catch let error as HaulError where error.underlying is DestinationLock.HeldElsewhere {
+        } catch let error as HaulError where DestinationLock.isHeldElsewhere(error) {
             // Named by the answer, after a request: the name is another download's, not this one's
             // file held a while longer by a worker that let it go (which a manager waits for).
             throw HaulError(error.code, error.message, status: error.status, downloadID: error.downloadID)
