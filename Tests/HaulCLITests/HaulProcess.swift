@@ -127,7 +127,9 @@ final class HaulProcess: Sendable {
         let code = status.withLock { $0 } ?? -1
         // The exit code, or the signal that ended it (as Foundation's Process reports them).
         let exit = code & 0x7f == 0 ? (code >> 8) & 0xff : code & 0x7f
-        return (exit, await output.text(), await errors.text())
+        // A process the child started may keep its output open: read at most 20 s more.
+        let reading = ContinuousClock.now + .seconds(20)
+        return (exit, await output.text(by: reading), await errors.text(by: reading))
     }
 
     /// Whether a signal ended the child (once ``finish(timeout:)`` has returned).
@@ -175,29 +177,30 @@ final class OutputCollector: Sendable {
         }
     }
 
-    /// Everything the pipe carried, once it has ended; at most `limit` after the call, then what
-    /// came so far and a line that says the pipe is still open (a process the child started keeps
-    /// it), so that a test fails with its output instead of waiting for ever.
-    func text(waitingAtMost limit: Duration = .seconds(20)) async -> String {
+    /// Everything the pipe carried, once it has ended; at `deadline` at the latest, then what came
+    /// so far and a line that says the pipe is still open (a process the child started keeps it),
+    /// so that a test fails with its output instead of waiting for ever.
+    func text(by deadline: ContinuousClock.Instant) async -> String {
         let id = state.withLock { state in
             defer { state.nextWaiter += 1 }
             return state.nextWaiter
-        }
-        let timer = Task {
-            try? await Task.sleep(for: limit)
-            self.state.withLock { $0.waiters.removeValue(forKey: id) }?.resume()
         }
         await withCheckedContinuation { continuation in
             let ended = state.withLock { state in
                 if !state.ended { state.waiters[id] = continuation }
                 return state.ended
             }
-            if ended { continuation.resume() }
+            if ended { return continuation.resume() }
+            // Set once the waiter is in place: whichever of the end and the deadline comes first
+            // takes it out and resumes it.
+            Task {
+                try? await Task.sleep(until: deadline)
+                self.state.withLock { $0.waiters.removeValue(forKey: id) }?.resume()
+            }
         }
-        timer.cancel()
         return state.withLock { state in
             String(decoding: state.bytes, as: UTF8.self)
-                + (state.ended ? "" : "\n[the output was still open \(limit) after haul exited]\n")
+                + (state.ended ? "" : "\n[the output was still open at the test's deadline for it]\n")
         }
     }
 }
