@@ -48,15 +48,13 @@ final class DestinationLock: Sendable {
                 let who: String
                 switch owner {
                 case .nobody, .unknown: who = "another process"
-                case .process(POSIX.processID):
-                    throw HaulError(
-                        .locked,
-                        "\(paths.destination) is being downloaded by another download in this process "
-                            + "(pid \(POSIX.processID))")
+                case .process(POSIX.processID): who = "another download in this process (pid \(POSIX.processID))"
                 case .process(let pid): who = "another process (pid \(pid))"
                 }
+                let elsewhere = owner != .process(POSIX.processID)
                 throw HaulError(
-                    .locked, "\(paths.destination) is being downloaded by \(who)", underlying: HeldElsewhere())
+                    .locked, "\(paths.destination) is being downloaded by \(who)",
+                    underlying: elsewhere ? HeldElsewhere() : nil)
             }
             // The previous owner may have renamed or removed the file between our open and our lock:
             // only a lock on the file that is still at `path` counts.
