@@ -37,11 +37,14 @@ final class PostgreSQLConnector: Sendable {
     /// Runs `body` with the connection, alone; a connection that broke is made again first.
     func withSession<T>(_ body: (PostgreSQLSession) throws -> T) throws -> T {
         try connection.withLock { current in
-            if current == nil || current?.open.isClosed == true {
-                let open = try connect()
-                current = (open, CloseWatch(open.closeFuture))
+            let (open, watch): (PostgresConnection, CloseWatch)
+            if let current, !current.open.isClosed {
+                (open, watch) = current
+            } else {
+                open = try connect()
+                watch = CloseWatch(open.closeFuture)
+                current = (open, watch)
             }
-            guard let (open, watch) = current else { throw PostgreSQLSession.ConnectionClosed() }
             return try body(
                 PostgreSQLSession(connection: open, watch: watch, timeout: statementTimeout, logger: Self.logger))
         }
