@@ -244,36 +244,10 @@ extension DownloadManager {
         let downloader = self.downloader
         let mailbox = self.mailbox
         let clock = self.clock
-        // A fleet's download taken over from a worker whose lease ran out: that worker writes
-        // nothing more, but may hold the file until its manager notices, within a lease.
         let lease = claim.lease
-        let patience = lease.map { Duration.milliseconds(Int64($0.duration * 1000)) }
         let task = Task.detached {
-            let since = clock.now
-            while true {
-                // Whether a file held by another process is waited for (its refusal then told to nobody).
-                let waits = lease?.isHeld == true && patience.map { clock.now - since < $0 } == true
-                do {
-                    return try await downloader.download(
-                        request,
-                        observing: { event in
-                            if waits, case .failed(let error) = event, DestinationLock.isHeldElsewhere(error) { return }
-                            mailbox.post(event, of: id)
-                        }
-                    ) {
-                        await self.recordBeforeFinishing(id)
-                    }
-                } catch let error as HaulError where waits && DestinationLock.isHeldElsewhere(error) {
-                    downloader.logger.notice("download \(id): \(error.message); trying again in a second")
-                    do {
-                        try await clock.sleep(for: Self.heldFileRetryInterval)
-                    } catch {
-                        // Stopped while it waited: told as a stop during a transfer is.
-                        let stopped = HaulError(.cancelled, "download cancelled", underlying: error)
-                        mailbox.post(.failed(stopped), of: id)
-                        throw stopped
-                    }
-                }
+            try await Self.download(request, of: id, by: downloader, lease: lease, clock: clock, mailbox: mailbox) {
+                await self.recordBeforeFinishing(id)
             }
         }
         jobs[id]?.task = task
@@ -355,6 +329,40 @@ extension DownloadManager {
     /// How often a fleet's worker tries again to open a download's file that another process
     /// holds.
     static let heldFileRetryInterval = Duration.seconds(1)
+
+    /// Runs download `id`, its events posted to `mailbox`. A fleet's worker (`lease`) that finds
+    /// the file held by another process waits for it, trying again every
+    /// ``heldFileRetryInterval`` for up to a lease while its own lease holds: the download may have
+    /// been taken over from a worker whose lease ran out, which writes nothing more but may hold
+    /// the file until its manager notices. A refusal tried again is told to nobody.
+    private static func download(
+        _ request: DownloadRequest, of id: DownloadID, by downloader: Downloader, lease: (any QueueLease)?,
+        clock: TransferClock, mailbox: EventMailbox, beforeFinishing: @escaping @Sendable () async -> Void
+    ) async throws -> DownloadResult {
+        let since = clock.now
+        let patience = lease.map { Duration.milliseconds(Int64($0.duration * 1000)) }
+        while true {
+            let waits = lease?.isHeld == true && patience.map { clock.now - since < $0 } == true
+            do {
+                return try await downloader.download(
+                    request,
+                    observing: { event in
+                        if waits, case .failed(let error) = event, DestinationLock.isHeldElsewhere(error) { return }
+                        mailbox.post(event, of: id)
+                    }, beforeFinishing: beforeFinishing)
+            } catch let error as HaulError where waits && DestinationLock.isHeldElsewhere(error) {
+                downloader.logger.notice("download \(id): \(error.message); trying again in a second")
+            }
+            do {
+                try await clock.sleep(for: heldFileRetryInterval)
+            } catch {
+                // Stopped while it waited: told as a stop during a transfer is.
+                let stopped = HaulError(.cancelled, "download cancelled", underlying: error)
+                mailbox.post(.failed(stopped), of: id)
+                throw stopped
+            }
+        }
+    }
 
     /// Records how a download ended and starts the next one.
     private func ended(_ id: DownloadID, _ outcome: Result<DownloadResult, HaulError>) {
