@@ -533,13 +533,25 @@ import Testing
             }
             let expected = try #require(server.resource("/held")).bytes(0..<size)
             #expect(try readFile(root + "/held") == expected)
-            // The refused attempt was told to nobody: the download did not fail.
-            let failures = seen.events.withLock { events in
-                events.filter { event in
-                    if case .transfer(.failed) = event.kind { event.download.id == id } else { false }
+            // The failures told of a download.
+            func failures(of download: DownloadID) -> [HaulError] {
+                seen.events.withLock { events in
+                    events.compactMap { event in
+                        guard case .transfer(.failed(let error)) = event.kind, event.download.id == download else {
+                            return nil
+                        }
+                        return error
+                    }
                 }
             }
-            #expect(failures.isEmpty, "\(failures.map(\.kind))")
+            // The refused attempt was told to nobody: the download did not fail. (Events arrive in
+            // order: once its completion is heard, any failure before it would have been.)
+            try await Self.waitUntil("the completion is heard") {
+                seen.events.withLock { events in
+                    events.contains { $0.download.id == id && $0.download.state == .completed }
+                }
+            }
+            #expect(failures(of: id).isEmpty, "\(failures(of: id))")
 
             // Held for longer than the lease (30 s): the download fails.
             let keeper = try FileLockHolder(root + "/kept.haul.part")
@@ -549,16 +561,8 @@ import Testing
             try await clock.waitForSleep(until: .seconds(2))
             // A pause while it waits stops it at once, told as a stop; resumed, it waits again.
             #expect(try await b.pause(kept).state == .paused)
-            let stops = seen.events.withLock { events in
-                events.filter { event in
-                    if case .transfer(.failed(let error)) = event.kind {
-                        event.download.id == kept && error.code == .cancelled
-                    } else {
-                        false
-                    }
-                }
-            }
-            #expect(stops.count == 1, "\(stops.map(\.kind))")
+            try await Self.waitUntil("the pause is heard") { !failures(of: kept).isEmpty }
+            #expect(failures(of: kept).map(\.code) == [.cancelled], "\(failures(of: kept))")
             try await b.resume(kept)
             try await clock.waitForSleep(until: .seconds(2))
             clock.advance(by: .seconds(31))
