@@ -73,6 +73,8 @@ final class ConnectionLedger: Sendable {
 
     /// Connections open now.
     var openConnections: Int { state.withLock { $0.connections.count } }
+    /// Connections whose request's bytes are arriving now.
+    var receivingConnections: Int { state.withLock { $0.connections.values.count { $0.activity == .receiving } } }
     /// Event streams open now.
     var openEventStreams: Int { state.withLock { $0.eventStreams } }
     /// WebSockets open now.

@@ -122,8 +122,11 @@ struct DaemonConnectionTests {
             let slow = try (0..<20).map { _ in try RawConnection(port: daemon.port) }
             defer { for connection in idle + slow { connection.close() } }
             for connection in slow { connection.send("GET /api/v1/stats HTTP/1.1\r\nHost: 127.0.0") }
+            // The slow ones' first bytes must have reached the daemon before its clock moves.
             try await waitUntilAsync("the daemon holds them") {
-                try await Self.metric(daemon, "haul_api_connections") >= 40
+                let open = try await Self.metric(daemon, "haul_api_connections")
+                let arriving = try await Self.metric(daemon, "haul_api_requests_arriving")
+                return open >= 40 && arriving >= 20
             }
             // A request's head and body must arrive within 10 s of its first byte.
             clock.advance(by: .seconds(10))
