@@ -100,6 +100,69 @@ import Testing
         }
     }
 
+    /// A database from before migration 9 keeps its rows, IDs and ID sequence; its checks still
+    /// refuse a state or request the queue does not know, and writing a row builds no temporary
+    /// table (SQLite built one per `IN` list, each time a row was written).
+    @Test func migrationNineChecksWithoutTemporaryTables() async throws {
+        try await withTemporaryDirectory { directory in
+            let path = directory + "/downloads.sqlite"
+            do {
+                let database = try DatabaseQueue(path: path)
+                try SQLiteQueueStore.migrator.migrate(database, upTo: "8: the count of each state")
+                try database.write { db in
+                    try db.execute(
+                        sql: """
+                            INSERT INTO download (id, key, definition, destination, state, request, bytes,
+                                createdAt, updatedAt)
+                            VALUES (1, 'file:/d/a', '{"url":"http://x/a","destination":"/d/a"}', '/d/a',
+                                    'paused', 'cancel', 7, 1, 2),
+                                   (3, 'file:/d/b', '{"url":"http://x/b","destination":"/d/b"}', '/d/b',
+                                    'queued', NULL, 0, 1, 2);
+                            INSERT INTO download_count (state, n) VALUES ('paused', 1), ('queued', 1);
+                            DELETE FROM download WHERE id = 3;
+                            UPDATE download_count SET n = 0 WHERE state = 'queued';
+                            """)
+                }
+            }
+            let store = try SQLiteQueueStore(path: path)
+            let records = try store.allDownloads()
+            #expect(records.map(\.downloadID) == [DownloadID(1)])
+            #expect(records[0].state == .paused && records[0].request == .cancel && records[0].bytes == 7)
+            #expect(records[0].destination == "/d/a" && records[0].definition.url == "http://x/a")
+            let next = StoredDownload(
+                key: "file:/d/c", definition: DownloadRequest(url: "http://x/c", destination: .file("/d/c")),
+                destination: "/d/c", priority: 0, owner: nil, now: 3)
+            // The ID of the removed download is not given out again.
+            #expect(try store.insert([next]) == [DownloadID(4)])
+            try store.database.write { db in
+                for (column, value) in [("state", "done"), ("request", "stop")] {
+                    #expect(throws: DatabaseError.self, "\(column) = \(value)") {
+                        try db.execute(sql: "UPDATE download SET \(column) = ? WHERE id = 1", arguments: [value])
+                    }
+                }
+                for sql in [
+                    StoredDownload.insertManagedColumnsSQL, StoredDownload.updateManagedColumnsSQL,
+                    StoredDownload.updateChangingColumnsSQL,
+                    "UPDATE download SET request = ? WHERE id = ?",
+                ] {
+                    let parameters = [DatabaseValue](repeating: .null, count: sql.count { $0 == "?" })
+                    let steps = try Row.fetchAll(db, sql: "EXPLAIN " + sql, arguments: StatementArguments(parameters))
+                        .map { $0["opcode"] as String }
+                    #expect(!steps.contains("OpenEphemeral"), "\(sql)")
+                }
+            }
+            let indexes = try store.database.read { db in
+                try String.fetchAll(
+                    db, sql: "SELECT name FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL ORDER BY name")
+            }
+            #expect(
+                indexes == [
+                    "download_on_destination", "download_on_id_state", "download_on_owner_state_priority",
+                    "download_on_state_bytes",
+                ])
+        }
+    }
+
     /// Every pair of states: the allowed transitions go through and set what their state records; every
     /// other one is refused and changes nothing.
     @Test(arguments: DownloadState.allCases)
