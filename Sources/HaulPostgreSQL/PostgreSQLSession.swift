@@ -175,7 +175,11 @@ struct PostgreSQLSession {
     static func isLostConnection(_ error: (any Error)?) -> Bool {
         if error is ConnectionClosed { return true }
         guard let error = error as? PSQLError else { return false }
-        if [.serverClosedConnection, .uncleanShutdown, .connectionError].contains(error.code) { return true }
+        // A statement given to a connection that had closed meanwhile (after the server's last
+        // word, which comes with it) was never sent.
+        if [.serverClosedConnection, .uncleanShutdown, .connectionError, .clientClosedConnection].contains(error.code) {
+            return true
+        }
         // The server ended the session: an administrator, a shutdown, a crash, or it cannot take
         // connections yet.
         guard let state = error.serverInfo?[.sqlState] else { return false }

@@ -135,17 +135,21 @@ import Testing
     }
 
     /// The server ending the store's session (a restart, an administrator) costs nothing: the
-    /// next call connects again and is carried out.
+    /// next call connects again and is carried out, however soon after the end it comes (the
+    /// server's last word may arrive before its connection has closed: the retry must not take
+    /// that connection again). Ended twenty times, since the moment varies.
     @Test func aLostConnectionIsMadeAgain() async throws {
         try await PostgreSQLTesting.withDatabase { location in
             let store = try PostgreSQLQueueStore(location: location)
             let first = try store.insert([QueueStoreConformanceTests.record("a")])
-            try await PostgreSQLTesting.sql(
-                """
-                SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-                WHERE application_name = 'haul' AND datname = '\(location.database)'
-                """, in: location)
-            #expect(try store.download(first[0])?.key == "file:/d/a")
+            for _ in 0..<20 {
+                try await PostgreSQLTesting.sql(
+                    """
+                    SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                    WHERE application_name = 'haul' AND datname = '\(location.database)'
+                    """, in: location)
+                #expect(try store.download(first[0])?.key == "file:/d/a")
+            }
             let second = try store.insert([QueueStoreConformanceTests.record("b")])
             #expect(try store.allDownloads().map(\.downloadID) == first + second)
         }
