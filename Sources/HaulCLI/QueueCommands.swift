@@ -199,7 +199,8 @@ private func withLocalManager<Result>(_ state: StateOptions, _ body: (DownloadMa
     async throws -> Result
 {
     try await reportingErrors {
-        let manager = try QueueRun.openManager(state, TransferOptions.defaults, restoring: .leave)
+        // This manager never runs the queue: what it queues is left to the one that does.
+        let manager = try QueueRun.openManager(state, TransferOptions.defaults, restoring: .leave, claiming: false)
         do {
             let result = try await body(manager)
             await manager.close()

@@ -13,13 +13,16 @@ import Synchronization
 /// Runs downloads of a manager until they are all over, or follows them in the haul daemon, showing
 /// their progress. Shared by `get`, `resume` and `retry`.
 enum QueueRun {
-    /// Opens the manager on the state directory.
+    /// Opens the manager on the state directory; one not `claiming` leaves what it queues to the
+    /// manager that runs the queue (see ``DownloadManager/Configuration/claimsQueuedDownloads``).
     static func openManager(
         _ state: StateOptions, _ transfer: TransferOptions, restoring: DownloadManager.Configuration.RestoredDownloads,
-        verbose: Bool = false
+        claiming: Bool = true, verbose: Bool = false
     ) throws -> DownloadManager {
-        try DownloadManager(
-            stateDirectory: state.directory, configuration: transfer.managerConfiguration(restoring: restoring),
+        var configuration = transfer.managerConfiguration(restoring: restoring)
+        configuration.claimsQueuedDownloads = claiming
+        return try DownloadManager(
+            stateDirectory: state.directory, configuration: configuration,
             downloaderConfiguration: try transfer.downloaderConfiguration(),
             logger: VerboseLogHandler.logger(verbose: verbose))
     }

@@ -289,7 +289,7 @@ extension DownloadManager {
         try checkNothingInTheWay(identity, overwriting: request.overwrite, folders: &batch.folders)
         var record = StoredDownload(
             key: identity.key, definition: identity.normalized(request), destination: identity.destination,
-            priority: priority.rawValue, owner: claim.lease == nil ? claim.name : nil, now: Self.now)
+            priority: priority.rawValue, owner: ownerOfQueued, now: Self.now)
         Self.refreshFromDisk(&record, folders: &batch.folders)
         batch.add(identity, Entry(record: record))
         return .added(batch.added.count - 1)
@@ -594,11 +594,17 @@ extension DownloadManager {
         try reload(id, stored: stored)
     }
 
-    /// Marks the entry queued and owned by this manager.
+    /// Marks the entry queued and owned by this manager (see ``ownerOfQueued``).
     func markQueued(_ entry: inout Entry) {
         entry.move(to: .queued)
-        // A fleet's worker leaves it to whichever worker claims it first (see refillWindow()).
-        entry.record.owner = claim.lease == nil ? claim.name : nil
+        entry.record.owner = ownerOfQueued
+    }
+
+    /// Who owns a download this manager queues: this manager, unless it is a fleet's worker (which
+    /// leaves it to whichever worker claims it first, see refillWindow()) or one that does not run
+    /// what it queues (``Configuration/claimsQueuedDownloads``).
+    var ownerOfQueued: String? {
+        claim.lease == nil && configuration.claimsQueuedDownloads ? claim.name : nil
     }
 
     /// Keeps a queued entry whose record is stored, puts it in line and starts what can start.
@@ -613,6 +619,11 @@ extension DownloadManager {
     /// once the downloads before it have started. One that takes the place of the worst in line
     /// sends that one back to the store.
     func line(_ entry: Entry) {
+        // A manager that does not run what it queues holds none of it.
+        if !configuration.claimsQueuedDownloads && entry.record.owner == nil {
+            if jobs[entry.id] == nil && !unwritten.holds(entry.id) { entries[entry.id] = nil }
+            return
+        }
         // A fleet's queued download nobody owns waits in the store, for the next claim.
         if claim.lease != nil && entry.record.owner == nil {
             moreWaiting = true

@@ -43,6 +43,11 @@ public actor DownloadManager {
         public var maxConcurrentDownloads: Int = 3
         /// What happens to the downloads a manager that is gone left queued or running.
         public var restoredDownloads: RestoredDownloads = .resume
+        /// Whether the downloads this manager queues are its own to run (the default). A manager that
+        /// only adds to a queue that another one runs (`haul add`) leaves them to nobody: the next
+        /// manager to open the queue with ``RestoredDownloads/resume`` takes them, and closing this
+        /// one has nothing to let go of (letting go of a million took seconds).
+        public var claimsQueuedDownloads = true
         /// Room that must stay free on a destination's volume beyond what its download still needs.
         public var freeSpaceMargin: Int64 = 64 << 20
         /// One limit shared by every download of this manager, in bytes per second.

@@ -296,6 +296,45 @@ import Testing
         }
     }
 
+    @Test("a manager that does not claim what it queues leaves it to the manager that runs the queue")
+    func aManagerThatOnlyAddsLeavesItsDownloadsToNobody() async throws {
+        try await HaulTestServer.withRunning { server in
+            try await withTemporaryDirectory { directory in
+                let resource = TestResource(name: "added", size: 50_000)
+                server.add("/added", resource)
+                let state = directory + "/state"
+                var adding = managerConfiguration()
+                adding.restoredDownloads = .leave
+                adding.claimsQueuedDownloads = false
+                try await withManager(state, adding) { adder in
+                    let stored = try SQLiteQueueStore(path: state + "/" + DownloadManager.databaseName)
+                    let id = try await adder.enqueue(
+                        DownloadRequest(url: server.url("/added"), destination: .file(directory + "/added")))
+                    // Stored as nobody's, so closing has nothing to let go of; this manager never
+                    // runs it.
+                    #expect(try stored.download(id)?.owner == nil)
+                    await adder.runUntilIdle()
+                    #expect(server.requests(for: "/added").isEmpty)
+                    // The manager that runs the queue takes it, while the adder is still open.
+                    try await withManager(state) { runner in
+                        await runner.runUntilIdle()
+                        #expect(await runner.download(id)?.state == .completed)
+                    }
+                    #expect(try readFile(directory + "/added") == resource.content)
+                    // A manager that runs what it queues owns it from the start.
+                    let owned = try await withManager(state) { runner in
+                        let other = try await runner.enqueue(
+                            DownloadRequest(url: server.url("/added"), destination: .file(directory + "/owned")))
+                        #expect(try stored.download(other)?.owner == runner.claim.name)
+                        return other
+                    }
+                    // Let go of when that manager closed.
+                    #expect(try stored.download(owned)?.owner == nil)
+                }
+            }
+        }
+    }
+
     @Test("a download another manager added after this one opened can be paused, resumed and removed here")
     func controlsADownloadAddedLater() async throws {
         try await HaulTestServer.withRunning { server in
