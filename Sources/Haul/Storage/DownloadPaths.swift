@@ -24,11 +24,16 @@ package struct DownloadPaths: Sendable, Equatable {
         return DownloadPaths(in: try confinement.directory(directory), fileName: name)
     }
 
-    /// The directory and the file name of `destination`.
+    /// The directory and the file name of `destination`, split at its last `/` byte, as the
+    /// kernel reads a path: a name that starts with a combining mark is not one character with
+    /// the slash before it. (Looking through the bytes also costs a tenth of looking through the
+    /// characters, which an add of a million paths did twice each.)
     package static func split(_ destination: String) -> (directory: String, fileName: String) {
-        guard let slash = destination.lastIndex(of: "/") else { return (".", destination) }
-        let directory = String(destination[..<slash])
-        return (directory.isEmpty ? "/" : directory, String(destination[destination.index(after: slash)...]))
+        let bytes = destination.utf8
+        guard let slash = bytes.lastIndex(of: UInt8(ascii: "/")) else { return (".", destination) }
+        let directory = String(decoding: bytes[..<slash], as: UTF8.self)
+        let name = String(decoding: bytes[bytes.index(after: slash)...], as: UTF8.self)
+        return (directory.isEmpty ? "/" : directory, name)
     }
 
     package var partialName: String { Self.sideStem(of: fileName) + Self.partialSuffix }

@@ -72,6 +72,33 @@ struct DestinationTests {
         }
     }
 
+    /// A file name may start with a combining mark: its path is split at the last `/` byte, as the
+    /// kernel reads it, not at the last `/` character (which the mark joins with the slash). The
+    /// file, its partial and its manifest stay in the directory asked for, and the download resumes.
+    @Test func aNameStartingWithACombiningMarkStaysInItsDirectory() async throws {
+        try await HaulTestServer.withRunning { server in
+            let resource = TestResource(name: "mark", size: 600_000)
+            server.add("/mark", resource)
+            server.script("/mark", [[.closeAfter(bytes: 300_000)]])
+            try await withTemporaryDirectory { directory in
+                let name = "\u{301}note.bin"
+                #expect(DownloadPaths.split(directory + "/inner/" + name) == (directory + "/inner", name))
+                #expect(mkdir(directory + "/inner", 0o755) == 0)
+                let request = DownloadRequest(
+                    url: server.url("/mark"), destination: .file(directory + "/inner/" + name))
+                await expectHaulError(.network) {
+                    try await withDownloader(testConfiguration(retries: 0)) { try await $0.download(request) }
+                }
+                #expect(listDirectory(directory) == ["inner"])
+                #expect(listDirectory(directory + "/inner").count == 2)
+                let result = try await withDownloader { try await $0.download(request) }
+                #expect(result.resumedFrom > 0)
+                #expect(try readFile(directory + "/inner/" + name) == resource.content)
+                #expect(listDirectory(directory + "/inner").map { Array($0.utf8) } == [Array(name.utf8)])
+            }
+        }
+    }
+
     @Test(arguments: [("/", "index.html"), ("/dir/", "dir"), ("/a%20b.txt", "a b.txt"), ("/x?y=1", "x")])
     func namesComeFromTheURLWhenTheServerSuggestsNone(path: String, expected: String) async throws {
         try await HaulTestServer.withRunning { server in
