@@ -328,9 +328,10 @@ final class SQLiteQueueStore: QueueStore {
             for record in changes.updates { try update(record) }
             var ids: [DownloadID] = []
             ids.reserveCapacity(changes.inserts.count)
-            for var record in changes.inserts {
+            let definitions = EncodedDefinitions(of: changes.inserts)
+            for (index, var record) in changes.inserts.enumerated() {
                 record.id = nil
-                try record.insertManagedColumns(db)
+                try record.insertManagedColumns(db, definition: try definitions.take(index))
                 ids.append(record.downloadID)
                 counts.add(record.state.rawValue, 1)
             }
@@ -800,14 +801,18 @@ extension StoredDownload: FetchableRecord, MutablePersistableRecord {
     /// Binds `columns` to `statement`, in their order from its first parameter, straight through
     /// SQLite's own calls: adding a hundred thousand records spent more on building GRDB's
     /// arguments than SQLite spent on inserting them. Returns the next parameter's position.
-    private func bind(_ columns: [Columns], to statement: Statement) throws -> Int32 {
+    /// - Parameter definition: ``definition`` as ``encodeDefinition(_:)`` writes it, when the
+    ///   caller has it already.
+    private func bind(_ columns: [Columns], to statement: Statement, definition encoded: String? = nil) throws
+        -> Int32
+    {
         // Marks the statement's arguments as set and clears the previous ones; the values follow.
         statement.setUncheckedArguments(StatementArguments())
         var binder = Binder(statement)
         for column in columns {
             switch column {
             case .key: try binder.bind(key)
-            case .definition: try binder.bind(try Self.encodeDefinition(definition))
+            case .definition: try binder.bind(try encoded ?? Self.encodeDefinition(definition))
             case .destination: try binder.bind(destination)
             case .priority: try binder.bind(Int64(priority))
             case .state: try binder.bind(state.rawValue)
@@ -830,10 +835,11 @@ extension StoredDownload: FetchableRecord, MutablePersistableRecord {
     }
 
     /// Inserts the record as a new row with one cached statement (adding many builds no SQL and
-    /// encodes no record) and takes the ID SQLite gave it.
-    mutating func insertManagedColumns(_ db: Database) throws {
+    /// encodes no record) and takes the ID SQLite gave it; `definition` is ``definition`` encoded,
+    /// when the caller has it already (see ``EncodedDefinitions``).
+    mutating func insertManagedColumns(_ db: Database, definition: String? = nil) throws {
         let statement = try db.cachedStatement(sql: Self.insertManagedColumnsSQL)
-        _ = try bind(Columns.managed, to: statement)
+        _ = try bind(Columns.managed, to: statement, definition: definition)
         try statement.execute()
         id = db.lastInsertedRowID
     }

@@ -163,6 +163,32 @@ import Testing
         }
     }
 
+    /// A commit of many new records encodes their requests on another thread while it inserts
+    /// them: each record keeps its own request, across the blocks handed over, and a commit of a
+    /// few encodes them itself.
+    @Test(arguments: [3, EncodedDefinitions.handedOverFrom, 2 * EncodedDefinitions.block + 5])
+    func everyInsertedRecordKeepsItsOwnRequest(count: Int) async throws {
+        try await withTemporaryDirectory { directory in
+            let store = try SQLiteQueueStore(path: directory + "/downloads.sqlite")
+            let records = (0..<count).map { index in
+                StoredDownload(
+                    key: "file:/d/\(index)",
+                    definition: DownloadRequest(
+                        url: "http://x/\(index)?n=\(index)", destination: .file("/d/\(index)"),
+                        headers: [(name: "X-Index", value: "\(index)")]),
+                    destination: "/d/\(index)", priority: index % 3, owner: nil, now: 1)
+            }
+            let ids = try store.insert(records)
+            #expect(ids.count == count)
+            let stored = try store.allDownloads()
+            #expect(stored.map(\.downloadID) == ids)
+            for (index, record) in stored.enumerated() {
+                #expect(record.key == "file:/d/\(index)" && record.definition.url == "http://x/\(index)?n=\(index)")
+                #expect(record.definition.headers.map(\.value) == ["\(index)"])
+            }
+        }
+    }
+
     /// Every pair of states: the allowed transitions go through and set what their state records; every
     /// other one is refused and changes nothing.
     @Test(arguments: DownloadState.allCases)
