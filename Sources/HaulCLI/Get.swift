@@ -265,16 +265,14 @@ struct Add: AsyncParsableCommand {
 /// Paths made absolute against the current directory, read once: a list of a million files into
 /// one directory asks for it once, not once a file.
 struct AbsolutePaths {
-    private var directories: [Substring: String] = [:]
+    private var directories: [String: String] = [:]
 
     /// `path` from the root, with no `.` or `..` component.
     mutating func absolute(_ path: String) -> String {
         if POSIX.isNormalAbsolutePath(path) { return path }
-        let slash = path.lastIndex(of: "/")
-        let name = slash.map { path[path.index(after: $0)...] } ?? path[...]
+        let (directory, name) = POSIX.splitAtLastSlash(path) ?? (".", path)
         guard name != "..", name != "." else { return POSIX.absolutePath(path) }
-        let directory = slash.map { path[..<$0] } ?? "."
-        let base = directories[directory] ?? POSIX.absolutePath(directory.isEmpty ? "/" : String(directory))
+        let base = directories[directory] ?? POSIX.absolutePath(directory.isEmpty ? "/" : directory)
         if directories.count < 64 { directories[directory] = base }
         return name.isEmpty ? base : (base == "/" ? "/" : base + "/") + name
     }

@@ -411,23 +411,22 @@ struct DownloadRoots: Sendable {
     /// `path` (relative ones from the first root) made absolute, when it lies inside a root.
     func confine(_ path: String, isDirectory: Bool) throws -> String {
         guard !path.isEmpty, !path.contains("\0") else { throw APIError.badRequest("a path is empty or holds a NUL") }
-        if path.split(separator: "/").contains("..") {
+        if POSIX.pathComponents(path).contains("..") {
             throw APIError(
                 .forbidden, HaulError.Code.outsideDownloadRoot.name, "a path with \"..\" is refused: \(path)")
         }
-        let absolute = POSIX.absolutePath(path.hasPrefix("/") ? path : directories[0] + "/" + path)
+        let absolute = POSIX.absolutePath(path.utf8.first == UInt8(ascii: "/") ? path : directories[0] + "/" + path)
         // The deepest part that exists decides where the path really leads.
         var existing = absolute
-        var rest: [Substring] = []
-        while !POSIX.exists(existing), existing != "/" {
-            let cut = existing.lastIndex(of: "/")!
-            rest.insert(existing[existing.index(after: cut)...], at: 0)
-            existing = cut == existing.startIndex ? "/" : String(existing[..<cut])
+        var rest: [String] = []
+        while !POSIX.exists(existing), existing != "/", let (parent, name) = POSIX.splitAtLastSlash(existing) {
+            rest.insert(name, at: 0)
+            existing = parent.isEmpty ? "/" : parent
         }
         guard let resolved = Self.resolve(existing) else {
             throw APIError.badRequest("cannot resolve \(existing)")
         }
-        var real = ([resolved == "/" ? "" : resolved] + rest.map(String.init)).joined(separator: "/")
+        var real = ([resolved == "/" ? "" : resolved] + rest).joined(separator: "/")
         if real.isEmpty { real = "/" }
         guard let root = directories.first(where: { Self.contains($0, real) }) else {
             throw APIError(
@@ -439,7 +438,8 @@ struct DownloadRoots: Sendable {
                 .forbidden, HaulError.Code.outsideDownloadRoot.name, "\(path) is in the daemon's state directory")
         }
         // Dot files and dot directories hold settings and keys (.ssh, .bashrc, .config): never written.
-        if real.dropFirst(root.count).split(separator: "/").contains(where: { $0.hasPrefix(".") }) {
+        let inside = String(decoding: real.utf8.dropFirst(root.utf8.count), as: UTF8.self)
+        if POSIX.pathComponents(inside).contains(where: { $0.utf8.first == UInt8(ascii: ".") }) {
             throw APIError(
                 .forbidden, HaulError.Code.outsideDownloadRoot.name, "\(path) is or lies in a hidden file or directory")
         }
@@ -450,8 +450,11 @@ struct DownloadRoots: Sendable {
     }
 
     /// Whether `path` is `directory` or lies inside it.
+    /// Whether `path` is `directory` or lies in it, byte for byte: Swift's `==` takes two spellings
+    /// of one accented letter for one, which Linux takes for two directories.
     private static func contains(_ directory: String, _ path: String) -> Bool {
-        path == directory || path.hasPrefix(directory == "/" ? "/" : directory + "/")
+        let prefix = directory == "/" ? "/" : directory + "/"
+        return path.utf8.elementsEqual(directory.utf8) || path.utf8.starts(with: prefix.utf8)
     }
 
     private static func resolve(_ path: String) -> String? {

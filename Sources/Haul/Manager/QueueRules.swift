@@ -179,7 +179,7 @@ public struct QueueRules: Sendable, Codable, Equatable {
             throw HaulError(.invalidArgument, "the category \"\(category.name)\" needs one or more extensions")
         }
         for folder in sites.compactMap(\.directory) + categories.map(\.directory) {
-            guard !folder.isEmpty, !folder.contains("\0"), !folder.split(separator: "/").contains("..") else {
+            guard !folder.isEmpty, !folder.contains("\0"), !POSIX.pathComponents(folder).contains("..") else {
                 throw HaulError(.invalidArgument, "a rule's folder is a path without \"..\", got \"\(folder)\"")
             }
         }

@@ -43,7 +43,7 @@ package final class DirectoryHandle: Sendable {
     static func open(
         _ relative: String, beneath root: DirectoryHandle, creating: Bool, rootPath: String
     ) throws -> DirectoryHandle {
-        let components = relative.split(separator: "/").filter { $0 != "." }.map(String.init)
+        let components = POSIX.pathComponents(relative).filter { $0 != "." }
         let path = components.isEmpty ? root.path : root.path + "/" + components.joined(separator: "/")
         if components.contains("..") {
             throw HaulError(.outsideDownloadRoot, "\(path): a path with \"..\" is not opened beneath \(rootPath)")

@@ -29,10 +29,7 @@ package struct DownloadPaths: Sendable, Equatable {
     /// the slash before it. (Looking through the bytes also costs a tenth of looking through the
     /// characters, which an add of a million paths did twice each.)
     package static func split(_ destination: String) -> (directory: String, fileName: String) {
-        let bytes = destination.utf8
-        guard let slash = bytes.lastIndex(of: UInt8(ascii: "/")) else { return (".", destination) }
-        let directory = String(decoding: bytes[..<slash], as: UTF8.self)
-        let name = String(decoding: bytes[bytes.index(after: slash)...], as: UTF8.self)
+        guard let (directory, name) = POSIX.splitAtLastSlash(destination) else { return (".", destination) }
         return (directory.isEmpty ? "/" : directory, name)
     }
 

@@ -44,7 +44,7 @@ package enum FileNaming {
     /// The name for a download of `url` when the server suggests none: the last path segment,
     /// percent-decoded and sanitized, or `index.html`.
     package static func name(fromURLPath path: String) -> String {
-        let segment = path.split(separator: "/").last.map(String.init) ?? ""
+        let segment = POSIX.pathComponents(path).last ?? ""
         let decoded =
             ContentDisposition.percentDecode(segment).flatMap { String(validating: $0, as: UTF8.self) } ?? segment
         return sanitize(decoded) ?? "index.html"

@@ -207,14 +207,14 @@ package enum POSIX {
     package static func absolutePath(_ path: String) -> String {
         if isNormalAbsolutePath(path) { return path }
         var base = ""
-        if !path.hasPrefix("/") {
+        if path.utf8.first != UInt8(ascii: "/") {
             var buffer = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)
             if getcwd(&buffer, buffer.count) != nil {
                 base = buffer.withUnsafeBufferPointer { String(cString: $0.baseAddress!) }
             }
         }
-        var components: [Substring] = []
-        for component in (base + "/" + path).split(separator: "/") {
+        var components: [String] = []
+        for component in pathComponents(base + "/" + path) {
             switch component {
             case ".": continue
             case "..": if !components.isEmpty { components.removeLast() }
@@ -222,6 +222,24 @@ package enum POSIX {
             }
         }
         return "/" + components.joined(separator: "/")
+    }
+
+    /// The components of `path` between its `/` bytes, empty ones left out, as the kernel reads
+    /// it: a `/` followed by a combining mark is one Swift character, yet still a separator (split
+    /// by characters, `../\u{301}x` would be one name, not `..` and another).
+    package static func pathComponents(_ path: String) -> [String] {
+        path.utf8.split(separator: UInt8(ascii: "/")).map { String(decoding: $0, as: UTF8.self) }
+    }
+
+    /// `path` split at its last `/` byte (see ``pathComponents(_:)``): what comes before it and
+    /// after it; `nil` when it has none.
+    package static func splitAtLastSlash(_ path: String) -> (parent: String, name: String)? {
+        let bytes = path.utf8
+        guard let slash = bytes.lastIndex(of: UInt8(ascii: "/")) else { return nil }
+        return (
+            String(decoding: bytes[..<slash], as: UTF8.self),
+            String(decoding: bytes[bytes.index(after: slash)...], as: UTF8.self)
+        )
     }
 
     /// Whether `path` is absolute with nothing to resolve: no empty, `.` or `..` component and no
@@ -250,8 +268,9 @@ package enum POSIX {
     /// parents (0755). An existing one that holds `marker` (a file only such a directory holds) and
     /// lets others in is closed to them: an earlier version made it 0755.
     package static func makePrivateDirectory(_ path: String, marker: String) throws {
-        guard let slash = path.lastIndex(of: "/") else { return try makePrivateDirectory("./" + path, marker: marker) }
-        let parent = String(path[..<slash])
+        guard let (parent, _) = splitAtLastSlash(path) else {
+            return try makePrivateDirectory("./" + path, marker: marker)
+        }
         if !parent.isEmpty { try makeDirectories(parent) }
         if path.withCString({ mkdir($0, 0o700) }) == 0 { return }
         guard errno == EEXIST else { throw error("create directory", path: path) }
@@ -265,8 +284,8 @@ package enum POSIX {
 
     /// Creates `path` and any missing parent directories.
     package static func makeDirectories(_ path: String) throws {
-        var current = path.hasPrefix("/") ? "" : "."
-        for component in path.split(separator: "/") {
+        var current = path.utf8.first == UInt8(ascii: "/") ? "" : "."
+        for component in pathComponents(path) {
             current += "/" + component
             if isDirectory(current) { continue }
             if current.withCString({ mkdir($0, 0o755) }) != 0 && errno != EEXIST {

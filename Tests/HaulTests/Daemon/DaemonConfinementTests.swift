@@ -114,6 +114,31 @@ struct DaemonConfinementTests {
         }
     }
 
+    /// A `/` followed by a combining mark is one Swift character, yet the kernel still reads the
+    /// slash: `root/../\u{301}x` is `..` and then `\u{301}x`, above the root. Split by characters it
+    /// was one name, and a download made that folder beside the root.
+    @Test func aSlashBeforeACombiningMarkStillSeparates() async throws {
+        try await withTemporaryDirectory { directory throws in
+            let root = directory + "/root"
+            mkdir(root, 0o755)
+            let confinement = DownloadConfinement(roots: [root])
+            #expect(POSIX.absolutePath(root + "/../\u{301}x").utf8.elementsEqual((directory + "/\u{301}x").utf8))
+            for path in [root + "/../\u{301}x", root + "/a/../../\u{301}x/deeper"] {
+                #expect(throws: HaulError.self, "\(path)") { try confinement.checkContains(path + "/f") }
+                #expect("\(path)") {
+                    try confinement.directory(path, creating: true)
+                } throws: { error in
+                    (error as? HaulError)?.code == .outsideDownloadRoot
+                }
+            }
+            #expect(listDirectory(directory) == ["root"])
+            // Such a name beneath the root is an ordinary folder there.
+            let opened = try confinement.directory(root + "/\u{301}x", creating: true)
+            #expect(opened.path.utf8.elementsEqual((root + "/\u{301}x").utf8))
+            #expect(listDirectory(root).map { Array($0.utf8) } == [Array("\u{301}x".utf8)])
+        }
+    }
+
     /// On Linux a path is beneath a root when its bytes say so: "café" spelt with a combined é and
     /// with an e and an accent are two folders, though Swift's `==` takes them for one name (on
     /// APFS they are one folder).
