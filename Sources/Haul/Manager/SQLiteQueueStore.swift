@@ -153,8 +153,10 @@ final class SQLiteQueueStore: QueueStore {
     /// Migration 9: the checks of `state` and `request` were `IN` lists, for which SQLite builds a
     /// temporary b-tree each time a row is written: a third of the time adding a hundred thousand
     /// downloads took. The same checks, written as comparisons, cost nothing. SQLite cannot change
-    /// a check in place: the table is made anew, keeping every row, ID and the ID sequence. The
-    /// index on `state` alone goes: `download_on_state_bytes` starts with it.
+    /// a check in place: the table is made anew, keeping every row, ID and the ID sequence, and
+    /// its indexes with it. (The index on `state` alone stays, though `download_on_state_bytes`
+    /// starts with it: a page of one state in ID order reads it, where the other needs a sort of
+    /// every record of the state.)
     private static func checkWithoutTemporaryTables(_ db: Database) throws {
         func oneOf(_ column: String, _ values: [String]) -> String {
             "(" + values.map { "\"\(column)\" = '\($0)'" }.joined(separator: " OR ") + ")"
@@ -191,7 +193,8 @@ final class SQLiteQueueStore: QueueStore {
         try db.execute(
             sql: """
                 INSERT INTO download9 (\(columns)) SELECT \(columns) FROM download ORDER BY id;
-                UPDATE sqlite_sequence SET seq = (SELECT seq FROM sqlite_sequence WHERE name = 'download')
+                UPDATE sqlite_sequence
+                SET seq = (SELECT max(seq) FROM sqlite_sequence WHERE name IN ('download', 'download9'))
                 WHERE name = 'download9';
                 INSERT INTO sqlite_sequence (name, seq)
                 SELECT 'download9', seq FROM sqlite_sequence
@@ -199,6 +202,7 @@ final class SQLiteQueueStore: QueueStore {
                 DROP TABLE download;
                 ALTER TABLE download9 RENAME TO download;
                 CREATE INDEX download_on_destination ON download (destination);
+                CREATE INDEX download_on_state ON download (state);
                 CREATE INDEX download_on_id_state ON download (id, state);
                 CREATE INDEX download_on_state_bytes ON download (state, bytes, totalBytes);
                 CREATE INDEX download_on_owner_state_priority ON download (owner, state, priority DESC, id);

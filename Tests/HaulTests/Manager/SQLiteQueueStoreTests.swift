@@ -150,6 +150,12 @@ import Testing
                         .map { $0["opcode"] as String }
                     #expect(!steps.contains("OpenEphemeral"), "\(sql)")
                 }
+                // A page of one state in ID order reads an index in that order: no sort of every
+                // record of the state for each page.
+                let page = "SELECT * FROM download WHERE state IN (?) AND id > ? ORDER BY id LIMIT ?"
+                let plan = try Row.fetchAll(db, sql: "EXPLAIN QUERY PLAN " + page, arguments: ["queued", 0, 100])
+                    .map { $0["detail"] as String }
+                #expect(!plan.contains { $0.contains("TEMP B-TREE") }, "\(plan)")
             }
             let indexes = try store.database.read { db in
                 try String.fetchAll(
@@ -158,7 +164,7 @@ import Testing
             #expect(
                 indexes == [
                     "download_on_destination", "download_on_id_state", "download_on_owner_state_priority",
-                    "download_on_state_bytes",
+                    "download_on_state", "download_on_state_bytes",
                 ])
         }
     }
