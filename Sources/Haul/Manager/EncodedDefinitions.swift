@@ -1,44 +1,51 @@
 import Dispatch
+import Synchronization
 
 /// The definitions of the records one commit inserts, encoded
 /// (``StoredDownload/encodeDefinition(_:)``) on another thread while the rows go in, in order: a
 /// long add spent a third as long encoding them as inserting them, with the second core idle.
 ///
+/// The records are encoded in blocks, each claimed by whichever thread comes to it first: the
+/// helper thread from the first block on, the inserting thread when it needs a block nobody has
+/// claimed yet. So the inserting thread (a task's, which must not wait on work that has not
+/// started) only ever waits for a block that is being encoded.
+///
 /// ``take(_:)`` is called for the records in order, each once, by the thread that inserts them.
 final class EncodedDefinitions: @unchecked Sendable {
     /// Fewer records than this are encoded as they are inserted: handing them over costs more.
     static let handedOverFrom = 64
-    /// How many definitions are handed over at once.
+    /// How many definitions are encoded and handed over at once.
     static let block = 128
 
-    /// One slot for each record, written by the encoding thread before it signals ``ready`` for
-    /// the block, read by the inserting thread after its wait for it; `nil` when not handed over.
+    private let records: [StoredDownload]
+    /// One slot for each record, written by the thread that claimed its block before it signals
+    /// the block's semaphore, read by the inserting thread after its wait for it; `nil` when not
+    /// handed over.
     private let slots: UnsafeMutableBufferPointer<Result<String, any Error>>?
-    private let ready = DispatchSemaphore(value: 0)
+    /// Signalled once when a block's slots are written.
+    private let encoded: [DispatchSemaphore]
+    /// The blocks claimed so far, in order.
+    private let claimed = Atomic<Int>(0)
 
     /// Starts encoding the definitions of `records` on another thread, when there are enough.
     init(of records: [StoredDownload]) {
+        self.records = records
         guard records.count >= Self.handedOverFrom else {
             slots = nil
+            encoded = []
             return
         }
-        let slots = UnsafeMutableBufferPointer<Result<String, any Error>>.allocate(capacity: records.count)
-        self.slots = slots
+        slots = .allocate(capacity: records.count)
+        encoded = (0..<(records.count + Self.block - 1) / Self.block).map { _ in DispatchSemaphore(value: 0) }
         // The closure holds `self`: the slots outlive the encoding, even when the inserts stop early.
         DispatchQueue.global().async {
-            guard let slots = self.slots else { return }
-            for start in stride(from: 0, to: records.count, by: Self.block) {
-                for index in start..<min(records.count, start + Self.block) {
-                    slots.initializeElement(
-                        at: index, to: Result { try StoredDownload.encodeDefinition(records[index].definition) })
-                }
-                self.ready.signal()
-            }
+            while self.encodeNextBlock() {}
         }
     }
 
     deinit {
-        // Every slot was written: the encoding thread held this object until it was done.
+        // Every block was claimed and written: the helper claims blocks until none is left, and
+        // holds this object until then.
         if let slots {
             _ = slots.deinitialize()
             slots.deallocate()
@@ -49,7 +56,25 @@ final class EncodedDefinitions: @unchecked Sendable {
     /// too few to hand over (the caller encodes it).
     func take(_ index: Int) throws -> String? {
         guard let slots else { return nil }
-        if index % Self.block == 0 { ready.wait() }
+        if index % Self.block == 0 {
+            let block = index / Self.block
+            // Encodes the blocks nobody has claimed yet, up to this one, rather than wait for them.
+            while claimed.load(ordering: .acquiring) <= block, encodeNextBlock() {}
+            encoded[block].wait()
+        }
         return try slots[index].get()
+    }
+
+    /// Claims the next block and encodes it; false when every block is claimed.
+    private func encodeNextBlock() -> Bool {
+        guard let slots else { return false }
+        let block = claimed.add(1, ordering: .acquiringAndReleasing).oldValue
+        guard block < encoded.count else { return false }
+        for index in block * Self.block..<min(records.count, (block + 1) * Self.block) {
+            slots.initializeElement(
+                at: index, to: Result { try StoredDownload.encodeDefinition(records[index].definition) })
+        }
+        encoded[block].signal()
+        return true
     }
 }
