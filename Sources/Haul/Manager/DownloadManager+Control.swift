@@ -594,7 +594,7 @@ extension DownloadManager {
         try reload(id, stored: stored)
     }
 
-    /// Marks the entry queued and owned by this manager (see ``ownerOfQueued``).
+    /// Marks the entry queued, owned by ``ownerOfQueued``.
     func markQueued(_ entry: inout Entry) {
         entry.move(to: .queued)
         entry.record.owner = ownerOfQueued
@@ -617,7 +617,9 @@ extension DownloadManager {
     /// Puts a queued download of this manager, whose record is stored, in line: in ``waiting``
     /// (and memory) when it is among the best ``windowSize``, else in the store only, to be read
     /// once the downloads before it have started. One that takes the place of the worst in line
-    /// sends that one back to the store.
+    /// sends that one back to the store. One nobody owns waits in the store only: for a fleet's
+    /// next claim, or for the manager that runs the queue when this one does not claim what it
+    /// queues.
     func line(_ entry: Entry) {
         // A manager that does not run what it queues holds none of it.
         if !configuration.claimsQueuedDownloads && entry.record.owner == nil {

@@ -46,7 +46,9 @@ public actor DownloadManager {
         /// Whether the downloads this manager queues are its own to run (the default). A manager that
         /// only adds to a queue that another one runs (`haul add`) leaves them to nobody: the next
         /// manager to open the queue with ``RestoredDownloads/resume`` takes them, and closing this
-        /// one has nothing to let go of (letting go of a million took seconds).
+        /// one has nothing to let go of (letting go of a million took seconds). Such a manager is for
+        /// changing the queue, not for running it: a download it queues again, even one it ran, is
+        /// left to nobody too.
         public var claimsQueuedDownloads = true
         /// Room that must stay free on a destination's volume beyond what its download still needs.
         public var freeSpaceMargin: Int64 = 64 << 20

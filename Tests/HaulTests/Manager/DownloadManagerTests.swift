@@ -313,6 +313,7 @@ import Testing
                     // Stored as nobody's, so closing has nothing to let go of; this manager never
                     // runs it.
                     #expect(try stored.download(id)?.owner == nil)
+                    #expect(await adder.heldCount == 0)
                     await adder.runUntilIdle()
                     #expect(server.requests(for: "/added").isEmpty)
                     // The manager that runs the queue takes it, while the adder is still open.
