@@ -11,6 +11,8 @@ import Synchronization
 /// started) only ever waits for a block that is being encoded.
 ///
 /// ``take(_:)`` is called for the records in order, each once, by the thread that inserts them.
+/// None is made for a commit of fewer than ``handedOverFrom`` new records (every progress commit
+/// of a running queue): those are encoded as they are inserted.
 final class EncodedDefinitions: @unchecked Sendable {
     /// Fewer records than this are encoded as they are inserted: handing them over costs more.
     static let handedOverFrom = 64
@@ -19,22 +21,17 @@ final class EncodedDefinitions: @unchecked Sendable {
 
     private let records: [StoredDownload]
     /// One slot for each record, written by the thread that claimed its block before it signals
-    /// the block's semaphore, read by the inserting thread after its wait for it; `nil` when not
-    /// handed over.
-    private let slots: UnsafeMutableBufferPointer<Result<String, any Error>>?
+    /// the block's semaphore, read by the inserting thread after its wait for it.
+    private let slots: UnsafeMutableBufferPointer<Result<String, any Error>>
     /// Signalled once when a block's slots are written.
     private let encoded: [DispatchSemaphore]
     /// The blocks claimed so far, in order.
     private let claimed = Atomic<Int>(0)
 
-    /// Starts encoding the definitions of `records` on another thread, when there are enough.
-    init(of records: [StoredDownload]) {
+    /// Starts encoding the definitions of `records` on another thread; `nil` when they are too few.
+    init?(of records: [StoredDownload]) {
+        guard records.count >= Self.handedOverFrom else { return nil }
         self.records = records
-        guard records.count >= Self.handedOverFrom else {
-            slots = nil
-            encoded = []
-            return
-        }
         slots = .allocate(capacity: records.count)
         encoded = (0..<(records.count + Self.block - 1) / Self.block).map { _ in DispatchSemaphore(value: 0) }
         // The closure holds `self`: the slots outlive the encoding, even when the inserts stop early.
@@ -46,16 +43,12 @@ final class EncodedDefinitions: @unchecked Sendable {
     deinit {
         // Every block was claimed and written: the helper claims blocks until none is left, and
         // holds this object until then.
-        if let slots {
-            _ = slots.deinitialize()
-            slots.deallocate()
-        }
+        _ = slots.deinitialize()
+        slots.deallocate()
     }
 
-    /// The definition of the record at `index`, once it is encoded; `nil` when the records were
-    /// too few to hand over (the caller encodes it).
-    func take(_ index: Int) throws -> String? {
-        guard let slots else { return nil }
+    /// The definition of the record at `index`, once it is encoded.
+    func take(_ index: Int) throws -> String {
         if index % Self.block == 0 {
             let block = index / Self.block
             // Encodes the blocks nobody has claimed yet, up to this one, rather than wait for them.
@@ -67,7 +60,6 @@ final class EncodedDefinitions: @unchecked Sendable {
 
     /// Claims the next block and encodes it; false when every block is claimed.
     private func encodeNextBlock() -> Bool {
-        guard let slots else { return false }
         let block = claimed.add(1, ordering: .acquiringAndReleasing).oldValue
         guard block < encoded.count else { return false }
         for index in block * Self.block..<min(records.count, (block + 1) * Self.block) {

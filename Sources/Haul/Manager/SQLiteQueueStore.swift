@@ -335,7 +335,7 @@ final class SQLiteQueueStore: QueueStore {
             let definitions = EncodedDefinitions(of: changes.inserts)
             for (index, var record) in changes.inserts.enumerated() {
                 record.id = nil
-                try record.insertManagedColumns(db, definition: try definitions.take(index))
+                try record.insertManagedColumns(db, definition: try definitions?.take(index))
                 ids.append(record.downloadID)
                 counts.add(record.state.rawValue, 1)
             }
