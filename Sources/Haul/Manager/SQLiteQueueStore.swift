@@ -193,14 +193,10 @@ final class SQLiteQueueStore: QueueStore {
         try db.execute(
             sql: """
                 INSERT INTO download9 (\(columns)) SELECT \(columns) FROM download ORDER BY id;
-                UPDATE sqlite_sequence
-                SET seq = (SELECT max(seq) FROM sqlite_sequence WHERE name IN ('download', 'download9'))
-                WHERE name = 'download9';
-                INSERT INTO sqlite_sequence (name, seq)
-                SELECT 'download9', seq FROM sqlite_sequence
-                WHERE name = 'download' AND NOT EXISTS (SELECT 1 FROM sqlite_sequence WHERE name = 'download9');
-                DROP TABLE download;
-                ALTER TABLE download9 RENAME TO download;
+                """)
+        try replaceDownloadTable(with: "download9", db)
+        try db.execute(
+            sql: """
                 CREATE INDEX download_on_destination ON download (destination);
                 CREATE INDEX download_on_state ON download (state);
                 CREATE INDEX download_on_id_state ON download (id, state);
@@ -265,19 +261,24 @@ final class SQLiteQueueStore: QueueStore {
                     FROM download WHERE id = ?
                     """, arguments: [definition, id])
         }
-        // IDs of removed downloads are not given out again.
+        try db.drop(table: "header")
+        try replaceDownloadTable(with: "download6", db)
+    }
+
+    /// The last step of a migration that makes the `download` table anew as `table`: `table`
+    /// takes the ID sequence (IDs of removed downloads are not given out again), then the name.
+    private static func replaceDownloadTable(with table: String, _ db: Database) throws {
         try db.execute(
             sql: """
                 UPDATE sqlite_sequence
-                SET seq = (SELECT max(seq) FROM sqlite_sequence WHERE name IN ('download', 'download6'))
-                WHERE name = 'download6';
+                SET seq = (SELECT max(seq) FROM sqlite_sequence WHERE name IN ('download', ?))
+                WHERE name = ?;
                 INSERT INTO sqlite_sequence (name, seq)
-                SELECT 'download6', seq FROM sqlite_sequence
-                WHERE name = 'download' AND NOT EXISTS (SELECT 1 FROM sqlite_sequence WHERE name = 'download6');
-                """)
-        try db.drop(table: "header")
+                SELECT ?, seq FROM sqlite_sequence
+                WHERE name = 'download' AND NOT EXISTS (SELECT 1 FROM sqlite_sequence WHERE name = ?);
+                """, arguments: [table, table, table, table])
         try db.drop(table: "download")
-        try db.rename(table: "download6", to: "download")
+        try db.rename(table: table, to: "download")
     }
 
     // MARK: The queue's records
