@@ -449,7 +449,6 @@ struct DownloadRoots: Sendable {
         return real
     }
 
-    /// Whether `path` is `directory` or lies inside it.
     /// Whether `path` is `directory` or lies in it, byte for byte: Swift's `==` takes two spellings
     /// of one accented letter for one, which Linux takes for two directories.
     private static func contains(_ directory: String, _ path: String) -> Bool {
