@@ -331,15 +331,8 @@ final class SQLiteQueueStore: QueueStore {
                 }
             }
             for record in changes.updates { try update(record) }
-            var ids: [DownloadID] = []
-            ids.reserveCapacity(changes.inserts.count)
-            let definitions = EncodedDefinitions(of: changes.inserts)
-            for (index, var record) in changes.inserts.enumerated() {
-                record.id = nil
-                try record.insertManagedColumns(db, definition: try definitions?.take(index))
-                ids.append(record.downloadID)
-                counts.add(record.state.rawValue, 1)
-            }
+            let ids = try StoredDownload.insertManagedColumns(of: changes.inserts, db)
+            for record in changes.inserts { counts.add(record.state.rawValue, 1) }
             for id in changes.deletes where try StoredDownload.deleteOne(db, key: id.rawValue) {
                 if let state = stored[id.rawValue]?.state { counts.add(state, -1) }
                 stored[id.rawValue] = nil
@@ -798,10 +791,24 @@ extension StoredDownload: FetchableRecord, MutablePersistableRecord {
         "UPDATE download SET " + columns.map { "\"\($0.rawValue)\" = ?" }.joined(separator: ", ") + " WHERE id = ?"
     }
 
+    /// How many rows one statement of a long insert writes. Each statement has a cost of its own
+    /// (its cursors on the table and each index are opened and closed, its end is checked), which
+    /// an add of a hundred thousand paid once a row. 32 rows bind 544 values, under the 999 an
+    /// older SQLite allows in one statement.
+    static let rowsPerInsert = 32
+
     /// The statement that inserts a row with every managed column (see ``Columns/managed``).
-    static let insertManagedColumnsSQL =
-        "INSERT INTO download (" + Columns.managed.map { "\"\($0.rawValue)\"" }.joined(separator: ", ")
-        + ") VALUES (" + Columns.managed.map { _ in "?" }.joined(separator: ", ") + ")"
+    static let insertManagedColumnsSQL = insertSQL(rows: 1)
+
+    /// The statement that inserts ``rowsPerInsert`` rows with every managed column.
+    static let insertManyManagedColumnsSQL = insertSQL(rows: rowsPerInsert)
+
+    /// `INSERT INTO download` the managed columns of `rows` rows.
+    private static func insertSQL(rows: Int) -> String {
+        let row = "(" + Columns.managed.map { _ in "?" }.joined(separator: ", ") + ")"
+        return "INSERT INTO download (" + Columns.managed.map { "\"\($0.rawValue)\"" }.joined(separator: ", ")
+            + ") VALUES " + repeatElement(row, count: rows).joined(separator: ", ")
+    }
 
     /// Binds `columns` to `statement`, in their order from its first parameter, straight through
     /// SQLite's own calls: adding a hundred thousand records spent more on building GRDB's
@@ -814,6 +821,12 @@ extension StoredDownload: FetchableRecord, MutablePersistableRecord {
         // Marks the statement's arguments as set and clears the previous ones; the values follow.
         statement.setUncheckedArguments(StatementArguments())
         var binder = Binder(statement)
+        try bind(columns, with: &binder, definition: encoded)
+        return binder.position
+    }
+
+    /// Binds `columns` with `binder`, from its next parameter on.
+    private func bind(_ columns: [Columns], with binder: inout Binder, definition encoded: String?) throws {
         for column in columns {
             switch column {
             case .key: try binder.bind(key)
@@ -836,17 +849,40 @@ extension StoredDownload: FetchableRecord, MutablePersistableRecord {
             case .id, .request: continue
             }
         }
-        return binder.position
     }
 
-    /// Inserts the record as a new row with one cached statement (adding many builds no SQL and
-    /// encodes no record) and takes the ID SQLite gave it; `definition` is ``definition`` encoded,
-    /// when the caller has it already (see ``EncodedDefinitions``).
-    mutating func insertManagedColumns(_ db: Database, definition: String? = nil) throws {
-        let statement = try db.cachedStatement(sql: Self.insertManagedColumnsSQL)
-        _ = try bind(Columns.managed, to: statement, definition: definition)
-        try statement.execute()
-        id = db.lastInsertedRowID
+    /// Inserts `records` as new rows (their own IDs are not written) and returns the IDs SQLite
+    /// gave them, in order: ``rowsPerInsert`` rows a statement, then the rest one by one, with
+    /// cached statements (adding many builds no SQL and encodes no record). A long list's
+    /// definitions are encoded on another thread meanwhile (see ``EncodedDefinitions``).
+    ///
+    /// The rows of one statement have consecutive IDs, ending at the last one inserted: the
+    /// table's IDs are AUTOINCREMENT, so each row takes one more than the largest ID the table
+    /// ever had, and nothing else writes the table while the statement runs.
+    static func insertManagedColumns(of records: [StoredDownload], _ db: Database) throws -> [DownloadID] {
+        let definitions = EncodedDefinitions(of: records)
+        var ids: [DownloadID] = []
+        ids.reserveCapacity(records.count)
+        var index = 0
+        while index < records.count {
+            let rows = records.count - index >= rowsPerInsert ? rowsPerInsert : 1
+            let statement = try db.cachedStatement(
+                sql: rows == 1 ? insertManagedColumnsSQL : insertManyManagedColumnsSQL)
+            // Marks the statement's arguments as set and clears the previous ones; the values follow.
+            statement.setUncheckedArguments(StatementArguments())
+            var binder = Binder(statement)
+            for position in index..<index + rows {
+                try records[position].bind(Columns.managed, with: &binder, definition: try definitions?.take(position))
+            }
+            try statement.execute()
+            guard db.changesCount == rows else {
+                throw HaulError(.database, "the state database inserted \(db.changesCount) rows of \(rows)")
+            }
+            let last = db.lastInsertedRowID
+            ids += (last - Int64(rows) + 1...last).map { DownloadID($0) }
+            index += rows
+        }
+        return ids
     }
 
     /// Writes every managed column (see ``Columns/managed``), or only ``changingColumns`` when

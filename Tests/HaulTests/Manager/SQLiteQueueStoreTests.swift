@@ -141,7 +141,8 @@ import Testing
                     }
                 }
                 for sql in [
-                    StoredDownload.insertManagedColumnsSQL, StoredDownload.updateManagedColumnsSQL,
+                    StoredDownload.insertManagedColumnsSQL, StoredDownload.insertManyManagedColumnsSQL,
+                    StoredDownload.updateManagedColumnsSQL,
                     StoredDownload.updateChangingColumnsSQL,
                     "UPDATE download SET request = ? WHERE id = ?",
                 ] {
@@ -170,12 +171,23 @@ import Testing
     }
 
     /// A commit of many new records encodes their requests on another thread while it inserts
-    /// them: each record keeps its own request, across the blocks handed over, and a commit of a
-    /// few encodes them itself.
-    @Test(arguments: [3, EncodedDefinitions.handedOverFrom, 2 * EncodedDefinitions.block + 5])
+    /// them, and inserts them several rows a statement: each record keeps its own request and
+    /// the ID it is given, across the blocks handed over and the statements, and a commit of a
+    /// few encodes them itself. The IDs follow the largest ever given, past a removed record.
+    @Test(arguments: [
+        3, StoredDownload.rowsPerInsert, EncodedDefinitions.handedOverFrom + 1, 2 * EncodedDefinitions.block + 5,
+    ])
     func everyInsertedRecordKeepsItsOwnRequest(count: Int) async throws {
         try await withTemporaryDirectory { directory in
             let store = try SQLiteQueueStore(path: directory + "/downloads.sqlite")
+            let removed = StoredDownload(
+                key: "file:/d/removed",
+                definition: DownloadRequest(url: "http://x/r", destination: .file("/d/removed")),
+                destination: "/d/removed", priority: 0, owner: nil, now: 1)
+            var second = removed
+            second.key = "file:/d/removed2"
+            let removedIDs = try store.insert([removed, second])
+            try store.delete(removedIDs[1])
             let records = (0..<count).map { index in
                 StoredDownload(
                     key: "file:/d/\(index)",
@@ -185,8 +197,8 @@ import Testing
                     destination: "/d/\(index)", priority: index % 3, owner: nil, now: 1)
             }
             let ids = try store.insert(records)
-            #expect(ids.count == count)
-            let stored = try store.allDownloads()
+            #expect(ids == (3...Int64(count + 2)).map { DownloadID($0) })
+            let stored = try store.allDownloads().filter { $0.key != removed.key }
             #expect(stored.map(\.downloadID) == ids)
             for (index, record) in stored.enumerated() {
                 #expect(record.key == "file:/d/\(index)" && record.definition.url == "http://x/\(index)?n=\(index)")
