@@ -72,11 +72,13 @@ extension DownloadManager {
         var replaced: [DownloadID] = []
         var checked = 0
         let rules = configuration.rules
+        var firstReading = FirstReading(othersChangeVersion: try store.othersChangeVersion())
         try list.read { requests in
             let requests = rules.applied(to: requests)
             let examined = try examine(requests)
             if let refusal = examined.refusal { throw refusal.error }
             replaced += examined.replaced
+            firstReading.found(examined.found, from: checked)
             checked += requests.count
             trim()
         }
@@ -85,7 +87,11 @@ extension DownloadManager {
         do {
             try list.read { requests in
                 for chunk in Self.chunks(of: rules.applied(to: requests)) {
-                    answered(try enqueueChunk(chunk, priority: priority, withInfo: withInfo))
+                    let nothingStored =
+                        try replaced.isEmpty
+                        && firstReading.foundNothing(in: added..<added + chunk.count, now: store.othersChangeVersion())
+                    answered(
+                        try enqueueChunk(chunk, priority: priority, withInfo: withInfo, nothingStored: nothingStored))
                     added += chunk.count
                     // Known downloads read for the add stay in memory only as long as needed.
                     trim()
@@ -115,14 +121,61 @@ extension DownloadManager {
         }
     }
 
+    /// What the first reading of a list (the check) learnt that spares the second (the add) its
+    /// lookups: where the list names downloads already stored. A chunk of the add for which the
+    /// check found none, while nothing but this manager changed the store since, names none now
+    /// but those the add's earlier chunks inserted, which the store's unique key refuses (the
+    /// chunk is then decided again, with the lookup). An add of a hundred thousand new downloads
+    /// spent a tenth of its time looking them up a second time.
+    struct FirstReading {
+        /// The store's ``QueueStore/othersChangeVersion()`` before the check; `nil`: unknown.
+        private let othersChangeVersion: Int?
+        /// The places in the list of the chunks in which the check found stored downloads.
+        private var found: [Range<Int>] = []
+
+        init(othersChangeVersion: Int?) {
+            self.othersChangeVersion = othersChangeVersion
+        }
+
+        /// The check found stored downloads in these chunks of a part of the list that starts at
+        /// `start`.
+        mutating func found(_ chunks: [Range<Int>], from start: Int) {
+            found += chunks.map { start + $0.lowerBound..<start + $0.upperBound }
+        }
+
+        /// Whether the check found nothing stored for the requests at `places`, and nothing but
+        /// this manager changed the store since (`now` is its version now).
+        func foundNothing(in places: Range<Int>, now: Int?) -> Bool {
+            othersChangeVersion != nil && now == othersChangeVersion && !found.contains { $0.overlaps(places) }
+        }
+    }
+
     /// Adds one slice of an ``enqueue(_:priority:)-([DownloadRequest],_)`` call in one transaction.
-    private func enqueueChunk(_ requests: ArraySlice<DownloadRequest>, priority: DownloadPriority, withInfo: Bool)
-        throws -> [(id: DownloadID, info: DownloadInfo?)]
-    {
+    /// `nothingStored`: the slice names no stored download (see ``FirstReading``); when that turns
+    /// out wrong, it is decided again with a lookup.
+    private func enqueueChunk(
+        _ requests: ArraySlice<DownloadRequest>, priority: DownloadPriority, withInfo: Bool, nothingStored: Bool = false
+    ) throws -> [(id: DownloadID, info: DownloadInfo?)] {
+        guard nothingStored else {
+            return try enqueueChunk(requests, priority: priority, withInfo: withInfo, known: nil)
+        }
+        do {
+            return try enqueueChunk(requests, priority: priority, withInfo: withInfo, known: Known())
+        } catch {
+            // A file an earlier chunk added: nothing of this chunk was written or changed.
+            return try enqueueChunk(requests, priority: priority, withInfo: withInfo, known: nil)
+        }
+    }
+
+    /// ``enqueueChunk(_:priority:withInfo:nothingStored:)`` with the stored downloads the slice
+    /// names, looked up when `known` is `nil`.
+    private func enqueueChunk(
+        _ requests: ArraySlice<DownloadRequest>, priority: DownloadPriority, withInfo: Bool, known: Known?
+    ) throws -> [(id: DownloadID, info: DownloadInfo?)] {
         // Everything is decided first; the store then adds and changes it all in one transaction, and
         // the memory changes only once that has committed. Changes still waiting to be written go
         // first, so a download queued again here is not overwritten by its older record.
-        let known = try known(requests)
+        let known = try known ?? self.known(requests)
         var batch = Batch(folders: OpenFolders(confinement: confinement))
         let answers = try requests.map { request in
             try add(request, priority: priority, known: known, batch: &batch)
@@ -167,6 +220,12 @@ extension DownloadManager {
     struct Known {
         private var byKey: [String: StoredDownload] = [:]
         private var byDestination: [String: StoredDownload] = [:]
+
+        /// None.
+        init() {}
+
+        /// Whether none was found.
+        var isEmpty: Bool { byKey.isEmpty && byDestination.isEmpty }
 
         /// Reads the downloads of `requests` from `store` (which the manager brought up to date
         /// with ``writeWaiting()``: a file a download learnt, a download removed).
@@ -230,17 +289,20 @@ extension DownloadManager {
     }
 
     /// The first of `requests` that would be refused and why, else the downloads of other URLs their
-    /// files replace; one read of the store per chunk of requests.
+    /// files replace and the places of the chunks that name stored downloads; one read of the
+    /// store per chunk of requests.
     private func examine(_ requests: [DownloadRequest]) throws -> (
-        refusal: (index: Int, error: HaulError)?, replaced: [DownloadID]
+        refusal: (index: Int, error: HaulError)?, replaced: [DownloadID], found: [Range<Int>]
     ) {
         guard !lifecycle.isClosed else {
-            return ((0, HaulError(.invalidState, "the download manager is closed")), [])
+            return ((0, HaulError(.invalidState, "the download manager is closed")), [], [])
         }
         var position = 0
         var replaced: [DownloadID] = []
+        var found: [Range<Int>] = []
         for chunk in Self.chunks(of: requests) {
             let known = try known(chunk)
+            if !known.isEmpty { found.append(position..<position + chunk.count) }
             var folders = OpenFolders(confinement: confinement)
             for request in chunk {
                 defer { position += 1 }
@@ -253,11 +315,11 @@ extension DownloadManager {
                         try checkNothingInTheWay(identity, overwriting: request.overwrite, folders: &folders)
                     }
                 } catch {
-                    return ((position, HaulError.wrapping(error)), [])
+                    return ((position, HaulError.wrapping(error)), [], [])
                 }
             }
         }
-        return (nil, replaced)
+        return (nil, replaced, found)
     }
 
     /// Throws when a file Haul did not download is at the destination and the request does not

@@ -78,6 +78,12 @@ package protocol QueueStore: Sendable {
     /// The record with this key (``StoredDownload/key``, unique); `nil` when there is none.
     func download(key: String) throws -> StoredDownload?
 
+    /// A number that differs from an earlier one when, in between, something other than this store
+    /// object committed a change to the storage (another process, another store opened on it);
+    /// this store's own commits leave it as it is. `nil` when the store cannot tell: whoever
+    /// asks must then read again what it read before.
+    func othersChangeVersion() throws -> Int?
+
     /// The records whose file is `destination`, in ID order.
     func downloads(destination: String) throws -> [StoredDownload]
 
@@ -123,6 +129,9 @@ package protocol QueueStore: Sendable {
 }
 
 extension QueueStore {
+    /// Cannot tell (see the requirement).
+    package func othersChangeVersion() throws -> Int? { nil }
+
     /// Adds `records` all together (or none, when one's key is taken) and returns their IDs in order.
     @discardableResult
     package func insert(_ records: [StoredDownload]) throws -> [DownloadID] {

@@ -579,6 +579,13 @@ final class SQLiteQueueStore: QueueStore {
         }
     }
 
+    /// SQLite's `data_version` as the writing connection sees it (see
+    /// ``QueueStore/othersChangeVersion()``): it moves with each commit made through another
+    /// connection, and not with this connection's own.
+    func othersChangeVersion() throws -> Int? {
+        try write { db in try Int.fetchOne(db, sql: "PRAGMA data_version") }
+    }
+
     /// The records of a file (see ``QueueStore/downloads(destination:)``).
     func downloads(destination: String) throws -> [StoredDownload] {
         try read { db in

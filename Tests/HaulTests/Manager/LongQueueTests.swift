@@ -99,6 +99,65 @@ struct LongQueueTests {
         }
     }
 
+    @Test("a file named again in a later chunk of one list is one download, of the first URL, as in one chunk")
+    func aFileNamedInTwoChunksIsOneDownload() async throws {
+        try await withTemporaryDirectory { directory in
+            let count = DownloadManager.enqueueBatch + 10
+            let again = DownloadManager.enqueueBatch + 5
+            let requests = (0..<count).map { position in
+                DownloadRequest(
+                    url: "http://127.0.0.1:9/f\(position)",
+                    destination: .file(directory + "/q\(position == again ? 5 : position)"))
+            }
+            try await withManager(directory + "/state") { manager in
+                let ids = try await manager.enqueue(requests)
+                #expect(ids[again] == ids[5])
+                #expect(Set(ids).count == count - 1)
+                #expect(try await manager.counts() == [.queued: count - 1])
+                #expect(try await manager.download(id: ids[5]).url == "http://127.0.0.1:9/f5")
+            }
+        }
+    }
+
+    @Test("a file another process's download learns while a list is added stays that download's")
+    func aFileLearntElsewhereDuringAnAddIsKnown() async throws {
+        try await withTemporaryDirectory { directory in
+            let state = directory + "/state"
+            let count = DownloadManager.enqueueBatch + 10
+            let learnt = DownloadManager.enqueueBatch + 3
+            let reads = Mutex(0)
+            let other = Mutex<DownloadID?>(nil)
+            let list = DownloadRequestList { chunk in
+                // Between the check and the add, another process's download into the directory
+                // learns the name of a file of the list's second chunk.
+                if reads.withLock({
+                    $0 += 1; return $0
+                }) == 2 {
+                    let store = try SQLiteQueueStore(path: state + "/" + DownloadManager.databaseName)
+                    var record = StoredDownload(
+                        key: StoredDownload.directoryKeyPrefix + directory + "\nhttp://127.0.0.1:9/other",
+                        definition: DownloadRequest(
+                            url: "http://127.0.0.1:9/other", destination: .directory(directory)),
+                        destination: nil, priority: 0, owner: nil, now: 1)
+                    record.destination = directory + "/q\(learnt)"
+                    try record.move(to: .paused, at: 2)
+                    other.withLock { $0 = try? store.insert([record])[0] }
+                }
+                try chunk(
+                    (0..<count).map {
+                        DownloadRequest(url: "http://127.0.0.1:9/f\($0)", destination: .file(directory + "/q\($0)"))
+                    })
+            }
+            try await withManager(state) { manager in
+                let ids = try await manager.enqueue(list)
+                let otherID = try #require(other.withLock { $0 })
+                #expect(ids[learnt] == otherID)
+                #expect(Set(ids).count == count)
+                #expect(try await manager.counts() == [.queued: count])
+            }
+        }
+    }
+
     @Test("downloads beyond the window start in order of priority, then as added, and the manager holds few")
     func startsBeyondTheWindowInOrder() async throws {
         try await HaulTestServer.withRunning { server in
