@@ -136,6 +136,17 @@ struct QueueCommandTests {
             #expect(!FileManager.default.fileExists(atPath: directory + "/bad.bin"))
             #expect(contents(directory + "/c2.bin") == server.resource("/c.bin")!.content)
 
+            // Windows line ends, tabs and blanks around a line's text are not part of it.
+            let spaced =
+                "\t# a comment after a tab\r\n\(server.url("/b.bin"))  \r\n\tout=tabbed.bin \t\r\n"
+                + "   \r\n\(server.url("/c.bin"))\r\n \t dir=crlf\r\n"
+            try spaced.write(toFile: directory + "/spaced.txt", atomically: true, encoding: .utf8)
+            let read = try await HaulProcess.run(
+                ["get", "-i", directory + "/spaced.txt", "-d", directory, "--state-dir", state])
+            #expect(read.status == 0, "\(read.errors)")
+            #expect(contents(directory + "/tabbed.bin") == server.resource("/b.bin")!.content)
+            #expect(contents(directory + "/crlf/c.bin") == server.resource("/c.bin")!.content)
+
             // Errors in the file name the line, and nothing is downloaded.
             for (text, message) in [
                 ("\(server.url("/a.bin"))\n  colour=blue\n", "list2.txt:2: unknown option 'colour'"),
