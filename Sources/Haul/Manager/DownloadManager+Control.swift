@@ -1,3 +1,5 @@
+import Dispatch
+
 #if canImport(Glibc)
     import Glibc
 #elseif canImport(Musl)
@@ -84,20 +86,36 @@ extension DownloadManager {
         }
         for id in replaced { try await remove(id, deletingFiles: false) }
         var added = 0
+        // A chunk that names nothing stored is written on another thread while the next one is
+        // decided (see ``BackgroundCommit``).
+        var running: RunningChunk?
         do {
             try list.read { requests in
                 for chunk in Self.chunks(of: rules.applied(to: requests)) {
-                    let nothingStored =
-                        try replaced.isEmpty
-                        && firstReading.foundNothing(in: added..<added + chunk.count, now: store.othersChangeVersion())
-                    answered(
-                        try enqueueChunk(chunk, priority: priority, withInfo: withInfo, nothingStored: nothingStored))
-                    added += chunk.count
-                    // Known downloads read for the add stay in memory only as long as needed.
-                    trim()
+                    let start = added + (running?.decided.requests.count ?? 0)
+                    let alone = replaced.isEmpty && claim.lease == nil
+                    let decided =
+                        alone && firstReading.foundNothing(in: start..<start + chunk.count)
+                        ? try decide(chunk, priority: priority, known: Known()) : nil
+                    let version = try settleChunk(
+                        &running, added: &added, priority: priority, withInfo: withInfo, answered: answered)
+                    // Decided before the version was read: nothing changed elsewhere before that.
+                    if let decided, firstReading.nothingChangedElsewhere(now: version), unwritten.isEmpty {
+                        running = (decided, BackgroundCommit(decided.changes, store: store))
+                    } else {
+                        answered(try enqueueChunk(chunk, priority: priority, withInfo: withInfo, known: nil))
+                        added += chunk.count
+                        trim()
+                    }
                 }
             }
+            _ = try settleChunk(&running, added: &added, priority: priority, withInfo: withInfo, answered: answered)
         } catch {
+            // What a chunk being written adds stays, and is counted.
+            if running != nil {
+                _ = try? settleChunk(
+                    &running, added: &added, priority: priority, withInfo: withInfo, answered: answered)
+            }
             guard added > 0 else { throw error }
             let wrapped = HaulError.wrapping(error)
             throw HaulError(
@@ -109,6 +127,35 @@ extension DownloadManager {
             throw HaulError(
                 .invalidArgument, "the list gave \(checked) requests, then \(added): it changed while it was added")
         }
+    }
+
+    /// A decided chunk whose commit runs on another thread.
+    private typealias RunningChunk = (decided: DecidedChunk, commit: BackgroundCommit)
+
+    /// Ends the chunk being written (`running`), if any: takes it into memory and passes its
+    /// answers on, counted in `added`. Returns the store's version of others' changes after it.
+    private func settleChunk(
+        _ running: inout RunningChunk?, added: inout Int, priority: DownloadPriority, withInfo: Bool,
+        answered: ([(id: DownloadID, info: DownloadInfo?)]) -> Void
+    ) throws -> Int? {
+        guard let (decided, commit) = running else { return try store.othersChangeVersion() }
+        running = nil
+        let version: Int?
+        let answers: [(id: DownloadID, info: DownloadInfo?)]
+        do {
+            let written = try commit.wait()
+            (version, answers) = (written.version, apply(decided, newIDs: written.ids, withInfo: withInfo))
+            announceWritten()
+        } catch {
+            // A file an earlier chunk added (see FirstReading): nothing of this chunk was written.
+            version = nil
+            answers = try enqueueChunk(decided.requests, priority: priority, withInfo: withInfo, known: nil)
+        }
+        answered(answers)
+        added += decided.requests.count
+        // Known downloads read for the add stay in memory only as long as needed.
+        trim()
+        return version
     }
 
     /// How many requests of a long list are decided and written together, in one transaction.
@@ -143,44 +190,86 @@ extension DownloadManager {
             found += chunks.map { start + $0.lowerBound..<start + $0.upperBound }
         }
 
-        /// Whether the check found nothing stored for the requests at `places`, and nothing but
-        /// this manager changed the store since (`now` is its version now).
-        func foundNothing(in places: Range<Int>, now: Int?) -> Bool {
-            othersChangeVersion != nil && now == othersChangeVersion && !found.contains { $0.overlaps(places) }
+        /// Whether the check found nothing stored for the requests at `places`, in a store that can
+        /// tell others' changes.
+        func foundNothing(in places: Range<Int>) -> Bool {
+            othersChangeVersion != nil && !found.contains { $0.overlaps(places) }
+        }
+
+        /// Whether nothing but this manager changed the store since the check (`now` is its
+        /// version now).
+        func nothingChangedElsewhere(now: Int?) -> Bool {
+            now != nil && now == othersChangeVersion
         }
     }
 
-    /// Adds one slice of an ``enqueue(_:priority:)-([DownloadRequest],_)`` call in one transaction.
-    /// `nothingStored`: the slice names no stored download (see ``FirstReading``); when that turns
-    /// out wrong, it is decided again with a lookup.
-    private func enqueueChunk(
-        _ requests: ArraySlice<DownloadRequest>, priority: DownloadPriority, withInfo: Bool, nothingStored: Bool = false
-    ) throws -> [(id: DownloadID, info: DownloadInfo?)] {
-        guard nothingStored else {
-            return try enqueueChunk(requests, priority: priority, withInfo: withInfo, known: nil)
-        }
-        do {
-            return try enqueueChunk(requests, priority: priority, withInfo: withInfo, known: Known())
-        } catch {
-            // A file an earlier chunk added: nothing of this chunk was written or changed.
-            return try enqueueChunk(requests, priority: priority, withInfo: withInfo, known: nil)
+    /// One slice of an add, decided: what the store is to add and change, and each request's answer.
+    private struct DecidedChunk {
+        let requests: ArraySlice<DownloadRequest>
+        var batch: Batch
+        let answers: [BatchAnswer]
+
+        /// What the store is to add and change.
+        var changes: QueueChanges {
+            QueueChanges(updates: batch.updates, inserts: batch.added.map { $0.entry.record })
         }
     }
 
-    /// ``enqueueChunk(_:priority:withInfo:nothingStored:)`` with the stored downloads the slice
-    /// names, looked up when `known` is `nil`.
+    /// A chunk's commit, made on another thread while the manager decides the next chunk: an add of
+    /// a million spent more than half its time writing, with the second core mostly idle. Only a
+    /// chunk that names no stored download is written so (see ``FirstReading``): deciding it reads
+    /// nothing the commit before it writes. With its IDs comes the store's version of others'
+    /// changes right after it.
+    private final class BackgroundCommit: @unchecked Sendable {
+        private let done = DispatchSemaphore(value: 0)
+        /// Written once, before `done` is signalled; read only after a wait for it.
+        private var outcome: Result<(ids: [DownloadID], version: Int?), any Error>?
+
+        init(_ changes: QueueChanges, store: any QueueStore) {
+            DispatchQueue.global().async {
+                self.outcome = Result { (try store.commit(changes), (try? store.othersChangeVersion()) ?? nil) }
+                self.done.signal()
+            }
+        }
+
+        /// The commit's outcome, once it has one.
+        func wait() throws -> (ids: [DownloadID], version: Int?) {
+            done.wait()
+            return try outcome!.get()
+        }
+    }
+
+    /// Adds one slice of an ``enqueue(_:priority:)-([DownloadRequest],_)`` call in one transaction,
+    /// with the stored downloads it names, looked up when `known` is `nil`.
     private func enqueueChunk(
         _ requests: ArraySlice<DownloadRequest>, priority: DownloadPriority, withInfo: Bool, known: Known?
     ) throws -> [(id: DownloadID, info: DownloadInfo?)] {
         // Everything is decided first; the store then adds and changes it all in one transaction, and
         // the memory changes only once that has committed. Changes still waiting to be written go
         // first, so a download queued again here is not overwritten by its older record.
-        let known = try known ?? self.known(requests)
+        let decided = try decide(requests, priority: priority, known: try known ?? self.known(requests))
+        return apply(decided, newIDs: try write(decided.changes), withInfo: withInfo)
+    }
+
+    /// Decides what each request of a slice does, with the stored downloads it names; changes
+    /// nothing.
+    private func decide(_ requests: ArraySlice<DownloadRequest>, priority: DownloadPriority, known: Known) throws
+        -> DecidedChunk
+    {
         var batch = Batch(folders: OpenFolders(confinement: confinement))
         let answers = try requests.map { request in
             try add(request, priority: priority, known: known, batch: &batch)
         }
-        let newIDs = try write(QueueChanges(updates: batch.updates, inserts: batch.added.map { $0.entry.record }))
+        return DecidedChunk(requests: requests, batch: batch, answers: answers)
+    }
+
+    /// Takes a decided slice into memory once the store has written it (`newIDs`: the IDs given to
+    /// its new downloads), and returns each request's answer.
+    private func apply(_ decided: DecidedChunk, newIDs: [DownloadID], withInfo: Bool)
+        -> [(id: DownloadID, info: DownloadInfo?)]
+    {
+        var batch = decided.batch
+        let answers = decided.answers
         for (position, id) in newIDs.enumerated() { batch.added[position].entry.record.id = id.rawValue }
         for (_, entry) in batch.added {
             publish(.added, entry)
