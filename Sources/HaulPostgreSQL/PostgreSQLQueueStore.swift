@@ -741,10 +741,10 @@ package final class PostgreSQLQueueStore: QueueStore {
     /// `records` as one JSON array, `nil` when there are none.
     private static func json(_ records: [StoredDownload]) throws -> String? {
         guard !records.isEmpty else { return nil }
-        let sent = try records.enumerated().map { position, record in
+        let sent = records.enumerated().map { position, record in
             Sent(
                 n: position, id: record.id, key: record.key,
-                definition: try StoredDownload.encodeDefinition(record.definition), destination: record.destination,
+                definition: StoredDownload.encodeDefinition(record.definition), destination: record.destination,
                 priority: record.priority, state: record.state.rawValue, errorCode: record.errorCode,
                 errorMessage: record.errorMessage, errorStatus: record.errorStatus, bytes: record.bytes,
                 totalBytes: record.totalBytes, bytesPerSecond: record.bytesPerSecond, owner: record.owner,

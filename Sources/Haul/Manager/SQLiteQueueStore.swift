@@ -820,24 +820,20 @@ extension StoredDownload: FetchableRecord, MutablePersistableRecord {
     /// Binds `columns` to `statement`, in their order from its first parameter, straight through
     /// SQLite's own calls: adding a hundred thousand records spent more on building GRDB's
     /// arguments than SQLite spent on inserting them. Returns the next parameter's position.
-    /// - Parameter definition: ``definition`` as ``encodeDefinition(_:)`` writes it, when the
-    ///   caller has it already.
-    private func bind(_ columns: [Columns], to statement: Statement, definition encoded: String? = nil) throws
-        -> Int32
-    {
+    private func bind(_ columns: [Columns], to statement: Statement) throws -> Int32 {
         // Marks the statement's arguments as set and clears the previous ones; the values follow.
         statement.setUncheckedArguments(StatementArguments())
         var binder = Binder(statement)
-        try bind(columns, with: &binder, definition: encoded)
+        try bind(columns, with: &binder)
         return binder.position
     }
 
     /// Binds `columns` with `binder`, from its next parameter on.
-    private func bind(_ columns: [Columns], with binder: inout Binder, definition encoded: String?) throws {
+    private func bind(_ columns: [Columns], with binder: inout Binder) throws {
         for column in columns {
             switch column {
             case .key: try binder.bind(key)
-            case .definition: try binder.bind(try encoded ?? Self.encodeDefinition(definition))
+            case .definition: try binder.bind(Self.encodeDefinition(definition))
             case .destination: try binder.bind(destination)
             case .priority: try binder.bind(Int64(priority))
             case .state: try binder.bind(state.rawValue)
@@ -860,14 +856,12 @@ extension StoredDownload: FetchableRecord, MutablePersistableRecord {
 
     /// Inserts `records` as new rows (their own IDs are not written) and returns the IDs SQLite
     /// gave them, in order: ``rowsPerInsert`` rows a statement, then the rest one by one, with
-    /// cached statements (adding many builds no SQL and encodes no record). A long list's
-    /// definitions are encoded on another thread meanwhile (see ``EncodedDefinitions``).
+    /// cached statements (adding many builds no SQL and encodes no record).
     ///
     /// The rows of one statement have consecutive IDs, ending at the last one inserted: the
     /// table's IDs are AUTOINCREMENT, so each row takes one more than the largest ID the table
     /// ever had, and nothing else writes the table while the statement runs.
     static func insertManagedColumns(of records: [StoredDownload], _ db: Database) throws -> [DownloadID] {
-        let definitions = EncodedDefinitions(of: records)
         var ids: [DownloadID] = []
         ids.reserveCapacity(records.count)
         var index = 0
@@ -879,7 +873,7 @@ extension StoredDownload: FetchableRecord, MutablePersistableRecord {
             statement.setUncheckedArguments(StatementArguments())
             var binder = Binder(statement)
             for position in index..<index + rows {
-                try records[position].bind(Columns.managed, with: &binder, definition: try definitions?.take(position))
+                try records[position].bind(Columns.managed, with: &binder)
             }
             try statement.execute()
             guard db.changesCount == rows else {

@@ -129,8 +129,8 @@ package struct StoredDownload: Codable, Sendable, Equatable {
 
     /// The request as a store keeps it: JSON with sorted keys, without secrets (see
     /// ``DownloadRequest``'s encoder).
-    package static func encodeDefinition(_ definition: DownloadRequest) throws -> String {
-        String(decoding: try definitionEncoder.encode(definition), as: UTF8.self)
+    package static func encodeDefinition(_ definition: DownloadRequest) -> String {
+        DefinitionJSON.encode(definition)
     }
 
     /// The request a store kept as ``encodeDefinition(_:)`` wrote it.
@@ -140,14 +140,6 @@ package struct StoredDownload: Codable, Sendable, Equatable {
 
     /// The decoder of ``decodeDefinition(_:)``, made once (an add reads thousands of records).
     private static let definitionDecoder = JSONDecoder()
-
-    /// The encoder of ``encodeDefinition(_:)``: made once (a commit of thousands of records made
-    /// one each).
-    private static let definitionEncoder: JSONEncoder = {
-        let encoder = JSONEncoder()
-        encoder.outputFormatting = .sortedKeys
-        return encoder
-    }()
 
     // MARK: The lifecycle
 

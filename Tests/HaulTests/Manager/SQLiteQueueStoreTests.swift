@@ -170,13 +170,10 @@ import Testing
         }
     }
 
-    /// A commit of many new records encodes their requests on another thread while it inserts
-    /// them, and inserts them several rows a statement: each record keeps its own request and
-    /// the ID it is given, across the blocks handed over and the statements, and a commit of a
-    /// few encodes them itself. The IDs follow the largest ever given, past a removed record.
-    @Test(arguments: [
-        3, StoredDownload.rowsPerInsert, EncodedDefinitions.handedOverFrom + 1, 2 * EncodedDefinitions.block + 5,
-    ])
+    /// A commit of many new records inserts them several rows a statement: each record keeps its
+    /// own request and the ID it is given, across the statements and the rows inserted one by one
+    /// after them. The IDs follow the largest ever given, past a removed record.
+    @Test(arguments: [3, StoredDownload.rowsPerInsert, 3 * StoredDownload.rowsPerInsert + 5])
     func everyInsertedRecordKeepsItsOwnRequest(count: Int) async throws {
         try await withTemporaryDirectory { directory in
             let store = try SQLiteQueueStore(path: directory + "/downloads.sqlite")
