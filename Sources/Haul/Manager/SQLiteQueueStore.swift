@@ -147,8 +147,33 @@ final class SQLiteQueueStore: QueueStore {
         migrator.registerMigration("9: checks that need no temporary table") { db in
             try checkWithoutTemporaryTables(db)
         }
+        migrator.registerMigration("10: fewer index entries for each download") { db in
+            try indexLess(db)
+        }
         return migrator
     }
+
+    /// Migration 10: every new download was written into seven b-trees, and every change of one
+    /// into five; an add of a million spent most of its writing time there. Two indexes go:
+    /// - `download_on_state` and `download_on_state_bytes` become one, on `(state, id, bytes,
+    ///   totalBytes)`: a page of one state in ID order, and the sums per state, read it alone.
+    /// - `download_on_destination` keeps only the downloads into a directory (their key begins
+    ///   with ``StoredDownload/directoryKeyPrefix``), the only ones looked up by file: a download
+    ///   to a named file is found by its key, which holds the file.
+    private static func indexLess(_ db: Database) throws {
+        try db.execute(
+            sql: """
+                DROP INDEX download_on_state;
+                DROP INDEX download_on_state_bytes;
+                CREATE INDEX download_on_state_id ON download (state, id, bytes, totalBytes);
+                DROP INDEX download_on_destination;
+                CREATE INDEX download_on_destination ON download (destination) WHERE \(intoDirectory);
+                """)
+    }
+
+    /// The condition of the downloads into a directory: a GLOB of a literal prefix is a range of
+    /// the key index (its collation is BINARY), and the condition of the partial index on files.
+    static let intoDirectory = "key GLOB '\(StoredDownload.directoryKeyPrefix)*'"
 
     /// Migration 9: the checks of `state` and `request` were `IN` lists, for which SQLite builds a
     /// temporary b-tree each time a row is written: a third of the time adding a hundred thousand
@@ -563,13 +588,12 @@ final class SQLiteQueueStore: QueueStore {
     /// a hundred thousand named files spent a tenth of its time looking them up by file.
     func downloadsIntoDirectories(destinations: [String]) throws -> [StoredDownload] {
         guard !destinations.isEmpty else { return [] }
-        // A GLOB of a literal prefix is a range of the key index (its collation is BINARY).
-        let intoDirectory = "key GLOB '\(StoredDownload.directoryKeyPrefix)*'"
         let any = try read { db in
-            try Bool.fetchOne(db.cachedStatement(sql: "SELECT EXISTS (SELECT 1 FROM download WHERE \(intoDirectory))"))
+            try Bool.fetchOne(
+                db.cachedStatement(sql: "SELECT EXISTS (SELECT 1 FROM download WHERE \(Self.intoDirectory))"))
         }
         guard any == true else { return [] }
-        return try downloads(where: "destination", in: destinations, and: intoDirectory)
+        return try downloads(where: "destination", in: destinations, and: Self.intoDirectory)
     }
 
     /// The record with this key (see ``QueueStore/download(key:)``).
@@ -588,9 +612,14 @@ final class SQLiteQueueStore: QueueStore {
 
     /// The records of a file (see ``QueueStore/downloads(destination:)``).
     func downloads(destination: String) throws -> [StoredDownload] {
+        // A download to a named file by its key; one into a directory by the file it learnt.
         try read { db in
             try StoredDownload.fetchAll(
-                db, sql: "SELECT * FROM download WHERE destination = ? ORDER BY id", arguments: [destination])
+                db,
+                sql: """
+                    SELECT * FROM download WHERE key = ? OR (destination = ? AND \(Self.intoDirectory)) ORDER BY id
+                    """,
+                arguments: [Identity.key(destination: destination), destination])
         }
     }
 
