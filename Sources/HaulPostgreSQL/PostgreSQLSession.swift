@@ -45,8 +45,18 @@ final class PostgreSQLConnector: Sendable {
                 watch = CloseWatch(open.closeFuture)
                 current = (open, watch)
             }
-            return try body(
-                PostgreSQLSession(connection: open, watch: watch, timeout: statementTimeout, logger: Self.logger))
+            do {
+                return try body(
+                    PostgreSQLSession(connection: open, watch: watch, timeout: statementTimeout, logger: Self.logger))
+            } catch {
+                // A connection that broke is never taken again, even while it does not look closed
+                // yet (the error may come before the close): the next call connects anew.
+                if PostgreSQLSession.isLostConnection(error) || error is PostgreSQLSession.CommitOutcomeUnknown {
+                    current = nil
+                    open.close().whenComplete { _ in withExtendedLifetime(open) {} }
+                }
+                throw error
+            }
         }
     }
 

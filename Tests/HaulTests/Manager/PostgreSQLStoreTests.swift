@@ -155,6 +155,27 @@ import Testing
         }
     }
 
+    /// A connection whose statement failed as lost is not taken again, even while it does not
+    /// look closed yet: the next call connects anew (a retry that took it again failed too).
+    @Test func aLostConnectionIsNotTakenAgain() async throws {
+        try await PostgreSQLTesting.withDatabase { location in
+            let connector = PostgreSQLConnector(
+                location: location, statementTimeout: .seconds(30), connectTimeout: .seconds(10))
+            func backend() throws -> Int32? {
+                try connector.withSession { session in
+                    try session.query("SELECT pg_backend_pid()").first?.decode(Int32.self)
+                }
+            }
+            let first = try #require(try backend())
+            #expect(try backend() == first, "a connection that works is kept")
+            #expect(throws: PostgreSQLSession.ConnectionClosed.self) {
+                try connector.withSession { _ in throw PostgreSQLSession.ConnectionClosed() }
+            }
+            let second = try #require(try backend())
+            #expect(second != first)
+        }
+    }
+
     /// A database whose schema a newer haul made is refused, not written.
     @Test func aSchemaFromANewerHaulIsRefused() async throws {
         try await PostgreSQLTesting.withDatabase { location in
