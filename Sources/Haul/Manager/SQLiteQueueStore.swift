@@ -160,11 +160,14 @@ final class SQLiteQueueStore: QueueStore {
     /// - `download_on_destination` keeps only the downloads into a directory (their key begins
     ///   with ``StoredDownload/directoryKeyPrefix``), the only ones looked up by file: a download
     ///   to a named file is found by its key, which holds the file.
+    ///
+    /// (Builds between 2f12625 and 16aad3e made migration 9 without the index on `state`: it is
+    /// dropped only if it is there.)
     private static func indexLess(_ db: Database) throws {
         try db.execute(
             sql: """
-                DROP INDEX download_on_state;
-                DROP INDEX download_on_state_bytes;
+                DROP INDEX IF EXISTS download_on_state;
+                DROP INDEX IF EXISTS download_on_state_bytes;
                 CREATE INDEX download_on_state_id ON download (state, id, bytes, totalBytes);
                 DROP INDEX download_on_destination;
                 CREATE INDEX download_on_destination ON download (destination) WHERE \(intoDirectory);

@@ -175,6 +175,8 @@ import Testing
                                     'queued', 0, 1, 2);
                             INSERT INTO download_count (state, n) VALUES ('paused', 1), ('queued', 1);
                             """)
+                    // Some builds made migration 9 without the index on state alone.
+                    try db.execute(sql: "DROP INDEX download_on_state")
                 }
             }
             let store = try SQLiteQueueStore(path: path)
