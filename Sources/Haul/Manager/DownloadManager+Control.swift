@@ -74,7 +74,7 @@ extension DownloadManager {
         var replaced: [DownloadID] = []
         var checked = 0
         let rules = configuration.rules
-        var firstReading = FirstReading(othersChangeVersion: try store.othersChangeVersion())
+        var firstReading = FirstReading(othersChangeVersion: (try? store.othersChangeVersion()) ?? nil)
         try list.read { requests in
             let requests = rules.applied(to: requests)
             let examined = try examine(requests)
@@ -98,7 +98,8 @@ extension DownloadManager {
                         alone && firstReading.foundNothing(in: start..<start + chunk.count)
                         ? try decide(chunk, priority: priority, known: Known()) : nil
                     let version = try settleChunk(
-                        &running, added: &added, priority: priority, withInfo: withInfo, answered: answered)
+                        &running, added: &added, priority: priority, withInfo: withInfo, answered: answered,
+                        versionWanted: decided != nil)
                     // Decided before the version was read: nothing changed elsewhere before that.
                     if let decided, firstReading.nothingChangedElsewhere(now: version), unwritten.isEmpty {
                         running = (decided, BackgroundCommit(decided.changes, store: store))
@@ -133,12 +134,15 @@ extension DownloadManager {
     private typealias RunningChunk = (decided: DecidedChunk, commit: BackgroundCommit)
 
     /// Ends the chunk being written (`running`), if any: takes it into memory and passes its
-    /// answers on, counted in `added`. Returns the store's version of others' changes after it.
+    /// answers on, counted in `added`. Returns the store's version of others' changes after it
+    /// (read now when no chunk was being written and `versionWanted`).
     private func settleChunk(
         _ running: inout RunningChunk?, added: inout Int, priority: DownloadPriority, withInfo: Bool,
-        answered: ([(id: DownloadID, info: DownloadInfo?)]) -> Void
+        answered: ([(id: DownloadID, info: DownloadInfo?)]) -> Void, versionWanted: Bool = false
     ) throws -> Int? {
-        guard let (decided, commit) = running else { return try store.othersChangeVersion() }
+        guard let (decided, commit) = running else {
+            return versionWanted ? (try? store.othersChangeVersion()) ?? nil : nil
+        }
         running = nil
         let version: Int?
         let answers: [(id: DownloadID, info: DownloadInfo?)]

@@ -609,8 +609,13 @@ final class SQLiteQueueStore: QueueStore {
     /// SQLite's `data_version` as the writing connection sees it (see
     /// ``QueueStore/othersChangeVersion()``): it moves with each commit made through another
     /// connection, and not with this connection's own.
+    /// Read outside a transaction: it takes no lock.
     func othersChangeVersion() throws -> Int? {
-        try write { db in try Int.fetchOne(db, sql: "PRAGMA data_version") }
+        do {
+            return try database.writeWithoutTransaction { db in try Int.fetchOne(db, sql: "PRAGMA data_version") }
+        } catch {
+            throw Self.failure(error, path: path, doing: "could not read the state database")
+        }
     }
 
     /// The records of a file (see ``QueueStore/downloads(destination:)``).

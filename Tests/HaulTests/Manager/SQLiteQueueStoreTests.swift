@@ -211,6 +211,29 @@ import Testing
         }
     }
 
+    /// The version of others' changes moves with another store's commit on the same file, and not
+    /// with the store's own: an add that sees it unchanged skips its second lookups.
+    @Test func othersChangesMoveTheVersionOwnOnesDoNot() async throws {
+        try await withTemporaryDirectory { directory in
+            let path = directory + "/downloads.sqlite"
+            let store = try SQLiteQueueStore(path: path)
+            let other = try SQLiteQueueStore(path: path)
+            let record = { (name: String) in
+                StoredDownload(
+                    key: "file:/d/\(name)",
+                    definition: DownloadRequest(url: "http://x/\(name)", destination: .file("/d/\(name)")),
+                    destination: "/d/\(name)", priority: 0, owner: nil, now: 1)
+            }
+            let first = try #require(try store.othersChangeVersion())
+            try store.insert([record("a")])
+            #expect(try store.othersChangeVersion() == first)
+            try other.insert([record("b")])
+            let second = try #require(try store.othersChangeVersion())
+            #expect(second != first)
+            #expect(try store.othersChangeVersion() == second)
+        }
+    }
+
     /// A commit of many new records inserts them several rows a statement: each record keeps its
     /// own request and the ID it is given, across the statements and the rows inserted one by one
     /// after them. The IDs follow the largest ever given, past a removed record.
