@@ -1,4 +1,5 @@
 import Dispatch
+import Synchronization
 
 #if canImport(Glibc)
     import Glibc
@@ -224,20 +225,32 @@ extension DownloadManager {
     /// chunk that names no stored download is written so (see ``FirstReading``): deciding it reads
     /// nothing the commit before it writes. With its IDs comes the store's version of others'
     /// changes right after it.
+    ///
+    /// The commit is made by whichever thread comes to it first: a global queue's, or the manager's
+    /// when it waits for a commit no other thread has started. So the manager's thread (a task's)
+    /// only ever waits for a commit under way.
     private final class BackgroundCommit: @unchecked Sendable {
+        private let commit: @Sendable () -> Result<(ids: [DownloadID], version: Int?), any Error>
+        private let claimed = Atomic<Bool>(false)
         private let done = DispatchSemaphore(value: 0)
         /// Written once, before `done` is signalled; read only after a wait for it.
         private var outcome: Result<(ids: [DownloadID], version: Int?), any Error>?
 
         init(_ changes: QueueChanges, store: any QueueStore) {
-            DispatchQueue.global().async {
-                self.outcome = Result { (try store.commit(changes), (try? store.othersChangeVersion()) ?? nil) }
-                self.done.signal()
-            }
+            commit = { Result { (try store.commit(changes), (try? store.othersChangeVersion()) ?? nil) } }
+            DispatchQueue.global().async { self.make() }
+        }
+
+        /// Makes the commit unless another thread has claimed it.
+        private func make() {
+            guard !claimed.exchange(true, ordering: .acquiringAndReleasing) else { return }
+            outcome = commit()
+            done.signal()
         }
 
         /// The commit's outcome, once it has one.
         func wait() throws -> (ids: [DownloadID], version: Int?) {
+            make()
             done.wait()
             return try outcome!.get()
         }
