@@ -81,7 +81,7 @@ extension DownloadManager {
             let examined = try examine(requests)
             if let refusal = examined.refusal { throw refusal.error }
             replaced += examined.replaced
-            firstReading.found(examined.found, from: checked)
+            firstReading.checked(checked..<checked + requests.count, found: examined.found)
             checked += requests.count
             trim()
         }
@@ -152,7 +152,8 @@ extension DownloadManager {
             (version, answers) = (written.version, apply(decided, newIDs: written.ids, withInfo: withInfo))
             announceWritten()
         } catch {
-            // A file an earlier chunk added (see FirstReading): nothing of this chunk was written.
+            // A file an earlier chunk added (see FirstReading), or another failure: nothing of this
+            // chunk was written. It is decided again with the lookup; a failure that stays is told.
             version = nil
             answers = try enqueueChunk(decided.requests, priority: priority, withInfo: withInfo, known: nil)
         }
@@ -184,21 +185,25 @@ extension DownloadManager {
         private let othersChangeVersion: Int?
         /// The places in the list of the chunks in which the check found stored downloads.
         private var found: [Range<Int>] = []
+        /// How many requests of the list were checked.
+        private var checked = 0
 
         init(othersChangeVersion: Int?) {
             self.othersChangeVersion = othersChangeVersion
         }
 
-        /// The check found stored downloads in these chunks of a part of the list that starts at
-        /// `start`.
-        mutating func found(_ chunks: [Range<Int>], from start: Int) {
-            found += chunks.map { start + $0.lowerBound..<start + $0.upperBound }
+        /// The check looked at the requests at `part` and found stored downloads in these chunks
+        /// of it (places from the part's start).
+        mutating func checked(_ part: Range<Int>, found chunks: [Range<Int>]) {
+            found += chunks.map { part.lowerBound + $0.lowerBound..<part.lowerBound + $0.upperBound }
+            checked = max(checked, part.upperBound)
         }
 
-        /// Whether the check found nothing stored for the requests at `places`, in a store that can
-        /// tell others' changes.
+        /// Whether the check looked at the requests at `places` and found nothing stored for them,
+        /// in a store that can tell others' changes. (A list that grew after the check is looked
+        /// up past its checked end.)
         func foundNothing(in places: Range<Int>) -> Bool {
-            othersChangeVersion != nil && !found.contains { $0.overlaps(places) }
+            othersChangeVersion != nil && places.upperBound <= checked && !found.contains { $0.overlaps(places) }
         }
 
         /// Whether nothing but this manager changed the store since the check (`now` is its
