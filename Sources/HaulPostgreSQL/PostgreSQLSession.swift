@@ -49,9 +49,12 @@ final class PostgreSQLConnector: Sendable {
                 return try body(
                     PostgreSQLSession(connection: open, watch: watch, timeout: statementTimeout, logger: Self.logger))
             } catch {
-                // A connection that broke is never taken again, even while it does not look closed
-                // yet (the error may come before the close): the next call connects anew.
-                if PostgreSQLSession.isLostConnection(error) || error is PostgreSQLSession.CommitOutcomeUnknown {
+                // A connection that broke, or that a statement's limit closed, is never taken again,
+                // even while it does not look closed yet (the error may come before the close): the
+                // next call connects anew.
+                if PostgreSQLSession.isLostConnection(error) || error is PostgreSQLSession.CommitOutcomeUnknown
+                    || error is PostgreSQLSession.TimedOut
+                {
                     current = nil
                     open.close().whenComplete { _ in withExtendedLifetime(open) {} }
                 }
