@@ -45,4 +45,14 @@ struct DefinitionJSONTests {
             #expect(read == expected)
         }
     }
+
+    @Test("the requests compared hold every field a request has")
+    func everyFieldIsCompared() throws {
+        var written: Set<String> = []
+        for request in try Self.requests() {
+            let object = try JSONSerialization.jsonObject(with: Data(StoredDownload.encodeDefinition(request).utf8))
+            written.formUnion(try #require(object as? [String: Any]).keys)
+        }
+        #expect(written == Set(DownloadRequest.fieldSchemas.map(\.name)))
+    }
 }
