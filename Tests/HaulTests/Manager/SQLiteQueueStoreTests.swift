@@ -6,6 +6,13 @@ import Testing
 /// What only the SQLite store does (its migrations), and the records' lifecycle; what every store
 /// does is in ``QueueStoreConformanceTests``.
 @Suite struct SQLiteQueueStoreTests {
+    /// Makes a database at `path` as the migrations up to `last` leave it, and runs `setUp` on it.
+    static func database(at path: String, upTo last: String, _ setUp: (Database) throws -> Void) throws {
+        let database = try DatabaseQueue(path: path)
+        try SQLiteQueueStore.migrator.migrate(database, upTo: last)
+        try database.write(setUp)
+    }
+
     /// A state database written before requests were stored as JSON keeps every download: its URL,
     /// destination, headers, checksum, limits and mirrors move into the request, its IDs stay, and an
     /// ID of a removed download is not given out again.
@@ -13,25 +20,21 @@ import Testing
         try await withTemporaryDirectory { directory in
             let path = directory + "/downloads.sqlite"
             let checksum = "sha-256=" + String(repeating: "ab", count: 32)
-            do {
-                let database = try DatabaseQueue(path: path)
-                try SQLiteQueueStore.migrator.migrate(database, upTo: "5: a download's mirrors")
-                try database.write { db in
-                    try db.execute(
-                        sql: """
-                            INSERT INTO download (id, key, url, directory, destination, overwrite, checksum,
-                                rateLimit, connections, mirrors, priority, state, bytes, createdAt, updatedAt)
-                            VALUES (1, 'file:/d/a', 'http://x/a', NULL, '/d/a', 1, ?, 500, 3,
-                                    'http://m1/a' || char(10) || 'http://m2/a', 10, 'paused', 7, 1, 2),
-                                   (2, 'url:/d' || char(10) || 'http://x/b', 'http://x/b', '/d', '/d/b.iso', 0,
-                                    NULL, NULL, NULL, NULL, 0, 'completed', 9, 1, 2),
-                                   (5, 'file:/d/c', 'http://x/c', NULL, '/d/c', 0, NULL, NULL, NULL, NULL, 0,
-                                    'queued', 0, 1, 2);
-                            INSERT INTO header (downloadId, position, name, value)
-                            VALUES (1, 0, 'X-Trace', '7'), (1, 1, 'Accept', 'text/plain');
-                            DELETE FROM download WHERE id = 5;
-                            """, arguments: [checksum])
-                }
+            try Self.database(at: path, upTo: "5: a download's mirrors") { db in
+                try db.execute(
+                    sql: """
+                        INSERT INTO download (id, key, url, directory, destination, overwrite, checksum,
+                            rateLimit, connections, mirrors, priority, state, bytes, createdAt, updatedAt)
+                        VALUES (1, 'file:/d/a', 'http://x/a', NULL, '/d/a', 1, ?, 500, 3,
+                                'http://m1/a' || char(10) || 'http://m2/a', 10, 'paused', 7, 1, 2),
+                               (2, 'url:/d' || char(10) || 'http://x/b', 'http://x/b', '/d', '/d/b.iso', 0,
+                                NULL, NULL, NULL, NULL, 0, 'completed', 9, 1, 2),
+                               (5, 'file:/d/c', 'http://x/c', NULL, '/d/c', 0, NULL, NULL, NULL, NULL, 0,
+                                'queued', 0, 1, 2);
+                        INSERT INTO header (downloadId, position, name, value)
+                        VALUES (1, 0, 'X-Trace', '7'), (1, 1, 'Accept', 'text/plain');
+                        DELETE FROM download WHERE id = 5;
+                        """, arguments: [checksum])
             }
             let store = try SQLiteQueueStore(path: path)
             let records = try store.allDownloads()
@@ -67,23 +70,18 @@ import Testing
     @Test func migrationEightReplacesTheCountTriggers() async throws {
         try await withTemporaryDirectory { directory in
             let path = directory + "/downloads.sqlite"
-            do {
-                let database = try DatabaseQueue(path: path)
-                try SQLiteQueueStore.migrator.migrate(
-                    database, upTo: "7: indexes for reading a queue of any size by pages")
-                try database.write { db in
-                    try db.execute(
-                        sql: """
-                            CREATE TABLE download_count (state TEXT PRIMARY KEY, n INTEGER NOT NULL) WITHOUT ROWID;
-                            CREATE TRIGGER download_count_insert AFTER INSERT ON download BEGIN
-                                INSERT INTO download_count (state, n) VALUES (NEW.state, 1)
-                                    ON CONFLICT (state) DO UPDATE SET n = n + 1;
-                            END;
-                            INSERT INTO download (key, definition, state, createdAt, updatedAt)
-                            VALUES ('file:/d/a', '{"url":"http://x/a","destination":{"file":"/d/a"}}', 'paused', 1, 1),
-                                   ('file:/d/b', '{"url":"http://x/b","destination":{"file":"/d/b"}}', 'failed', 1, 1);
-                            """)
-                }
+            try Self.database(at: path, upTo: "7: indexes for reading a queue of any size by pages") { db in
+                try db.execute(
+                    sql: """
+                        CREATE TABLE download_count (state TEXT PRIMARY KEY, n INTEGER NOT NULL) WITHOUT ROWID;
+                        CREATE TRIGGER download_count_insert AFTER INSERT ON download BEGIN
+                            INSERT INTO download_count (state, n) VALUES (NEW.state, 1)
+                                ON CONFLICT (state) DO UPDATE SET n = n + 1;
+                        END;
+                        INSERT INTO download (key, definition, state, createdAt, updatedAt)
+                        VALUES ('file:/d/a', '{"url":"http://x/a","destination":{"file":"/d/a"}}', 'paused', 1, 1),
+                               ('file:/d/b', '{"url":"http://x/b","destination":{"file":"/d/b"}}', 'failed', 1, 1);
+                        """)
             }
             let store = try SQLiteQueueStore(path: path)
             #expect(try store.counts() == [.paused: 1, .failed: 1])
@@ -106,23 +104,19 @@ import Testing
     @Test func migrationNineChecksWithoutTemporaryTables() async throws {
         try await withTemporaryDirectory { directory in
             let path = directory + "/downloads.sqlite"
-            do {
-                let database = try DatabaseQueue(path: path)
-                try SQLiteQueueStore.migrator.migrate(database, upTo: "8: the count of each state")
-                try database.write { db in
-                    try db.execute(
-                        sql: """
-                            INSERT INTO download (id, key, definition, destination, state, request, bytes,
-                                createdAt, updatedAt)
-                            VALUES (1, 'file:/d/a', '{"url":"http://x/a","destination":"/d/a"}', '/d/a',
-                                    'paused', 'cancel', 7, 1, 2),
-                                   (3, 'file:/d/b', '{"url":"http://x/b","destination":"/d/b"}', '/d/b',
-                                    'queued', NULL, 0, 1, 2);
-                            INSERT INTO download_count (state, n) VALUES ('paused', 1), ('queued', 1);
-                            DELETE FROM download WHERE id = 3;
-                            UPDATE download_count SET n = 0 WHERE state = 'queued';
-                            """)
-                }
+            try Self.database(at: path, upTo: "8: the count of each state") { db in
+                try db.execute(
+                    sql: """
+                        INSERT INTO download (id, key, definition, destination, state, request, bytes,
+                            createdAt, updatedAt)
+                        VALUES (1, 'file:/d/a', '{"url":"http://x/a","destination":"/d/a"}', '/d/a',
+                                'paused', 'cancel', 7, 1, 2),
+                               (3, 'file:/d/b', '{"url":"http://x/b","destination":"/d/b"}', '/d/b',
+                                'queued', NULL, 0, 1, 2);
+                        INSERT INTO download_count (state, n) VALUES ('paused', 1), ('queued', 1);
+                        DELETE FROM download WHERE id = 3;
+                        UPDATE download_count SET n = 0 WHERE state = 'queued';
+                        """)
             }
             let store = try SQLiteQueueStore(path: path)
             let records = try store.allDownloads()
@@ -162,22 +156,18 @@ import Testing
     @Test func migrationTenIndexesLess() async throws {
         try await withTemporaryDirectory { directory in
             let path = directory + "/downloads.sqlite"
-            do {
-                let database = try DatabaseQueue(path: path)
-                try SQLiteQueueStore.migrator.migrate(database, upTo: "9: checks that need no temporary table")
-                try database.write { db in
-                    try db.execute(
-                        sql: """
-                            INSERT INTO download (id, key, definition, destination, state, bytes, createdAt, updatedAt)
-                            VALUES (1, 'file:/d/a', '{"url":"http://x/a","destination":"/d/a"}', '/d/a',
-                                    'paused', 7, 1, 2),
-                                   (2, 'url:/d\nhttp://x/b', '{"url":"http://x/b","directory":"/d"}', '/d/b',
-                                    'queued', 0, 1, 2);
-                            INSERT INTO download_count (state, n) VALUES ('paused', 1), ('queued', 1);
-                            """)
-                    // Some builds made migration 9 without the index on state alone.
-                    try db.execute(sql: "DROP INDEX download_on_state")
-                }
+            try Self.database(at: path, upTo: "9: checks that need no temporary table") { db in
+                try db.execute(
+                    sql: """
+                        INSERT INTO download (id, key, definition, destination, state, bytes, createdAt, updatedAt)
+                        VALUES (1, 'file:/d/a', '{"url":"http://x/a","destination":"/d/a"}', '/d/a',
+                                'paused', 7, 1, 2),
+                               (2, 'url:/d\nhttp://x/b', '{"url":"http://x/b","directory":"/d"}', '/d/b',
+                                'queued', 0, 1, 2);
+                        INSERT INTO download_count (state, n) VALUES ('paused', 1), ('queued', 1);
+                        """)
+                // Some builds made migration 9 without the index on state alone.
+                try db.execute(sql: "DROP INDEX download_on_state")
             }
             let store = try SQLiteQueueStore(path: path)
             #expect(try store.downloads(destination: "/d/a").map(\.id) == [1])
