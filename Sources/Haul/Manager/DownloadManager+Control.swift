@@ -73,7 +73,6 @@ extension DownloadManager {
         defer { schedule() }
         // Every refusal is found before any download is replaced or added.
         var replaced: [DownloadID] = []
-        var checked = 0
         let rules = configuration.rules
         var firstReading = FirstReading(othersChangeVersion: (try? store.othersChangeVersion()) ?? nil)
         try list.read { requests in
@@ -81,8 +80,7 @@ extension DownloadManager {
             let examined = try examine(requests)
             if let refusal = examined.refusal { throw refusal.error }
             replaced += examined.replaced
-            firstReading.checked(checked..<checked + requests.count, found: examined.found)
-            checked += requests.count
+            firstReading.checked(requests.count, found: examined.found)
             trim()
         }
         for id in replaced { try await remove(id, deletingFiles: false) }
@@ -90,11 +88,12 @@ extension DownloadManager {
         // A chunk that names nothing stored is written on another thread while the next one is
         // decided (see ``BackgroundCommit``).
         var running: RunningChunk?
+        // Nothing is removed before the chunks are added, and no fleet's lease fences the commits.
+        let alone = replaced.isEmpty && claim.lease == nil
         do {
             try list.read { requests in
                 for chunk in Self.chunks(of: rules.applied(to: requests)) {
                     let start = added + (running?.decided.requests.count ?? 0)
-                    let alone = replaced.isEmpty && claim.lease == nil
                     let decided =
                         alone && firstReading.foundNothing(in: start..<start + chunk.count)
                         ? try decide(chunk, priority: priority, known: Known()) : nil
@@ -125,9 +124,10 @@ extension DownloadManager {
                 "\(wrapped.message) (after the list's first \(added) downloads were added)",
                 status: wrapped.status, underlying: wrapped.underlying, downloadID: wrapped.downloadID)
         }
-        if added != checked {
+        if added != firstReading.checked {
             throw HaulError(
-                .invalidArgument, "the list gave \(checked) requests, then \(added): it changed while it was added")
+                .invalidArgument,
+                "the list gave \(firstReading.checked) requests, then \(added): it changed while it was added")
         }
     }
 
@@ -186,17 +186,17 @@ extension DownloadManager {
         /// The places in the list of the chunks in which the check found stored downloads.
         private var found: [Range<Int>] = []
         /// How many requests of the list were checked.
-        private var checked = 0
+        private(set) var checked = 0
 
         init(othersChangeVersion: Int?) {
             self.othersChangeVersion = othersChangeVersion
         }
 
-        /// The check looked at the requests at `part` and found stored downloads in these chunks
-        /// of it (places from the part's start).
-        mutating func checked(_ part: Range<Int>, found chunks: [Range<Int>]) {
-            found += chunks.map { part.lowerBound + $0.lowerBound..<part.lowerBound + $0.upperBound }
-            checked = max(checked, part.upperBound)
+        /// The check looked at the next `count` requests and found stored downloads in these
+        /// chunks of them (places from the first of them).
+        mutating func checked(_ count: Int, found chunks: [Range<Int>]) {
+            found += chunks.map { checked + $0.lowerBound..<checked + $0.upperBound }
+            checked += count
         }
 
         /// Whether the check looked at the requests at `places` and found nothing stored for them,
