@@ -858,9 +858,7 @@ extension StoredDownload: FetchableRecord, MutablePersistableRecord {
     /// SQLite's own calls: adding a hundred thousand records spent more on building GRDB's
     /// arguments than SQLite spent on inserting them. Returns the next parameter's position.
     private func bind(_ columns: [Columns], to statement: Statement) throws -> Int32 {
-        // Marks the statement's arguments as set and clears the previous ones; the values follow.
-        statement.setUncheckedArguments(StatementArguments())
-        var binder = Binder(statement)
+        var binder = Binder(clearing: statement)
         try bind(columns, with: &binder)
         return binder.position
     }
@@ -906,9 +904,7 @@ extension StoredDownload: FetchableRecord, MutablePersistableRecord {
             let rows = records.count - index >= rowsPerInsert ? rowsPerInsert : 1
             let statement = try db.cachedStatement(
                 sql: rows == 1 ? insertManagedColumnsSQL : insertManyManagedColumnsSQL)
-            // Marks the statement's arguments as set and clears the previous ones; the values follow.
-            statement.setUncheckedArguments(StatementArguments())
-            var binder = Binder(statement)
+            var binder = Binder(clearing: statement)
             for position in index..<index + rows {
                 try records[position].bind(Columns.managed, with: &binder)
             }
@@ -948,9 +944,16 @@ private struct Binder {
     /// The parameter the next value goes to, from 1.
     private(set) var position: Int32
 
-    init(_ statement: Statement, at position: Int32 = 1) {
+    init(_ statement: Statement, at position: Int32) {
         self.statement = statement
         self.position = position
+    }
+
+    /// Binds from the first parameter on, once the statement's previous values are cleared (and
+    /// its arguments marked as set).
+    init(clearing statement: Statement) {
+        statement.setUncheckedArguments(StatementArguments())
+        self.init(statement, at: 1)
     }
 
     mutating func bind(_ value: String?) throws {
