@@ -538,19 +538,31 @@ final class SQLiteQueueStore: QueueStore {
     private static let listChunk = 500
 
     /// Calls `body` with each ``listChunk`` of `values` and the statement `sql` makes of the text
-    /// of their `IN` list (`(?,?,…)`). A whole list's statement is prepared once and kept (an add of
-    /// a hundred thousand looks up two hundred lists); a shorter last list's is not kept.
+    /// of their `IN` list (`(?,?,…)`). Every statement is prepared once and kept: a list shorter than
+    /// ``listChunk`` is padded to the next power of two by repeating its last value (which matches
+    /// nothing more), so the few commits of a second, each of a handful of records, share a handful
+    /// of statements instead of each preparing its own.
     private static func inLists<Value: DatabaseValueConvertible>(
         of values: [Value], _ db: Database, _ sql: (_ list: String) -> String,
         _ body: (_ statement: Statement, _ arguments: StatementArguments) throws -> Void
     ) throws {
         for start in stride(from: 0, to: values.count, by: listChunk) {
             let chunk = values[start..<min(values.count, start + listChunk)]
-            let text = sql("(" + repeatElement("?", count: chunk.count).joined(separator: ",") + ")")
-            let statement =
-                chunk.count == listChunk ? try db.cachedStatement(sql: text) : try db.makeStatement(sql: text)
-            try body(statement, StatementArguments(chunk))
+            let length = listLength(for: chunk.count)
+            let text = sql("(" + repeatElement("?", count: length).joined(separator: ",") + ")")
+            var arguments = StatementArguments(chunk)
+            if length > chunk.count, let last = chunk.last {
+                arguments += StatementArguments(repeatElement(last, count: length - chunk.count))
+            }
+            try body(try db.cachedStatement(sql: text), arguments)
         }
+    }
+
+    /// How many values the `IN` list of `count` values holds: the next power of two, at most
+    /// ``listChunk``.
+    static func listLength(for count: Int) -> Int {
+        guard count > 1 else { return 1 }
+        return min(listChunk, 1 << (Int.bitWidth - (count - 1).leadingZeroBitCount))
     }
 
     /// Records whose `column` is one of `values` (and that meet `condition`, SQL), in ID order,

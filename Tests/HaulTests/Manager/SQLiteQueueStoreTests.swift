@@ -258,6 +258,35 @@ import Testing
         }
     }
 
+    /// A lookup of any number of records finds each once: its `IN` list, padded to a length whose
+    /// statement is kept, matches nothing more than the records asked for.
+    @Test(arguments: [1, 3, 5, 200, 501])
+    func aLookupFindsEachRecordAskedForOnce(count: Int) async throws {
+        try await withTemporaryDirectory { directory in
+            let store = try SQLiteQueueStore(path: directory + "/downloads.sqlite")
+            let records = (0..<(count + 40)).map { index in
+                StoredDownload(
+                    key: "file:/d/\(index)",
+                    definition: DownloadRequest(url: "http://x/\(index)", destination: .file("/d/\(index)")),
+                    destination: "/d/\(index)", priority: 0, owner: nil, now: 1)
+            }
+            let ids = try store.insert(records)
+            let asked = Array(ids.dropFirst(20).prefix(count))
+            #expect(try store.downloads(ids: asked).map(\.downloadID) == asked)
+            var changed = try store.downloads(ids: asked)
+            for index in changed.indices { try changed[index].move(to: .paused, at: 2) }
+            _ = try store.commit(QueueChanges(updates: changed))
+            #expect(try store.downloads(ids: ids).filter { $0.state == .paused }.map(\.downloadID) == asked)
+            #expect(try store.counts()[.paused] == count)
+        }
+    }
+
+    /// `IN` lists are padded to powers of two up to the longest list, so few statements serve them.
+    @Test func inListsArePaddedToPowersOfTwo() {
+        let lengths = [1, 2, 3, 4, 5, 17, 256, 257, 499, 500].map { SQLiteQueueStore.listLength(for: $0) }
+        #expect(lengths == [1, 2, 4, 4, 8, 32, 256, 500, 500, 500])
+    }
+
     /// Every pair of states: the allowed transitions go through and set what their state records; every
     /// other one is refused and changes nothing.
     @Test(arguments: DownloadState.allCases)
