@@ -539,9 +539,9 @@ final class SQLiteQueueStore: QueueStore {
 
     /// Calls `body` with each ``listChunk`` of `values` and the statement `sql` makes of the text
     /// of their `IN` list (`(?,?,…)`). Every statement is prepared once and kept: a list shorter than
-    /// ``listChunk`` is padded to the next power of two by repeating its last value (which matches
-    /// nothing more), so the few commits of a second, each of a handful of records, share a handful
-    /// of statements instead of each preparing its own.
+    /// ``listChunk`` is padded to a power of two by repeating its last value (which matches nothing
+    /// more), so small lookups, such as a commit of a few records, share at most ten statements a
+    /// query instead of each preparing its own.
     private static func inLists<Value: DatabaseValueConvertible>(
         of values: [Value], _ db: Database, _ sql: (_ list: String) -> String,
         _ body: (_ statement: Statement, _ arguments: StatementArguments) throws -> Void
@@ -558,10 +558,11 @@ final class SQLiteQueueStore: QueueStore {
         }
     }
 
-    /// How many values the `IN` list of `count` values holds: the next power of two, at most
-    /// ``listChunk``.
+    /// How many values the `IN` list of `count` values holds: the smallest power of two not below
+    /// `count` (1 for none), at most ``listChunk``.
     static func listLength(for count: Int) -> Int {
         guard count > 1 else { return 1 }
+        guard count < listChunk else { return listChunk }
         return min(listChunk, 1 << (Int.bitWidth - (count - 1).leadingZeroBitCount))
     }
 

@@ -273,6 +273,8 @@ import Testing
             let ids = try store.insert(records)
             let asked = Array(ids.dropFirst(20).prefix(count))
             #expect(try store.downloads(ids: asked).map(\.downloadID) == asked)
+            let keys = asked.map { "file:/d/\($0.rawValue - 1)" }
+            #expect(try store.downloads(keys: keys).map(\.downloadID) == asked)
             var changed = try store.downloads(ids: asked)
             for index in changed.indices { try changed[index].move(to: .paused, at: 2) }
             _ = try store.commit(QueueChanges(updates: changed))
@@ -283,8 +285,8 @@ import Testing
 
     /// `IN` lists are padded to powers of two up to the longest list, so few statements serve them.
     @Test func inListsArePaddedToPowersOfTwo() {
-        let lengths = [1, 2, 3, 4, 5, 17, 256, 257, 499, 500].map { SQLiteQueueStore.listLength(for: $0) }
-        #expect(lengths == [1, 2, 4, 4, 8, 32, 256, 500, 500, 500])
+        let lengths = [0, 1, 2, 3, 4, 5, 17, 256, 257, 499, 500, 501].map { SQLiteQueueStore.listLength(for: $0) }
+        #expect(lengths == [1, 1, 2, 4, 4, 8, 32, 256, 500, 500, 500, 500])
     }
 
     /// Every pair of states: the allowed transitions go through and set what their state records; every
