@@ -5,9 +5,10 @@ import Synchronization
 ///
 /// A download hands over its partial file once every byte is written and checked. Its data is flushed
 /// at once, beside the flushes of other downloads (see ``flushThreads``); then it joins the next
-/// batch, which renames each of its files to its final name and then flushes each of their
-/// directories once. A final name therefore never becomes durable before its data, and many small
-/// files finishing together share their directory flushes and their trips to the I/O threads.
+/// batch, which runs the ``Handover/beforeRename`` of each of its files, renames each to its final
+/// name and then flushes each of their directories once. A final name therefore never becomes
+/// durable before its data, and many small files finishing together share their directory flushes,
+/// their trips to the I/O threads and the transaction that records them before their renames.
 ///
 /// Nobody waits on a thread of their own for a batch: the download that finds no batch running runs
 /// one on its I/O thread; when it ends, the first download that handed over a file meanwhile runs the
@@ -23,6 +24,10 @@ final class FileFinisher: Sendable {
         let fileName: String
         /// Checks, right before the rename, that `folder` still lies beneath the download roots.
         let confinement: DownloadConfinement
+        /// Runs once the data is durable, right before the batch's renames (a queue records the
+        /// download's file there: the first record written carries those of the whole batch). Its
+        /// error fails the file, which keeps its partial name.
+        var beforeRename: @Sendable () async throws -> Void = {}
     }
 
     /// What a download that handed over a file is told: to run the next batch, or how its file ended.
@@ -102,20 +107,33 @@ final class FileFinisher: Sendable {
         case .done(let result):
             outcome = result
         case .lead:
-            let own = number
-            outcome = try await io.run { self.lead(own, handover) }
+            outcome = await lead(number, handover, io: io)
         }
         try outcome.get()
     }
 
     /// Runs one batch: this download's file (handed over as `number`) and every file waiting, then
     /// hands the next batch to the first download waiting. Returns this download's outcome.
-    private func lead(_ number: UInt64, _ own: Handover) -> Result<Void, HaulError> {
+    private func lead(_ number: UInt64, _ own: Handover, io: BlockingIO) async -> Result<Void, HaulError> {
         let others = state.withLock { state in
             defer { state.waiting = [] }
             return state.waiting.filter { $0.number != number }
         }
-        let outcomes = run([own] + others.map(\.handover))
+        let batch = [own] + others.map(\.handover)
+        var refused: [Int: HaulError] = [:]
+        for (index, handover) in batch.enumerated() {
+            do {
+                try await handover.beforeRename()
+            } catch {
+                refused[index] = HaulError.wrapping(error)
+            }
+        }
+        let outcomes: [Result<Void, HaulError>]
+        do {
+            outcomes = try await io.run { [refused] in self.run(batch, refused: refused) }
+        } catch {
+            outcomes = Array(repeating: .failure(HaulError.wrapping(error)), count: batch.count)
+        }
         let next = state.withLock { state -> CheckedContinuation<Turn, Never>? in
             guard let first = state.waiting.first else {
                 state.running = false
@@ -128,12 +146,17 @@ final class FileFinisher: Sendable {
         return outcomes[0]
     }
 
-    /// Finishes `batch`, whose data is durable: renames, then directories.
-    private func run(_ batch: [Handover]) -> [Result<Void, HaulError>] {
+    /// Finishes `batch`, whose data is durable: renames, then directories. The files `refused` (by
+    /// their ``Handover/beforeRename``) keep their partial names and fail with its error.
+    private func run(_ batch: [Handover], refused: [Int: HaulError]) -> [Result<Void, HaulError>] {
         var outcomes = [Result<Void, HaulError>](repeating: .success(()), count: batch.count)
         // The directories renamed into, by identity (handles of one directory share a flush).
         var renamed: [[UInt64]: (folder: DirectoryHandle, files: [Int])] = [:]
         for (index, handover) in batch.enumerated() {
+            if let error = refused[index] {
+                outcomes[index] = .failure(error)
+                continue
+            }
             do {
                 let folder = handover.folder
                 guard folder.exists(handover.partialName) else { continue }

@@ -112,6 +112,38 @@ struct FileFinisherTests {
         }
     }
 
+    @Test("every file of a batch runs its hook before the batch renames; a hook that fails keeps its file's name")
+    func everyHookOfABatchRunsBeforeItsRenames() async throws {
+        try await withTemporaryDirectory { path in
+            let folder = try DirectoryHandle.open(path)
+            let flushes = Flushes()
+            let finisher = FileFinisher(
+                flushData: { try flushes.flushData($0) }, flushDirectory: { try flushes.flushDirectory($0) })
+            let names = (1..<5).map { "file\($0)" }
+            // What each hook of the second batch saw of the batch's final names, in the order they ran.
+            let seen = Mutex<[String: Int]>([:])
+            var others: [FileFinisher.Handover] = []
+            for name in names {
+                var handover = try Self.handover(name, in: folder)
+                handover.beforeRename = {
+                    let named = names.filter { POSIX.exists(path + "/" + $0) }.count
+                    seen.withLock { $0[name] = named }
+                    if name == "file3" { throw HaulError(.locked, "the lease of \(name) ran out") }
+                }
+                others.append(handover)
+            }
+            let outcomes = try await Self.finishBehindAHeldBatch(
+                finisher, flushes, first: try Self.handover("file0", in: folder), others: others)
+            #expect(outcomes == [nil, nil, "the lease of file3 ran out", nil])
+            // Every hook ran, and none of them saw a file of its batch renamed yet.
+            #expect(seen.withLock { $0 } == ["file1": 0, "file2": 0, "file3": 0, "file4": 0])
+            #expect(flushes.directoryCalls.load(ordering: .relaxed) == 2)
+            for name in ["file0", "file1", "file2", "file4"] { #expect(try Self.contents(path + "/" + name) == name) }
+            #expect(!POSIX.exists(path + "/file3"))
+            #expect(try Self.contents(path + "/file3.part") == "file3")
+        }
+    }
+
     @Test("a failed data flush fails its own file, which keeps its partial name")
     func aFailedDataFlushFailsItsFile() async throws {
         try await withTemporaryDirectory { path in

@@ -239,9 +239,15 @@ final class TransferDriver {
             return .verified(try await files.verify(totalBytes: total, validator: validator))
         case .finish(let total, let manifest):
             await checkpointTask?.value
-            await beforeFinishing()
             try checkWritePermit()
-            _ = try await files.finish(totalBytes: total, manifest: manifest)
+            let beforeFinishing = self.beforeFinishing
+            let permit = files.configuration.writePermit
+            // Right before the rename, beside the files finishing with this one: their records go in
+            // one transaction, and a lease lost meanwhile still stops the rename.
+            _ = try await files.finish(totalBytes: total, manifest: manifest) {
+                await beforeFinishing()
+                if let permit, !permit() { throw DownloaderConfiguration.writeRefused }
+            }
             return .finished
         case .send(let request, let ask):
             start(ask, as: request)

@@ -371,7 +371,11 @@ final class TransferFiles {
     }
 
     /// Moves the complete file into place: flush, rename, flush the directory, drop the manifest.
-    func finish(totalBytes: Int64, manifest: Manifest?) async throws -> String {
+    /// `beforeRename` runs once the data is durable, right before the rename (see
+    /// ``FileFinisher/Handover/beforeRename``); its error leaves the file under its partial name.
+    func finish(
+        totalBytes: Int64, manifest: Manifest?, beforeRename: @escaping @Sendable () async throws -> Void = {}
+    ) async throws -> String {
         let paths = try destinationPaths()
         if !completeInPlace, manifestOnDisk, var manifest {
             // Should the process die between the rename and the manifest's removal, the next session
@@ -388,8 +392,10 @@ final class TransferFiles {
         if !completeInPlace, let file {
             let handover = FileFinisher.Handover(
                 file: file, folder: paths.folder, partialName: paths.partialName, fileName: paths.fileName,
-                confinement: downloader.confinement)
+                confinement: downloader.confinement, beforeRename: beforeRename)
             try await downloader.finisher.finish(handover, io: downloader.io)
+        } else {
+            try await beforeRename()
         }
         if manifestOnDisk { try await downloader.io.run { try ManifestStore.remove(paths) } }
         manifestOnDisk = false
