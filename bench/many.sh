@@ -16,7 +16,8 @@
 # with HTTP/2, by `haul get -i`, `curl -Z`, `curl -Z && sync -f .` (the durable peer: haul makes
 # every file durable before it reports it complete), `aria2c -i -j 16`, `wget -i` and `wget2` (when
 # it is installed; Debian has a package). Every tool's output must be byte-identical to the served
-# files (diff -rq); the script stops at the first that is not.
+# files (diff -rq); the script stops at the first that is not. The tools run in rounds (each once a
+# round, RUNS rounds), so that a drift of the machine's speed reaches them alike.
 #
 # The queue: `haul add -i` of COUNT downloads (wall time, peak RSS), the first page of `haul ls`
 # (time until its first 101 lines arrive, process start included, and its peak RSS then), a page
@@ -107,19 +108,22 @@ files_table() {
         note="wget2 is not installed (apt-get install wget2 failed): left out."
     fi
 
-    declare -A wall cpu rss
-    local index label line results middle
-    for index in "${!labels[@]}"; do
-        label="${labels[$index]}"
-        results=()
-        for _ in $(seq "$runs"); do
+    # Round by round, each tool once a round: this machine's speed drifts over minutes, and a
+    # drift then reaches every tool alike instead of the ones measured last.
+    declare -A wall cpu rss results
+    local index label line middle
+    for _ in $(seq "$runs"); do
+        for index in "${!labels[@]}"; do
+            label="${labels[$index]}"
             set_aside "$out" "$state"
             line=$(measure "$label" sh -c "${commands[$index]}") || { echo "$label failed" >&2; exit 1; }
             diff -rq "$out" "$DATA_DIR/www/many-$count" >&2 \
                 || { echo "$label: the files differ from the served ones (above)" >&2; exit 1; }
-            results+=("${line#"$label "}")
+            results[$label]+="${line#"$label "}"$'\n'
         done
-        middle=$(printf '%s\n' "${results[@]}" | sort -n | sed -n "$(((runs + 1) / 2))p")
+    done
+    for label in "${labels[@]}"; do
+        middle=$(printf '%s' "${results[$label]}" | sort -n | sed -n "$(((runs + 1) / 2))p")
         local w c r
         read -r w c r <<<"$middle"
         wall[$label]=$w cpu[$label]=$c rss[$label]=$r
@@ -129,7 +133,7 @@ files_table() {
     local curl_rate haul_rate rate
     curl_rate=$(echo "$count / ${wall[curl -Z --parallel-max 16]}" | bc -l)
     haul_rate=$(echo "$count / ${wall[haul get -i -j 16]}" | bc -l)
-    echo "**$title**, median of $runs runs ($(nproc) cores, $(date -u +%Y-%m-%d)):"
+    echo "**$title**, median of $runs rounds ($(nproc) cores, $(date -u +%Y-%m-%d)):"
     echo
     echo "| tool | wall s | files/s | CPU ms per file | peak RSS MiB | × curl -Z |"
     echo "|---|---|---|---|---|---|"
