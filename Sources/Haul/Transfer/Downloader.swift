@@ -42,6 +42,8 @@ public final class Downloader: Sendable {
     let finisher = FileFinisher()
     /// Where downloads may write (``DownloaderConfiguration/downloadRoots``).
     let confinement: DownloadConfinement
+    /// The origins whose files come small and whole in their first answer (see ``WholeAnswer``).
+    let smallAnswers = SmallAnswerOrigins()
 
     /// - Parameters:
     ///   - configuration: how downloads behave.

@@ -37,8 +37,9 @@ final class TransferDriver {
     private let fetcher: HTTPFetcher
     private let clock: TransferClock
     private let observe: @Sendable (DownloadEvent) -> Void
-    /// Runs right before the final rename (see ``Downloader/download(_:observing:beforeFinishing:)``).
-    private let beforeFinishing: @Sendable () async -> Void
+    /// Runs right before the final rename (see ``Downloader/download(_:observing:beforeFinishing:)``),
+    /// and asks for the write permit there.
+    private let beforeRename: @Sendable () async throws -> Void
     private let logger: Logger
     private let rateLimiters: [RateLimiter]
     private let events: AsyncStream<Event>
@@ -63,8 +64,9 @@ final class TransferDriver {
 
     private init(
         downloader: Downloader, request: DownloadRequest, url: DownloadURL, files: TransferFiles,
-        observe: @escaping @Sendable (DownloadEvent) -> Void, beforeFinishing: @escaping @Sendable () async -> Void,
-        events: AsyncStream<Event>, post: AsyncStream<Event>.Continuation
+        observe: @escaping @Sendable (DownloadEvent) -> Void,
+        beforeRename: @escaping @Sendable () async throws -> Void, events: AsyncStream<Event>,
+        post: AsyncStream<Event>.Continuation
     ) {
         let configuration = downloader.configuration
         // The request was checked before the download started: its mirrors parse.
@@ -78,7 +80,7 @@ final class TransferDriver {
             configuration: configuration, logger: downloader.logger)
         self.clock = downloader.clock
         self.observe = observe
-        self.beforeFinishing = beforeFinishing
+        self.beforeRename = beforeRename
         self.logger = downloader.logger
         self.rateLimiters = [
             request.rateLimiter
@@ -90,21 +92,47 @@ final class TransferDriver {
     }
 
     /// Runs a download until it is complete, fails, or the calling task is cancelled (a pause: the
-    /// data and its manifest stay).
+    /// data and its manifest stay). A fresh download from an origin whose files come small and whole
+    /// first tries ``WholeAnswer``.
     static func run(
         downloader: Downloader, request: DownloadRequest, url: DownloadURL,
         observe: @escaping @Sendable (DownloadEvent) -> Void, beforeFinishing: @escaping @Sendable () async -> Void
     ) async throws -> DownloadResult {
+        let files = TransferFiles(downloader: downloader, request: request, url: url)
+        let found: FoundDownload
+        do {
+            found = try files.open()
+        } catch {
+            files.release()
+            throw HaulError.wrapping(error)
+        }
+        let permit = downloader.configuration.writePermit
+        // Right before the rename, beside the files finishing with this one: their records go in one
+        // transaction, and a lease lost meanwhile still stops the rename.
+        let beforeRename: @Sendable () async throws -> Void = {
+            await beforeFinishing()
+            if let permit, !permit() { throw DownloaderConfiguration.writeRefused }
+        }
+        let fits = WholeAnswer.fits(request, found: found, configuration: downloader.configuration)
+        if fits, downloader.smallAnswers.contains(url.origin) {
+            do {
+                let outcome = try await WholeAnswer.run(
+                    request, from: url, files: files, downloader: downloader, observe: observe,
+                    beforeRename: beforeRename)
+                if case .finished(let result) = outcome { return result }
+            } catch {
+                files.release()
+                throw HaulError.wrapping(error)
+            }
+        }
         let (events, post) = AsyncStream<Event>.makeStream()
         // The download runs in a task of its own: a cancelled task's stream iteration would end at
         // once, where a pause must first stop the connections and store a checkpoint.
         let download = Task { () -> Result<DownloadResult, HaulError> in
-            let files = TransferFiles(downloader: downloader, request: request, url: url)
             do {
-                let found = try files.open()
                 let driver = TransferDriver(
                     downloader: downloader, request: request, url: url, files: files, observe: observe,
-                    beforeFinishing: beforeFinishing, events: events, post: post)
+                    beforeRename: beforeRename, events: events, post: post)
                 return .success(try await driver.run(found))
             } catch {
                 files.release()
@@ -116,7 +144,14 @@ final class TransferDriver {
         } onCancel: {
             post.yield(.machine(.cancel))
         }
-        return try outcome.get()
+        let result = try outcome.get()
+        // One small answer, whole from its first byte: the origin's next downloads try the shortcut.
+        if fits, result.resumedFrom == 0, result.restarts == 0, result.bytesFetched == result.bytes,
+            result.bytes <= WholeAnswer.limit(downloader.configuration)
+        {
+            downloader.smallAnswers.note(url.origin, small: true)
+        }
+        return result
     }
 
     private func run(_ found: FoundDownload) async throws -> DownloadResult {
@@ -239,15 +274,7 @@ final class TransferDriver {
             return .verified(try await files.verify(totalBytes: total, validator: validator))
         case .finish(let total, let manifest):
             await checkpointTask?.value
-            try checkWritePermit()
-            let beforeFinishing = self.beforeFinishing
-            let permit = files.configuration.writePermit
-            // Right before the rename, beside the files finishing with this one: their records go in
-            // one transaction, and a lease lost meanwhile still stops the rename.
-            _ = try await files.finish(totalBytes: total, manifest: manifest) {
-                await beforeFinishing()
-                if let permit, !permit() { throw DownloaderConfiguration.writeRefused }
-            }
+            _ = try await files.finish(totalBytes: total, manifest: manifest, beforeRename: beforeRename)
             return .finished
         case .send(let request, let ask):
             start(ask, as: request)

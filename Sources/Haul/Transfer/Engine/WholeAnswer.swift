@@ -1,0 +1,201 @@
+import NIOCore
+import Synchronization
+
+#if canImport(FoundationEssentials)
+    import FoundationEssentials
+#else
+    import Foundation
+#endif
+
+/// The shortcut a fresh download takes when its first answer is likely the whole file, and small:
+/// the common download of a long list of small files.
+///
+/// The shortcut sends the request the transfer machine would send first, through the same fetcher
+/// (headers, credentials, cookies, redirects, the cap per host). An answer the machine would accept
+/// whole from byte 0, of a known length no larger than ``limit(_:)``, with no content coding and no
+/// digest to check, is read into memory, written to the partial file in one write, and handed to the
+/// finisher like any other finished file: its data made durable, the caller's record written, the
+/// file renamed. Nothing is reported complete earlier than on the machine's path.
+///
+/// Any other answer, a failure or a body that takes longer than the stall timeout is declined before
+/// a file is chosen, and the download takes the machine's path from its first request. A declined
+/// answer costs a request, so the shortcut is tried only on an origin whose last download was such
+/// an answer (``SmallAnswerOrigins``): a list of small files from one server pays for none, and a
+/// large file after small ones for one.
+enum WholeAnswer {
+    /// How a shortcut ended.
+    enum Outcome: Sendable {
+        /// The file is complete under its final name.
+        case finished(DownloadResult)
+        /// Nothing was written: the download goes the machine's way.
+        case declined
+    }
+
+    /// The largest answer taken whole: a write block, at most 1 MiB (the machine's path holds as
+    /// much of a body in memory before it writes).
+    static func limit(_ configuration: DownloaderConfiguration) -> Int64 {
+        Int64(min(configuration.storage.blockSize, 1 << 20))
+    }
+
+    /// Whether `request` could take the shortcut with `found` stored: nothing stored, one source, no
+    /// checksum to verify and no rate to keep to. (Whether its origin's answers are small is for
+    /// ``SmallAnswerOrigins`` to say.)
+    static func fits(_ request: DownloadRequest, found: FoundDownload, configuration: DownloaderConfiguration) -> Bool {
+        switch found {
+        case .nothing, .unnamed: break
+        case .stored, .complete, .untrusted: return false
+        }
+        return request.mirrors.isEmpty && request.checksum == nil && request.bytesPerSecondLimit == nil
+            && request.rateLimiter?.bytesPerSecond == nil && configuration.sharedRateLimiter?.bytesPerSecond == nil
+    }
+
+    /// The first request the transfer machine sends for a download with nothing stored.
+    static func firstAsk(_ request: DownloadRequest, configuration: DownloaderConfiguration) -> RangeAsk {
+        .fresh(probesRanges: TransferMachine.Settings(configuration, request: request).connections > 1)
+    }
+
+    /// Tries the shortcut for `request` from `url`, whose files are open in `files` with nothing
+    /// stored. Throws once the file was chosen (the caller releases `files`), or when the calling
+    /// task is cancelled.
+    static func run(
+        _ request: DownloadRequest, from url: DownloadURL, files: TransferFiles, downloader: Downloader,
+        observe: @Sendable (DownloadEvent) -> Void, beforeRename: @escaping @Sendable () async throws -> Void
+    ) async throws -> Outcome {
+        let configuration = downloader.configuration
+        let fetcher = HTTPFetcher(
+            sources: [url], request: request, transport: downloader.transport, hostCap: downloader.hostCap,
+            configuration: configuration, logger: downloader.logger)
+        let ask = firstAsk(request, configuration: configuration)
+        let limit = limit(configuration)
+        let answer: Answer?
+        do {
+            answer = try await within(configuration.timeouts.stall, on: downloader.clock) {
+                try await fetcher.fetch(ask, connection: 0) { response, finalURL in
+                    await read(response, from: finalURL, ask: ask, limit: limit)
+                }
+            }
+        } catch {
+            if Task.isCancelled || fetcher.failure(error).isCancelled {
+                throw HaulError(.cancelled, "download cancelled", underlying: CancellationError())
+            }
+            answer = nil
+        }
+        guard let answer else {
+            downloader.smallAnswers.note(url.origin, small: false)
+            return .declined
+        }
+        _ = try files.chooseDestination(contentDisposition: answer.contentDisposition)
+        guard let file = files.file, let paths = files.paths else {
+            throw HaulError(.fileSystem, "no destination was chosen")
+        }
+        // A fleet's worker whose lease may have run out writes nothing, as on the machine's path.
+        if let permit = configuration.writePermit, !permit() { throw DownloaderConfiguration.writeRefused }
+        let body = answer.body
+        try await downloader.io.run { try body.withUnsafeReadableBytes { try file.writeNow($0, at: 0) } }
+        let total = Int64(body.readableBytes)
+        let facts = answer.facts
+        observe(
+            .started(
+                DownloadStart(
+                    destination: paths.destination, url: answer.finalURL, totalBytes: total, resumedFrom: 0,
+                    resumable: facts.acceptsRanges
+                        && (!facts.validator.isEmpty || configuration.trustUnvalidatedResume),
+                    validator: facts.validator)))
+        let destination = try await files.finish(totalBytes: total, manifest: nil, beforeRename: beforeRename)
+        let result = DownloadResult(
+            destination: destination, url: url.string, bytes: total, bytesFetched: total, resumedFrom: 0,
+            restarts: 0, validator: facts.validator)
+        downloader.smallAnswers.noteFinished()
+        return .finished(result)
+    }
+
+    /// An answer taken whole.
+    private struct Answer: Sendable {
+        let facts: ResponseFacts
+        let body: ByteBuffer
+        let finalURL: String
+        let contentDisposition: String?
+    }
+
+    /// `response`'s body, when the machine would accept it whole from byte 0 and it is at most
+    /// `limit` bytes long, with no coding and no digest; `nil` otherwise (its body left unread) or
+    /// when the body ends early or fails.
+    private static func read(_ response: TransportResponse, from finalURL: DownloadURL, ask: RangeAsk, limit: Int64)
+        async -> Answer?
+    {
+        let verdict = ResponseClassifier.classify(
+            status: response.status, headers: response.fields, ask: ask, now: Int64(Date().timeIntervalSince1970))
+        guard case .accept(let facts) = verdict, facts.bodyStart == 0, facts.writeStart == 0,
+            let total = facts.totalLength, total <= limit, facts.contentEncoding == nil,
+            facts.contentDigests.isEmpty, facts.validator.digests.isEmpty
+        else { return nil }
+        var body = ByteBuffer()
+        body.reserveCapacity(Int(total))
+        do {
+            for try await chunk in response.body {
+                guard body.readableBytes + chunk.readableBytes <= total else { return nil }
+                body.writeImmutableBuffer(chunk)
+            }
+        } catch {
+            return nil
+        }
+        guard body.readableBytes == total else { return nil }
+        return Answer(
+            facts: facts, body: body, finalURL: finalURL.string,
+            contentDisposition: response.fields.first(name: "content-disposition"))
+    }
+
+    /// What `body` returns, unless `timeout` passes on `clock` first: then `nil`, `body` cancelled.
+    private static func within<Value: Sendable>(
+        _ timeout: Duration, on clock: TransferClock, _ body: @escaping @Sendable () async throws -> Value?
+    ) async throws -> Value? {
+        try await withThrowingTaskGroup(of: Value?.self) { group in
+            group.addTask { try await body() }
+            group.addTask {
+                try await clock.sleep(for: timeout)
+                return nil
+            }
+            defer { group.cancelAll() }
+            return try await group.next() ?? nil
+        }
+    }
+}
+
+extension TransferFailure {
+    /// Whether the request was stopped because Haul cancelled it.
+    var isCancelled: Bool {
+        if case .cancelled = self { return true }
+        return false
+    }
+}
+
+/// The origins whose last download the shortcut of ``WholeAnswer`` fitted: their next fresh
+/// downloads try it. An origin is noted by a download that took the machine's path and turned out
+/// one small whole answer, and forgotten when a shortcut is declined.
+final class SmallAnswerOrigins: Sendable {
+    private let origins = Mutex<Set<String>>([])
+    private let finished = Atomic<Int>(0)
+    /// The most origins remembered; more start the memory over.
+    static let capacity = 4096
+
+    /// How many downloads the shortcut finished.
+    var finishedCount: Int { finished.load(ordering: .relaxed) }
+
+    /// Counts a download the shortcut finished.
+    func noteFinished() { finished.add(1, ordering: .relaxed) }
+
+    /// Whether `origin`'s last download was one small whole answer.
+    func contains(_ origin: String) -> Bool { origins.withLock { $0.contains(origin) } }
+
+    /// Notes how `origin`'s last download went.
+    func note(_ origin: String, small: Bool) {
+        origins.withLock { origins in
+            guard small else {
+                origins.remove(origin)
+                return
+            }
+            if origins.count >= Self.capacity { origins.removeAll() }
+            origins.insert(origin)
+        }
+    }
+}

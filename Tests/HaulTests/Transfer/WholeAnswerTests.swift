@@ -1,0 +1,187 @@
+import HaulTestServer
+import Synchronization
+import Testing
+
+@testable import Haul
+
+/// A fresh download from an origin whose last file came small and whole in one answer takes that
+/// answer in one write; any other answer goes the transfer machine's way, with the same outcome.
+@Suite("Small whole answers take a shortcut", .timeLimit(.minutes(1)))
+struct WholeAnswerTests {
+    /// Small resources served at `/NAME`, each of its own size (the test limit is a 64 KiB block).
+    @discardableResult
+    static func small(_ server: HaulTestServer, _ names: [String]) -> [String: TestResource] {
+        var resources: [String: TestResource] = [:]
+        for (index, name) in names.enumerated() {
+            let resource = TestResource(name: name, size: 20_000 + Int64(index))
+            server.add("/\(name)", resource)
+            resources[name] = resource
+        }
+        return resources
+    }
+
+    /// Downloads `/NAME` into `directory`, named by the answer.
+    @discardableResult
+    static func fetch(_ name: String, _ server: HaulTestServer, _ downloader: Downloader, into directory: String)
+        async throws -> DownloadResult
+    {
+        try await downloader.download(DownloadRequest(url: server.url("/\(name)"), destination: .directory(directory)))
+    }
+
+    @Test func smallFilesFromOneOriginTakeItAfterTheFirst() async throws {
+        try await HaulTestServer.withRunning { server in
+            let names = (1...6).map { "s\($0).bin" }
+            let resources = Self.small(server, names)
+            server.setStandingFaults(
+                "/s4.bin", [.setHeader("Content-Disposition", "attachment; filename=\"named.bin\"")])
+            try await withTemporaryDirectory { directory in
+                try await withDownloader { downloader in
+                    for name in names { try await Self.fetch(name, server, downloader, into: directory) }
+                    // The first went the machine's way and showed the origin's files small; the rest
+                    // took the shortcut, one request each.
+                    #expect(downloader.smallAnswers.finishedCount == 5)
+                }
+                for name in names {
+                    #expect(server.requests(for: "/\(name)").count == 1)
+                    let file = name == "s4.bin" ? "named.bin" : name
+                    #expect(try readFile(directory + "/" + file) == resources[name]?.content)
+                }
+                #expect(listDirectory(directory).count == names.count)
+            }
+        }
+    }
+
+    @Test func aLargeAnswerIsDeclinedAndTheMachineTakesIt() async throws {
+        try await HaulTestServer.withRunning { server in
+            let resources = Self.small(server, ["a", "b", "c", "d"])
+            let large = TestResource(name: "large", size: 300_000)
+            server.add("/large", large)
+            try await withTemporaryDirectory { directory in
+                try await withDownloader { downloader in
+                    try await Self.fetch("a", server, downloader, into: directory)
+                    try await Self.fetch("b", server, downloader, into: directory)
+                    #expect(downloader.smallAnswers.finishedCount == 1)
+                    let result = try await Self.fetch("large", server, downloader, into: directory)
+                    #expect(result.bytes == 300_000 && result.restarts == 0)
+                    // After a large file, the next small one goes the machine's way, the one after it
+                    // the shortcut's.
+                    try await Self.fetch("c", server, downloader, into: directory)
+                    #expect(downloader.smallAnswers.finishedCount == 1)
+                    try await Self.fetch("d", server, downloader, into: directory)
+                    #expect(downloader.smallAnswers.finishedCount == 2)
+                }
+                #expect(try readFile(directory + "/large") == large.content)
+                // The declined answer cost one request; the machine asked the same first.
+                let asked = server.requests(for: "/large").map { $0.header("range") }
+                #expect(asked.count == 2 && asked[0] == asked[1])
+                for name in ["a", "b", "c", "d"] {
+                    #expect(try readFile(directory + "/" + name) == resources[name]?.content)
+                    #expect(server.requests(for: "/\(name)").count == 1)
+                }
+                #expect(listDirectory(directory).count == 5)
+            }
+        }
+    }
+
+    @Test func anEmptyFileComesWhole() async throws {
+        try await HaulTestServer.withRunning { server in
+            Self.small(server, ["a"])
+            server.add("/empty", TestResource(name: "empty", size: 0))
+            try await withTemporaryDirectory { directory in
+                try await withDownloader { downloader in
+                    try await Self.fetch("a", server, downloader, into: directory)
+                    let result = try await Self.fetch("empty", server, downloader, into: directory)
+                    #expect(result.bytes == 0 && result.destination == directory + "/empty")
+                }
+                #expect(try readFile(directory + "/empty").isEmpty)
+                #expect(listDirectory(directory).sorted() == ["a", "empty"])
+            }
+        }
+    }
+
+    @Test func aWorkerThatMayHaveLostItsLeaseWritesNothing() async throws {
+        try await HaulTestServer.withRunning { server in
+            Self.small(server, ["a", "b"])
+            try await withTemporaryDirectory { directory in
+                let allowed = Atomic<Bool>(true)
+                var configuration = testConfiguration()
+                configuration.writePermit = { allowed.load(ordering: .relaxed) }
+                try await withDownloader(configuration) { downloader in
+                    try await Self.fetch("a", server, downloader, into: directory)
+                    allowed.store(false, ordering: .relaxed)
+                    let error = await expectHaulError(.locked) {
+                        try await Self.fetch("b", server, downloader, into: directory)
+                    }
+                    #expect(error?.message.contains("lease") == true)
+                }
+                #expect(server.requests(for: "/b").count == 1)
+                #expect(listDirectory(directory) == ["a"])
+            }
+        }
+    }
+
+    @Test func anErrorIsLeftToTheMachine() async throws {
+        try await HaulTestServer.withRunning { server in
+            Self.small(server, ["a"])
+            server.add("/gone", TestResource(name: "gone", size: 1000))
+            server.script("/gone", [[.status(404)], [.status(404)]])
+            try await withTemporaryDirectory { directory in
+                try await withDownloader { downloader in
+                    try await Self.fetch("a", server, downloader, into: directory)
+                    let error = await expectHaulError(.httpStatus) {
+                        try await Self.fetch("gone", server, downloader, into: directory)
+                    }
+                    #expect(error?.status == 404)
+                }
+                #expect(server.requests(for: "/gone").count == 2)
+                #expect(listDirectory(directory) == ["a"])
+            }
+        }
+    }
+
+    @Test func aStalledAnswerGivesWayAfterTheStallTimeout() async throws {
+        try await HaulTestServer.withRunning { server in
+            let resources = Self.small(server, ["a", "slow"])
+            server.script("/slow", [[.stall(afterBytes: 1000, seconds: 60)]])
+            try await withTemporaryDirectory { directory in
+                let clock = ManualClock()
+                try await withDownloader(testConfiguration(stall: .seconds(20)), clock: clock) { downloader in
+                    try await Self.fetch("a", server, downloader, into: directory)
+                    let slow = Task { try await Self.fetch("slow", server, downloader, into: directory) }
+                    try await waitUntil("the shortcut waits on the clock for the stalled answer") {
+                        server.requests(for: "/slow").count == 1 && clock.sleeperCount > 0
+                    }
+                    // Nothing came for the stall timeout: the machine asks again and gets the file.
+                    clock.advance(by: .seconds(20))
+                    let result = try await slow.value
+                    #expect(result.bytes == resources["slow"]?.size)
+                    #expect(downloader.smallAnswers.finishedCount == 0)
+                }
+                #expect(server.requests(for: "/slow").count == 2)
+                #expect(try readFile(directory + "/slow") == resources["slow"]?.content)
+            }
+        }
+    }
+
+    @Test func aCancelledShortcutLeavesNothing() async throws {
+        try await HaulTestServer.withRunning { server in
+            Self.small(server, ["a", "slow"])
+            server.script("/slow", [[.stall(afterBytes: 1000, seconds: 60)]])
+            try await withTemporaryDirectory { directory in
+                let clock = ManualClock()
+                try await withDownloader(testConfiguration(), clock: clock) { downloader in
+                    try await Self.fetch("a", server, downloader, into: directory)
+                    let slow = Task { try await Self.fetch("slow", server, downloader, into: directory) }
+                    try await waitUntil("the shortcut waits for the stalled answer") {
+                        server.requests(for: "/slow").count == 1 && clock.sleeperCount > 0
+                    }
+                    slow.cancel()
+                    let error = await expectHaulError(.cancelled) { try await slow.value }
+                    #expect(error != nil)
+                }
+                #expect(server.requests(for: "/slow").count == 1)
+                #expect(listDirectory(directory) == ["a"])
+            }
+        }
+    }
+}
