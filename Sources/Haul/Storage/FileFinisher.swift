@@ -28,6 +28,9 @@ final class FileFinisher: Sendable {
         /// download's file there: the first record written carries those of the whole batch). Its
         /// error fails the file, which keeps its partial name.
         var beforeRename: @Sendable () async throws -> Void = {}
+        /// Asked right before the rename, after every hook of the batch: `false` fails the file, which
+        /// keeps its partial name (a fleet's worker whose lease may have run out).
+        var permit: (@Sendable () -> Bool)? = nil
     }
 
     /// What a download that handed over a file is told: to run the next batch, or how its file ended.
@@ -155,6 +158,10 @@ final class FileFinisher: Sendable {
         for (index, handover) in batch.enumerated() {
             if let error = refused[index] {
                 outcomes[index] = .failure(error)
+                continue
+            }
+            if let permit = handover.permit, !permit() {
+                outcomes[index] = .failure(DownloaderConfiguration.writeRefused)
                 continue
             }
             do {

@@ -127,6 +127,8 @@ struct FileFinisherTests {
                 var handover = try Self.handover(name, in: folder)
                 handover.beforeRename = {
                     let named = names.filter { POSIX.exists(path + "/" + $0) }.count
+                    // Every file of the batch, and the first batch's, has its data flushed by now.
+                    #expect(flushes.dataCalls.load(ordering: .relaxed) == 5)
                     seen.withLock { $0[name] = named }
                     if name == "file3" { throw HaulError(.locked, "the lease of \(name) ran out") }
                 }

@@ -83,6 +83,51 @@ struct WholeAnswerTests {
         }
     }
 
+    @Test func theCallersRecordComesBeforeTheRenameOnTheShortcut() async throws {
+        try await HaulTestServer.withRunning { server in
+            let resources = Self.small(server, ["a", "b"])
+            try await withTemporaryDirectory { directory in
+                // What the hook saw each time: the final name, and the partial file's size.
+                let seen = Mutex<[(named: Bool, partial: Int?)]>([])
+                try await withDownloader { downloader in
+                    for name in ["a", "b"] {
+                        _ = try await downloader.download(
+                            DownloadRequest(url: server.url("/\(name)"), destination: .directory(directory)),
+                            observing: { _ in },
+                            beforeFinishing: {
+                                let partial = POSIX.fileStatus(directory + "/\(name).haul.part").map { Int($0.st_size) }
+                                seen.withLock { $0.append((POSIX.exists(directory + "/" + name), partial)) }
+                            })
+                    }
+                    #expect(downloader.smallAnswers.finishedCount == 1)
+                }
+                let sizes = ["a", "b"].map { resources[$0].map { Int($0.size) } }
+                #expect(seen.withLock { $0.map(\.named) } == [false, false])
+                #expect(seen.withLock { $0.map(\.partial) } == sizes)
+                #expect(try readFile(directory + "/b") == resources["b"]?.content)
+            }
+        }
+    }
+
+    @Test func aStalePartialFileUnderTheNameIsNotWrittenOver() async throws {
+        try await HaulTestServer.withRunning { server in
+            let resources = Self.small(server, ["a", "b"])
+            try await withTemporaryDirectory { directory in
+                // A partial file with no manifest, longer than b, left by a process that died.
+                try writeFile(directory + "/b.haul.part", [UInt8](repeating: 7, count: 50_000))
+                try await withDownloader { downloader in
+                    try await Self.fetch("a", server, downloader, into: directory)
+                    try await Self.fetch("b", server, downloader, into: directory)
+                    #expect(downloader.smallAnswers.finishedCount == 0)
+                }
+                // The machine took it from the shortcut's answer's name and asked again.
+                #expect(try readFile(directory + "/b") == resources["b"]?.content)
+                #expect(server.requests(for: "/b").count == 2)
+                #expect(listDirectory(directory).sorted() == ["a", "b"])
+            }
+        }
+    }
+
     @Test func anEmptyFileComesWhole() async throws {
         try await HaulTestServer.withRunning { server in
             Self.small(server, ["a"])
@@ -151,7 +196,8 @@ struct WholeAnswerTests {
                     try await waitUntil("the shortcut waits on the clock for the stalled answer") {
                         server.requests(for: "/slow").count == 1 && clock.sleeperCount > 0
                     }
-                    // Nothing came for the stall timeout: the machine asks again and gets the file.
+                    // The whole answer did not come within the stall timeout: the machine asks again
+                    // and gets the file.
                     clock.advance(by: .seconds(20))
                     let result = try await slow.value
                     #expect(result.bytes == resources["slow"]?.size)

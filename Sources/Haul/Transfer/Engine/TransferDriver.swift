@@ -99,7 +99,7 @@ final class TransferDriver {
         observe: @escaping @Sendable (DownloadEvent) -> Void, beforeFinishing: @escaping @Sendable () async -> Void
     ) async throws -> DownloadResult {
         let files = TransferFiles(downloader: downloader, request: request, url: url)
-        let found: FoundDownload
+        var found: FoundDownload
         do {
             found = try files.open()
         } catch {
@@ -113,27 +113,38 @@ final class TransferDriver {
             await beforeFinishing()
             if let permit, !permit() { throw DownloaderConfiguration.writeRefused }
         }
-        let fits = WholeAnswer.fits(request, found: found, configuration: downloader.configuration)
+        let configuration = downloader.configuration
+        let fits = WholeAnswer.fits(request, found: found, configuration: configuration)
         if fits, downloader.smallAnswers.contains(url.origin) {
             do {
-                let outcome = try await WholeAnswer.run(
-                    request, from: url, files: files, downloader: downloader, observe: observe,
+                switch try await WholeAnswer.run(
+                    request, from: url, found: found, files: files, downloader: downloader, observe: observe,
                     beforeRename: beforeRename)
-                if case .finished(let result) = outcome { return result }
+                {
+                case .finished(let result): return result
+                case .declined(let stored): found = stored
+                }
             } catch {
                 files.release()
                 throw HaulError.wrapping(error)
             }
         }
+        // The first answer's facts, for whether the origin's next downloads try the shortcut.
+        let started = Mutex<DownloadStart?>(nil)
+        let observing: @Sendable (DownloadEvent) -> Void = { event in
+            if fits, case .started(let start) = event { started.withLock { $0 = $0 ?? start } }
+            observe(event)
+        }
+        let start = found
         let (events, post) = AsyncStream<Event>.makeStream()
         // The download runs in a task of its own: a cancelled task's stream iteration would end at
         // once, where a pause must first stop the connections and store a checkpoint.
         let download = Task { () -> Result<DownloadResult, HaulError> in
             do {
                 let driver = TransferDriver(
-                    downloader: downloader, request: request, url: url, files: files, observe: observe,
+                    downloader: downloader, request: request, url: url, files: files, observe: observing,
                     beforeRename: beforeRename, events: events, post: post)
-                return .success(try await driver.run(found))
+                return .success(try await driver.run(start))
             } catch {
                 files.release()
                 return .failure(HaulError.wrapping(error))
@@ -145,10 +156,8 @@ final class TransferDriver {
             post.yield(.machine(.cancel))
         }
         let result = try outcome.get()
-        // One small answer, whole from its first byte: the origin's next downloads try the shortcut.
-        if fits, result.resumedFrom == 0, result.restarts == 0, result.bytesFetched == result.bytes,
-            result.bytes <= WholeAnswer.limit(downloader.configuration)
-        {
+        // One small answer the shortcut would have taken: the origin's next downloads try it.
+        if fits, WholeAnswer.wouldFit(started.withLock { $0 }, result, configuration: configuration) {
             downloader.smallAnswers.note(url.origin, small: true)
         }
         return result

@@ -392,7 +392,8 @@ final class TransferFiles {
         if !completeInPlace, let file {
             let handover = FileFinisher.Handover(
                 file: file, folder: paths.folder, partialName: paths.partialName, fileName: paths.fileName,
-                confinement: downloader.confinement, beforeRename: beforeRename)
+                confinement: downloader.confinement, beforeRename: beforeRename,
+                permit: configuration.writePermit)
             try await downloader.finisher.finish(handover, io: downloader.io)
         } else {
             try await beforeRename()

@@ -27,8 +27,10 @@ enum WholeAnswer {
     enum Outcome: Sendable {
         /// The file is complete under its final name.
         case finished(DownloadResult)
-        /// Nothing was written: the download goes the machine's way.
-        case declined
+        /// Nothing was written: the download goes the machine's way, from what is stored as `found`
+        /// says (the name the answer gave may hold a download of this URL begun meanwhile, which the
+        /// machine resumes, as it does when its own first answer names it).
+        case declined(FoundDownload)
     }
 
     /// The largest answer taken whole: a write block, at most 1 MiB (the machine's path holds as
@@ -49,51 +51,75 @@ enum WholeAnswer {
             && request.rateLimiter?.bytesPerSecond == nil && configuration.sharedRateLimiter?.bytesPerSecond == nil
     }
 
+    /// Whether the machine's first answer, which began as `start` and ended as `result`, was one
+    /// the shortcut takes: from byte 0, of a length told first, small, with no digest to check.
+    static func wouldFit(_ start: DownloadStart?, _ result: DownloadResult, configuration: DownloaderConfiguration)
+        -> Bool
+    {
+        guard let start, start.resumedFrom == 0, start.totalBytes == result.bytes, start.validator.digests.isEmpty
+        else { return false }
+        return result.restarts == 0 && result.bytesFetched == result.bytes && result.bytes <= limit(configuration)
+    }
+
     /// The first request the transfer machine sends for a download with nothing stored.
     static func firstAsk(_ request: DownloadRequest, configuration: DownloaderConfiguration) -> RangeAsk {
         .fresh(probesRanges: TransferMachine.Settings(configuration, request: request).connections > 1)
     }
 
-    /// Tries the shortcut for `request` from `url`, whose files are open in `files` with nothing
-    /// stored. Throws once the file was chosen (the caller releases `files`), or when the calling
-    /// task is cancelled.
+    /// Tries the shortcut for `request` from `url`, whose files are open in `files` with `found`
+    /// (nothing) stored. Throws when the file cannot be written or finished (the caller releases
+    /// `files`), and when the calling task is cancelled.
     static func run(
-        _ request: DownloadRequest, from url: DownloadURL, files: TransferFiles, downloader: Downloader,
-        observe: @Sendable (DownloadEvent) -> Void, beforeRename: @escaping @Sendable () async throws -> Void
+        _ request: DownloadRequest, from url: DownloadURL, found: FoundDownload, files: TransferFiles,
+        downloader: Downloader, observe: @Sendable (DownloadEvent) -> Void,
+        beforeRename: @escaping @Sendable () async throws -> Void
     ) async throws -> Outcome {
         let configuration = downloader.configuration
+        let clock = downloader.clock
         let fetcher = HTTPFetcher(
             sources: [url], request: request, transport: downloader.transport, hostCap: downloader.hostCap,
             configuration: configuration, logger: downloader.logger)
         let ask = firstAsk(request, configuration: configuration)
         let limit = limit(configuration)
+        let since = clock.now
+        let watch = Watch()
         let answer: Answer?
         do {
-            answer = try await within(configuration.timeouts.stall, on: downloader.clock) {
-                try await fetcher.fetch(ask, connection: 0) { response, finalURL in
+            answer = try await watch.within(configuration.timeouts.stall, on: clock) {
+                try await fetcher.fetch(ask, connection: 0, waiting: { watch.noteWaiting($0) }) { response, finalURL in
                     await read(response, from: finalURL, ask: ask, limit: limit)
                 }
             }
         } catch {
-            if Task.isCancelled || fetcher.failure(error).isCancelled {
-                throw HaulError(.cancelled, "download cancelled", underlying: CancellationError())
-            }
+            if Task.isCancelled || fetcher.failure(error).isCancelled { throw cancelled }
             answer = nil
         }
+        // A pause while the body came: no new request after it.
+        if Task.isCancelled { throw cancelled }
         guard let answer else {
             downloader.smallAnswers.note(url.origin, small: false)
-            return .declined
+            return .declined(found)
         }
-        _ = try files.chooseDestination(contentDisposition: answer.contentDisposition)
+        let chosen = try files.chooseDestination(contentDisposition: answer.contentDisposition)
+        guard case .nothing = chosen else { return .declined(chosen) }
         guard let file = files.file, let paths = files.paths else {
             throw HaulError(.fileSystem, "no destination was chosen")
         }
         // A fleet's worker whose lease may have run out writes nothing, as on the machine's path.
         if let permit = configuration.writePermit, !permit() { throw DownloaderConfiguration.writeRefused }
+        let facts = answer.facts
+        let total = Int64(answer.body.readableBytes)
+        // As the machine prepares a fresh file: the room it needs (beside the margin kept free), and
+        // no manifest for a file that arrives in one block.
+        let manifest = Manifest(
+            originalURL: url.string, finalURL: answer.finalURL, validator: facts.validator, totalLength: total,
+            acceptsRanges: facts.acceptsRanges, contentEncoding: nil, bootID: BootIdentity.current,
+            now: Int64(Date().timeIntervalSince1970), pieceSize: configuration.storage.pieceSize)
+        try await files.prepare(
+            FilePreparation(
+                manifest: manifest, startsOver: true, storesLayout: false, neededBytes: total, reservation: nil))
         let body = answer.body
         try await downloader.io.run { try body.withUnsafeReadableBytes { try file.writeNow($0, at: 0) } }
-        let total = Int64(body.readableBytes)
-        let facts = answer.facts
         observe(
             .started(
                 DownloadStart(
@@ -101,12 +127,25 @@ enum WholeAnswer {
                     resumable: facts.acceptsRanges
                         && (!facts.validator.isEmpty || configuration.trustUnvalidatedResume),
                     validator: facts.validator)))
+        let seconds =
+            Double((clock.now - since).components.seconds)
+            + Double((clock.now - since).components.attoseconds) / 1e18
+        observe(
+            .progress(
+                DownloadProgress(
+                    bytes: total, totalBytes: total, bytesPerSecond: seconds > 0 ? Double(total) / seconds : 0,
+                    secondsRemaining: 0, connections: 1)))
         let destination = try await files.finish(totalBytes: total, manifest: nil, beforeRename: beforeRename)
         let result = DownloadResult(
             destination: destination, url: url.string, bytes: total, bytesFetched: total, resumedFrom: 0,
             restarts: 0, validator: facts.validator)
         downloader.smallAnswers.noteFinished()
         return .finished(result)
+    }
+
+    /// What a paused shortcut ends with, as a paused download does.
+    private static var cancelled: HaulError {
+        HaulError(.cancelled, "download cancelled", underlying: CancellationError())
     }
 
     /// An answer taken whole.
@@ -118,8 +157,8 @@ enum WholeAnswer {
     }
 
     /// `response`'s body, when the machine would accept it whole from byte 0 and it is at most
-    /// `limit` bytes long, with no coding and no digest; `nil` otherwise (its body left unread) or
-    /// when the body ends early or fails.
+    /// `limit` bytes long, with no coding and no digest; `nil` otherwise (its body drained a little,
+    /// so that a short one leaves the connection open) or when the body ends early or fails.
     private static func read(_ response: TransportResponse, from finalURL: DownloadURL, ask: RangeAsk, limit: Int64)
         async -> Answer?
     {
@@ -128,7 +167,10 @@ enum WholeAnswer {
         guard case .accept(let facts) = verdict, facts.bodyStart == 0, facts.writeStart == 0,
             let total = facts.totalLength, total <= limit, facts.contentEncoding == nil,
             facts.contentDigests.isEmpty, facts.validator.digests.isEmpty
-        else { return nil }
+        else {
+            await response.body.discard(upTo: 64 * 1024)
+            return nil
+        }
         var body = ByteBuffer()
         body.reserveCapacity(Int(total))
         do {
@@ -145,18 +187,40 @@ enum WholeAnswer {
             contentDisposition: response.fields.first(name: "content-disposition"))
     }
 
-    /// What `body` returns, unless `timeout` passes on `clock` first: then `nil`, `body` cancelled.
-    private static func within<Value: Sendable>(
-        _ timeout: Duration, on clock: TransferClock, _ body: @escaping @Sendable () async throws -> Value?
-    ) async throws -> Value? {
-        try await withThrowingTaskGroup(of: Value?.self) { group in
-            group.addTask { try await body() }
-            group.addTask {
-                try await clock.sleep(for: timeout)
-                return nil
+    /// Gives up on an answer that has not come whole a stall timeout after its request was sent. The
+    /// time a request waits for a connection under the cap per host does not count (such a wait is no
+    /// stall, as on the machine's path): while it waits, and for a timeout after it got one, the watch
+    /// waits on. A small body still coming after that goes the machine's way, which tells a slow
+    /// answer from a stalled one.
+    final class Watch: Sendable {
+        private let moves = Atomic<Int>(0)
+        private let waiting = Atomic<Bool>(false)
+
+        /// The request waits for a connection (`true`), or got one (`false`).
+        func noteWaiting(_ waits: Bool) {
+            waiting.store(waits, ordering: .relaxed)
+            moves.add(1, ordering: .relaxed)
+        }
+
+        /// What `body` returns, unless `timeout` passes on `clock` with the request neither waiting
+        /// nor admitted meanwhile: then `nil`, `body` cancelled.
+        func within<Value: Sendable>(
+            _ timeout: Duration, on clock: TransferClock, _ body: @escaping @Sendable () async throws -> Value?
+        ) async throws -> Value? {
+            try await withThrowingTaskGroup(of: Value?.self) { group in
+                group.addTask { try await body() }
+                group.addTask {
+                    var seen = self.moves.load(ordering: .relaxed)
+                    while true {
+                        try await clock.sleep(for: timeout)
+                        let now = self.moves.load(ordering: .relaxed)
+                        if now == seen && !self.waiting.load(ordering: .relaxed) { return nil }
+                        seen = now
+                    }
+                }
+                defer { group.cancelAll() }
+                return try await group.next() ?? nil
             }
-            defer { group.cancelAll() }
-            return try await group.next() ?? nil
         }
     }
 }
