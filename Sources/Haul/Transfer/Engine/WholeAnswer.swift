@@ -40,15 +40,19 @@ enum WholeAnswer {
     }
 
     /// Whether `request` could take the shortcut with `found` stored: nothing stored, one source, no
-    /// checksum to verify and no rate to keep to. (Whether its origin's answers are small is for
+    /// checksum to verify, no rate to keep to, and no fleet's lease. (Whether its origin's answers are small is for
     /// ``SmallAnswerOrigins`` to say.)
     static func fits(_ request: DownloadRequest, found: FoundDownload, configuration: DownloaderConfiguration) -> Bool {
         switch found {
         case .nothing, .unnamed: break
         case .stored, .complete, .untrusted: return false
         }
+        // A fleet's worker (a write permit) is left the machine's path: there the file's name reaches
+        // the queue with the first answer, in a group commit, so a worker that takes the download
+        // over after a database outage knows the file; the shortcut learns it only at the end.
         return request.mirrors.isEmpty && request.checksum == nil && request.bytesPerSecondLimit == nil
             && request.rateLimiter?.bytesPerSecond == nil && configuration.sharedRateLimiter?.bytesPerSecond == nil
+            && configuration.writePermit == nil
     }
 
     /// Whether the machine's first answer, which began as `start` and ended as `result`, was one
