@@ -25,9 +25,8 @@ final class FileFinisher: Sendable {
         /// Checks, right before the rename, that `folder` still lies beneath the download roots.
         let confinement: DownloadConfinement
         /// Runs once the data is durable, right before the batch's renames (a queue records the
-        /// download's file there: the first record written carries those of the whole batch). Its
-        /// error fails the file, which keeps its partial name.
-        var beforeRename: @Sendable () async throws -> Void = {}
+        /// download's file there: the first record written carries those of the whole batch).
+        var beforeRename: @Sendable () async -> Void = {}
         /// Asked right before the rename, after every hook of the batch: `false` fails the file, which
         /// keeps its partial name (a fleet's worker whose lease may have run out).
         var permit: (@Sendable () -> Bool)? = nil
@@ -123,17 +122,10 @@ final class FileFinisher: Sendable {
             return state.waiting.filter { $0.number != number }
         }
         let batch = [own] + others.map(\.handover)
-        var refused: [Int: HaulError] = [:]
-        for (index, handover) in batch.enumerated() {
-            do {
-                try await handover.beforeRename()
-            } catch {
-                refused[index] = HaulError.wrapping(error)
-            }
-        }
+        for handover in batch { await handover.beforeRename() }
         let outcomes: [Result<Void, HaulError>]
         do {
-            outcomes = try await io.run { [refused] in self.run(batch, refused: refused) }
+            outcomes = try await io.run { self.run(batch) }
         } catch {
             outcomes = Array(repeating: .failure(HaulError.wrapping(error)), count: batch.count)
         }
@@ -149,17 +141,13 @@ final class FileFinisher: Sendable {
         return outcomes[0]
     }
 
-    /// Finishes `batch`, whose data is durable: renames, then directories. The files `refused` (by
-    /// their ``Handover/beforeRename``) keep their partial names and fail with its error.
-    private func run(_ batch: [Handover], refused: [Int: HaulError]) -> [Result<Void, HaulError>] {
+    /// Finishes `batch`, whose data is durable and whose hooks ran: renames, then directories. A file
+    /// its permit refuses keeps its partial name.
+    private func run(_ batch: [Handover]) -> [Result<Void, HaulError>] {
         var outcomes = [Result<Void, HaulError>](repeating: .success(()), count: batch.count)
         // The directories renamed into, by identity (handles of one directory share a flush).
         var renamed: [[UInt64]: (folder: DirectoryHandle, files: [Int])] = [:]
         for (index, handover) in batch.enumerated() {
-            if let error = refused[index] {
-                outcomes[index] = .failure(error)
-                continue
-            }
             if let permit = handover.permit, !permit() {
                 outcomes[index] = .failure(DownloaderConfiguration.writeRefused)
                 continue

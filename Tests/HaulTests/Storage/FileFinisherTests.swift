@@ -112,7 +112,7 @@ struct FileFinisherTests {
         }
     }
 
-    @Test("every file of a batch runs its hook before the batch renames; a hook that fails keeps its file's name")
+    @Test("every file of a batch runs its hook before the batch renames; a permit that says no keeps its file's name")
     func everyHookOfABatchRunsBeforeItsRenames() async throws {
         try await withTemporaryDirectory { path in
             let folder = try DirectoryHandle.open(path)
@@ -130,13 +130,17 @@ struct FileFinisherTests {
                     // Every file of the batch, and the first batch's, has its data flushed by now.
                     #expect(flushes.dataCalls.load(ordering: .relaxed) == 5)
                     seen.withLock { $0[name] = named }
-                    if name == "file3" { throw HaulError(.locked, "the lease of \(name) ran out") }
+                }
+                // Asked after every hook of the batch: a lease that ran out meanwhile stops the rename.
+                handover.permit = {
+                    #expect(seen.withLock { $0.count } == names.count)
+                    return name != "file3"
                 }
                 others.append(handover)
             }
             let outcomes = try await Self.finishBehindAHeldBatch(
                 finisher, flushes, first: try Self.handover("file0", in: folder), others: others)
-            #expect(outcomes == [nil, nil, "the lease of file3 ran out", nil])
+            #expect(outcomes == [nil, nil, DownloaderConfiguration.writeRefused.message, nil])
             // Every hook ran, and none of them saw a file of its batch renamed yet.
             #expect(seen.withLock { $0 } == ["file1": 0, "file2": 0, "file3": 0, "file4": 0])
             #expect(flushes.directoryCalls.load(ordering: .relaxed) == 2)

@@ -37,9 +37,8 @@ final class TransferDriver {
     private let fetcher: HTTPFetcher
     private let clock: TransferClock
     private let observe: @Sendable (DownloadEvent) -> Void
-    /// Runs right before the final rename (see ``Downloader/download(_:observing:beforeFinishing:)``),
-    /// and asks for the write permit there.
-    private let beforeRename: @Sendable () async throws -> Void
+    /// Runs right before the final rename (see ``Downloader/download(_:observing:beforeFinishing:)``).
+    private let beforeFinishing: @Sendable () async -> Void
     private let logger: Logger
     private let rateLimiters: [RateLimiter]
     private let events: AsyncStream<Event>
@@ -64,9 +63,8 @@ final class TransferDriver {
 
     private init(
         downloader: Downloader, request: DownloadRequest, url: DownloadURL, files: TransferFiles,
-        observe: @escaping @Sendable (DownloadEvent) -> Void,
-        beforeRename: @escaping @Sendable () async throws -> Void, events: AsyncStream<Event>,
-        post: AsyncStream<Event>.Continuation
+        observe: @escaping @Sendable (DownloadEvent) -> Void, beforeFinishing: @escaping @Sendable () async -> Void,
+        events: AsyncStream<Event>, post: AsyncStream<Event>.Continuation
     ) {
         let configuration = downloader.configuration
         // The request was checked before the download started: its mirrors parse.
@@ -80,7 +78,7 @@ final class TransferDriver {
             configuration: configuration, logger: downloader.logger)
         self.clock = downloader.clock
         self.observe = observe
-        self.beforeRename = beforeRename
+        self.beforeFinishing = beforeFinishing
         self.logger = downloader.logger
         self.rateLimiters = [
             request.rateLimiter
@@ -106,20 +104,13 @@ final class TransferDriver {
             files.release()
             throw HaulError.wrapping(error)
         }
-        let permit = downloader.configuration.writePermit
-        // Right before the rename, beside the files finishing with this one: their records go in one
-        // transaction, and a lease lost meanwhile still stops the rename.
-        let beforeRename: @Sendable () async throws -> Void = {
-            await beforeFinishing()
-            if let permit, !permit() { throw DownloaderConfiguration.writeRefused }
-        }
         let configuration = downloader.configuration
         let fits = WholeAnswer.fits(request, found: found, configuration: configuration)
         if fits, downloader.smallAnswers.contains(url.origin) {
             do {
                 switch try await WholeAnswer.run(
                     request, from: url, found: found, files: files, downloader: downloader, observe: observe,
-                    beforeRename: beforeRename)
+                    beforeRename: beforeFinishing)
                 {
                 case .finished(let result): return result
                 case .declined(let stored): found = stored
@@ -131,9 +122,12 @@ final class TransferDriver {
         }
         // The first answer's facts, for whether the origin's next downloads try the shortcut.
         let started = Mutex<DownloadStart?>(nil)
-        let observing: @Sendable (DownloadEvent) -> Void = { event in
-            if fits, case .started(let start) = event { started.withLock { $0 = $0 ?? start } }
-            observe(event)
+        var observing = observe
+        if fits {
+            observing = { event in
+                if case .started(let start) = event { started.withLock { $0 = $0 ?? start } }
+                observe(event)
+            }
         }
         let start = found
         let (events, post) = AsyncStream<Event>.makeStream()
@@ -143,7 +137,7 @@ final class TransferDriver {
             do {
                 let driver = TransferDriver(
                     downloader: downloader, request: request, url: url, files: files, observe: observing,
-                    beforeRename: beforeRename, events: events, post: post)
+                    beforeFinishing: beforeFinishing, events: events, post: post)
                 return .success(try await driver.run(start))
             } catch {
                 files.release()
@@ -283,7 +277,9 @@ final class TransferDriver {
             return .verified(try await files.verify(totalBytes: total, validator: validator))
         case .finish(let total, let manifest):
             await checkpointTask?.value
-            _ = try await files.finish(totalBytes: total, manifest: manifest, beforeRename: beforeRename)
+            // Right before the rename, beside the files finishing with this one: their records go in
+            // one transaction. The write permit is asked after it, closest to the rename.
+            _ = try await files.finish(totalBytes: total, manifest: manifest, beforeRename: beforeFinishing)
             return .finished
         case .send(let request, let ask):
             start(ask, as: request)

@@ -372,9 +372,9 @@ final class TransferFiles {
 
     /// Moves the complete file into place: flush, rename, flush the directory, drop the manifest.
     /// `beforeRename` runs once the data is durable, right before the rename (see
-    /// ``FileFinisher/Handover/beforeRename``); its error leaves the file under its partial name.
+    /// ``FileFinisher/Handover/beforeRename``), where the write permit is asked.
     func finish(
-        totalBytes: Int64, manifest: Manifest?, beforeRename: @escaping @Sendable () async throws -> Void = {}
+        totalBytes: Int64, manifest: Manifest?, beforeRename: @escaping @Sendable () async -> Void
     ) async throws -> String {
         let paths = try destinationPaths()
         if !completeInPlace, manifestOnDisk, var manifest {
@@ -396,7 +396,7 @@ final class TransferFiles {
                 permit: configuration.writePermit)
             try await downloader.finisher.finish(handover, io: downloader.io)
         } else {
-            try await beforeRename()
+            await beforeRename()
         }
         if manifestOnDisk { try await downloader.io.run { try ManifestStore.remove(paths) } }
         manifestOnDisk = false

@@ -76,7 +76,7 @@ enum WholeAnswer {
     static func run(
         _ request: DownloadRequest, from url: DownloadURL, found: FoundDownload, files: TransferFiles,
         downloader: Downloader, observe: @Sendable (DownloadEvent) -> Void,
-        beforeRename: @escaping @Sendable () async throws -> Void
+        beforeRename: @escaping @Sendable () async -> Void
     ) async throws -> Outcome {
         let configuration = downloader.configuration
         let clock = downloader.clock
