@@ -137,6 +137,7 @@ struct WholeAnswerTests {
                     try await Self.fetch("a", server, downloader, into: directory)
                     let result = try await Self.fetch("empty", server, downloader, into: directory)
                     #expect(result.bytes == 0 && result.destination == directory + "/empty")
+                    #expect(downloader.smallAnswers.finishedCount == 1)
                 }
                 #expect(try readFile(directory + "/empty").isEmpty)
                 #expect(listDirectory(directory).sorted() == ["a", "empty"])
@@ -144,23 +145,29 @@ struct WholeAnswerTests {
         }
     }
 
-    @Test func aWorkerThatMayHaveLostItsLeaseWritesNothing() async throws {
+    /// A fleet's worker (one with a write permit) always takes the machine's path, where the file's
+    /// name reaches the queue with the first answer; and one whose lease may have run out writes
+    /// nothing.
+    @Test func aFleetsWorkerTakesTheMachinesPath() async throws {
         try await HaulTestServer.withRunning { server in
-            Self.small(server, ["a", "b"])
+            let resources = Self.small(server, ["a", "b", "c"])
             try await withTemporaryDirectory { directory in
                 let allowed = Atomic<Bool>(true)
                 var configuration = testConfiguration()
                 configuration.writePermit = { allowed.load(ordering: .relaxed) }
                 try await withDownloader(configuration) { downloader in
                     try await Self.fetch("a", server, downloader, into: directory)
+                    try await Self.fetch("b", server, downloader, into: directory)
+                    #expect(downloader.smallAnswers.finishedCount == 0)
                     allowed.store(false, ordering: .relaxed)
                     let error = await expectHaulError(.locked) {
-                        try await Self.fetch("b", server, downloader, into: directory)
+                        try await Self.fetch("c", server, downloader, into: directory)
                     }
                     #expect(error?.message.contains("lease") == true)
                 }
-                #expect(server.requests(for: "/b").count == 1)
-                #expect(listDirectory(directory) == ["a"])
+                #expect(try readFile(directory + "/b") == resources["b"]?.content)
+                for name in ["a", "b", "c"] { #expect(server.requests(for: "/\(name)").count == 1) }
+                #expect(listDirectory(directory).sorted() == ["a", "b"])
             }
         }
     }

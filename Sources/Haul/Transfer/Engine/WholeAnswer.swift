@@ -40,8 +40,8 @@ enum WholeAnswer {
     }
 
     /// Whether `request` could take the shortcut with `found` stored: nothing stored, one source, no
-    /// checksum to verify, no rate to keep to, and no fleet's lease. (Whether its origin's answers are small is for
-    /// ``SmallAnswerOrigins`` to say.)
+    /// checksum to verify, no rate to keep to, and no fleet's lease. (Whether its origin's answers
+    /// are small is for ``SmallAnswerOrigins`` to say.)
     static func fits(_ request: DownloadRequest, found: FoundDownload, configuration: DownloaderConfiguration) -> Bool {
         switch found {
         case .nothing, .unnamed: break
@@ -95,7 +95,7 @@ enum WholeAnswer {
                 }
             }
         } catch {
-            if Task.isCancelled || fetcher.failure(error).isCancelled { throw cancelled }
+            if case .cancelled = fetcher.failure(error) { throw cancelled }
             answer = nil
         }
         // A pause while the body came: no new request after it.
@@ -109,8 +109,6 @@ enum WholeAnswer {
         guard let file = files.file, let paths = files.paths else {
             throw HaulError(.fileSystem, "no destination was chosen")
         }
-        // A fleet's worker whose lease may have run out writes nothing, as on the machine's path.
-        if let permit = configuration.writePermit, !permit() { throw DownloaderConfiguration.writeRefused }
         let facts = answer.facts
         let total = Int64(answer.body.readableBytes)
         // As the machine prepares a fresh file: the room it needs (beside the margin kept free), and
@@ -131,9 +129,7 @@ enum WholeAnswer {
                     resumable: facts.acceptsRanges
                         && (!facts.validator.isEmpty || configuration.trustUnvalidatedResume),
                     validator: facts.validator)))
-        let seconds =
-            Double((clock.now - since).components.seconds)
-            + Double((clock.now - since).components.attoseconds) / 1e18
+        let seconds = (clock.now - since).seconds
         observe(
             .progress(
                 DownloadProgress(
@@ -226,14 +222,6 @@ enum WholeAnswer {
                 return try await group.next() ?? nil
             }
         }
-    }
-}
-
-extension TransferFailure {
-    /// Whether the request was stopped because Haul cancelled it.
-    var isCancelled: Bool {
-        if case .cancelled = self { return true }
-        return false
     }
 }
 
