@@ -40,6 +40,11 @@ struct FileFinisherTests {
         }
 
         func release() { gate.signal() }
+
+        /// A finisher that flushes through these flushes.
+        func finisher() -> FileFinisher {
+            FileFinisher(flushData: { try self.flushData($0) }, flushDirectory: { try self.flushDirectory($0) })
+        }
     }
 
     /// A partial file `NAME.part` in `folder` holding `NAME`'s own bytes, handed over as `NAME`.
@@ -89,8 +94,7 @@ struct FileFinisherTests {
         try await withTemporaryDirectory { path in
             let folder = try DirectoryHandle.open(path)
             let flushes = Flushes()
-            let finisher = FileFinisher(
-                flushData: { try flushes.flushData($0) }, flushDirectory: { try flushes.flushDirectory($0) })
+            let finisher = flushes.finisher()
             let names = (0..<7).map { "file\($0)" }
             let outcomes = try await Self.finishBehindAHeldBatch(
                 finisher, flushes, first: try Self.handover(names[0], in: folder),
@@ -117,8 +121,7 @@ struct FileFinisherTests {
         try await withTemporaryDirectory { path in
             let folder = try DirectoryHandle.open(path)
             let flushes = Flushes()
-            let finisher = FileFinisher(
-                flushData: { try flushes.flushData($0) }, flushDirectory: { try flushes.flushDirectory($0) })
+            let finisher = flushes.finisher()
             let names = (1..<5).map { "file\($0)" }
             // What each hook of the second batch saw of the batch's final names, in the order they ran.
             let seen = Mutex<[String: Int]>([:])
@@ -155,8 +158,7 @@ struct FileFinisherTests {
         try await withTemporaryDirectory { path in
             let folder = try DirectoryHandle.open(path)
             let flushes = Flushes(failing: ["file2"])
-            let finisher = FileFinisher(
-                flushData: { try flushes.flushData($0) }, flushDirectory: { try flushes.flushDirectory($0) })
+            let finisher = flushes.finisher()
             let outcomes = try await Self.finishBehindAHeldBatch(
                 finisher, flushes, first: try Self.handover("file0", in: folder),
                 others: [try Self.handover("file1", in: folder)])
@@ -176,8 +178,7 @@ struct FileFinisherTests {
         try await withTemporaryDirectory { path in
             let folder = try DirectoryHandle.open(path)
             let flushes = Flushes()
-            let finisher = FileFinisher(
-                flushData: { try flushes.flushData($0) }, flushDirectory: { try flushes.flushDirectory($0) })
+            let finisher = flushes.finisher()
             // A directory with a file in it stands where one file's final name would go.
             #expect(mkdir(path + "/blocked", 0o755) == 0)
             #expect(close(try POSIX.open(path + "/blocked/inside", flags: O_RDWR | O_CREAT)) == 0)
