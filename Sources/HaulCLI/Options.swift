@@ -24,7 +24,9 @@ struct StateOptions: ParsableArguments {
 
 /// How transfers behave: retries, timeouts, limits.
 struct TransferOptions: ParsableArguments {
-    @Option(name: [.customShort("j"), .long], help: "Download at most this many files at once.")
+    @Option(
+        name: [.customShort("j"), .long],
+        help: "Transfer at most this many files at once (one being flushed and renamed no longer counts).")
     var jobs: Int = 3
 
     @Option(

@@ -91,7 +91,9 @@ extension DownloadManager {
     func schedule() {
         guard let run = lifecycle.run else { return }
         // Outside the start windows, or while a caller holds starts, nothing starts.
-        while jobs.count < configuration.maxConcurrentDownloads, rulesNow.startsDownloads, startsHeld == 0 {
+        while transferring < configuration.maxConcurrentDownloads, finishing.count < finishingLimit,
+            rulesNow.startsDownloads, startsHeld == 0
+        {
             if waiting.isEmpty && moreWaiting { refillWindow() }
             guard let next = waiting.popMax() else { break }
             guard var entry = entries[next.id], entry.state == .queued, entry.record.owner == claim.name,
@@ -145,7 +147,7 @@ extension DownloadManager {
             moreWaiting = false
             return
         }
-        let wanted = max(1, configuration.maxConcurrentDownloads - jobs.count)
+        let wanted = max(1, configuration.maxConcurrentDownloads - transferring)
         guard let claimed = try? store.claimQueued(for: claim.name, limit: wanted, now: Self.now) else {
             moreWaiting = false
             return
@@ -245,10 +247,11 @@ extension DownloadManager {
         let mailbox = self.mailbox
         let clock = self.clock
         let lease = claim.lease
+        let hooks = FinishingHooks(
+            handedOver: { await self.handedOver(id) }, beforeRename: { await self.recordBeforeFinishing(id) })
         let task = Task.detached {
-            try await Self.download(request, of: id, by: downloader, lease: lease, clock: clock, mailbox: mailbox) {
-                await self.recordBeforeFinishing(id)
-            }
+            try await Self.download(
+                request, of: id, by: downloader, lease: lease, clock: clock, mailbox: mailbox, finishing: hooks)
         }
         jobs[id]?.task = task
         // Asked to stop before it started.
@@ -264,6 +267,17 @@ extension DownloadManager {
         // Every event of this download is handled before its end is.
         handleEvents()
         ended(id, outcome)
+    }
+
+    /// The download's file is complete and being made durable: its transfer no longer counts against
+    /// ``Configuration/maxConcurrentDownloads``, so the next download starts beside the flush and the
+    /// rename. Files finishing together share them (see ``FileFinisher``).
+    private func handedOver(_ id: DownloadID) {
+        guard jobs[id] != nil else { return }
+        // Its last bytes are told before the next download starts.
+        handleEvents()
+        finishing.insert(id)
+        schedule()
     }
 
     /// Writes the download's start and file name, if still waiting for a group commit, before its
@@ -337,7 +351,7 @@ extension DownloadManager {
     /// the file until its manager notices. A refusal tried again is told to nobody.
     private static func download(
         _ request: DownloadRequest, of id: DownloadID, by downloader: Downloader, lease: (any QueueLease)?,
-        clock: TransferClock, mailbox: EventMailbox, beforeFinishing: @escaping @Sendable () async -> Void
+        clock: TransferClock, mailbox: EventMailbox, finishing: FinishingHooks
     ) async throws -> DownloadResult {
         let since = clock.now
         let patience = lease.map { Duration.milliseconds(Int64($0.duration * 1000)) }
@@ -349,7 +363,7 @@ extension DownloadManager {
                     observing: { event in
                         if waits, case .failed(let error) = event, DestinationLock.isHeldElsewhere(error) { return }
                         mailbox.post(event, of: id)
-                    }, beforeFinishing: beforeFinishing)
+                    }, finishing: finishing)
             } catch let error as HaulError where waits && DestinationLock.isHeldElsewhere(error) {
                 downloader.logger.notice("download \(id): \(error.message); trying again in a second")
             }
@@ -367,6 +381,7 @@ extension DownloadManager {
     /// Records how a download ended and starts the next one.
     private func ended(_ id: DownloadID, _ outcome: Result<DownloadResult, HaulError>) {
         let job = jobs.removeValue(forKey: id)
+        finishing.remove(id)
         defer {
             for waiter in job?.waiters ?? [] { waiter.resume() }
             schedule()

@@ -39,7 +39,10 @@ public actor DownloadManager {
             case leave
         }
 
-        /// At most this many downloads transfer at once; the rest wait.
+        /// At most this many downloads transfer at once; the rest wait. A download whose file is
+        /// complete and being made durable (flushed and renamed, see <doc:HowResumingStaysSafe>)
+        /// no longer counts: the next one starts beside it, so a queue shows it running a little
+        /// longer than its transfer.
         public var maxConcurrentDownloads: Int = 3
         /// What happens to the downloads a manager that is gone left queued or running.
         public var restoredDownloads: RestoredDownloads = .resume
@@ -136,6 +139,15 @@ public actor DownloadManager {
     /// once it is empty.
     var moreWaiting = false
     var jobs: [DownloadID: Job] = [:]
+    /// The running downloads whose file is complete and being made durable and renamed: their
+    /// transfer is over, and they hold no place of ``Configuration/maxConcurrentDownloads``.
+    var finishing: Set<DownloadID> = []
+    /// How many running downloads still transfer: those that count against
+    /// ``Configuration/maxConcurrentDownloads``.
+    var transferring: Int { jobs.count - finishing.count }
+    /// How many downloads may be finishing at once before no more start: each holds its open file
+    /// until it is renamed.
+    var finishingLimit: Int { min(256, max(16, 4 * configuration.maxConcurrentDownloads)) }
     /// The events of running downloads, on their way to ``handle(_:of:)``.
     let mailbox = EventMailbox()
     /// Whether the queue runs, is being stopped or is closed (see ``Lifecycle``).

@@ -39,7 +39,7 @@ public final class Downloader: Sendable {
     let partials = PartialIndex()
     /// Makes finished files durable and renames them in batches, with the downloads finishing beside
     /// each other.
-    let finisher = FileFinisher()
+    let finisher: FileFinisher
     /// Where downloads may write (``DownloaderConfiguration/downloadRoots``).
     let confinement: DownloadConfinement
     /// The origins whose files come small and whole in their first answer (see ``WholeAnswer``).
@@ -60,6 +60,7 @@ public final class Downloader: Sendable {
         self.logger = logger ?? Logger(label: "haul", factory: { _ in SwiftLogNoOpLogHandler() })
         self.clock = TransferClock(clock)
         self.io = .shared
+        finisher = configuration.flushFinishedData.map { FileFinisher(flushData: $0) } ?? FileFinisher()
         self.confinement = DownloadConfinement(roots: configuration.downloadRoots)
         hostCap = (configuration.maxConnectionsPerHost ?? configuration.sharedHostSlots?.limit).map {
             HostConnectionCap(limit: $0)
@@ -93,20 +94,20 @@ public final class Downloader: Sendable {
     public func download(
         _ request: DownloadRequest, observing observe: @escaping @Sendable (DownloadEvent) -> Void = { _ in }
     ) async throws -> DownloadResult {
-        try await download(request, observing: observe, beforeFinishing: {})
+        try await download(request, observing: observe, finishing: FinishingHooks())
     }
 
-    /// ``download(_:observing:)``, calling `beforeFinishing` once every byte is written and checked,
-    /// right before the file is given its final name (a queue records there that the file is its own).
+    /// ``download(_:observing:)``, telling `finishing` when the complete file is handed over to be
+    /// made durable and right before it is given its final name (see ``FinishingHooks``).
     package func download(
         _ request: DownloadRequest, observing observe: @escaping @Sendable (DownloadEvent) -> Void,
-        beforeFinishing: @escaping @Sendable () async -> Void
+        finishing: FinishingHooks
     ) async throws -> DownloadResult {
         do {
             if let refusal { throw refusal }
             let url = try request.check()
             let result = try await TransferDriver.run(
-                downloader: self, request: request, url: url, observe: observe, beforeFinishing: beforeFinishing)
+                downloader: self, request: request, url: url, observe: observe, finishing: finishing)
             observe(.completed(result))
             return result
         } catch let error as HaulError {

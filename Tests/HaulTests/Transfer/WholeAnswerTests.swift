@@ -83,27 +83,32 @@ struct WholeAnswerTests {
         }
     }
 
-    @Test func theCallersRecordComesBeforeTheRenameOnTheShortcut() async throws {
+    @Test func theCallerIsToldOfTheHandOverThenRightBeforeTheRename() async throws {
         try await HaulTestServer.withRunning { server in
             let resources = Self.small(server, ["a", "b"])
             try await withTemporaryDirectory { directory in
-                // What the hook saw each time: the final name, and the partial file's size.
-                let seen = Mutex<[(named: Bool, partial: Int?)]>([])
+                // What each hook saw: which hook, the final name, and the partial file's size.
+                let seen = Mutex<[(hook: String, named: Bool, partial: Int?)]>([])
                 try await withDownloader { downloader in
                     for name in ["a", "b"] {
+                        @Sendable func look(_ hook: String) {
+                            let partial = POSIX.fileStatus(directory + "/\(name).haul.part").map { Int($0.st_size) }
+                            seen.withLock { $0.append((hook, POSIX.exists(directory + "/" + name), partial)) }
+                        }
                         _ = try await downloader.download(
                             DownloadRequest(url: server.url("/\(name)"), destination: .directory(directory)),
                             observing: { _ in },
-                            beforeFinishing: {
-                                let partial = POSIX.fileStatus(directory + "/\(name).haul.part").map { Int($0.st_size) }
-                                seen.withLock { $0.append((POSIX.exists(directory + "/" + name), partial)) }
-                            })
+                            finishing: FinishingHooks(
+                                handedOver: { look("handed over") }, beforeRename: { look("rename") }))
                     }
                     #expect(downloader.smallAnswers.finishedCount == 1)
                 }
-                let sizes = ["a", "b"].map { resources[$0].map { Int($0.size) } }
-                #expect(seen.withLock { $0.map(\.named) } == [false, false])
-                #expect(seen.withLock { $0.map(\.partial) } == sizes)
+                // On the machine's path (a) and the shortcut (b) alike: handed over complete, then the
+                // record's hook, both before the final name.
+                let sizes = ["a", "b"].compactMap { resources[$0].map { Int($0.size) } }
+                #expect(seen.withLock { $0.map(\.hook) } == ["handed over", "rename", "handed over", "rename"])
+                #expect(seen.withLock { $0.map(\.named) } == [false, false, false, false])
+                #expect(seen.withLock { $0.map(\.partial) } == [sizes[0], sizes[0], sizes[1], sizes[1]])
                 #expect(try readFile(directory + "/b") == resources["b"]?.content)
             }
         }

@@ -37,8 +37,8 @@ final class TransferDriver {
     private let fetcher: HTTPFetcher
     private let clock: TransferClock
     private let observe: @Sendable (DownloadEvent) -> Void
-    /// Runs right before the final rename (see ``Downloader/download(_:observing:beforeFinishing:)``).
-    private let beforeFinishing: @Sendable () async -> Void
+    /// Told as the file is finished (see ``Downloader/download(_:observing:finishing:)``).
+    private let finishing: FinishingHooks
     private let logger: Logger
     private let rateLimiters: [RateLimiter]
     private let events: AsyncStream<Event>
@@ -63,7 +63,7 @@ final class TransferDriver {
 
     private init(
         downloader: Downloader, request: DownloadRequest, url: DownloadURL, files: TransferFiles,
-        observe: @escaping @Sendable (DownloadEvent) -> Void, beforeFinishing: @escaping @Sendable () async -> Void,
+        observe: @escaping @Sendable (DownloadEvent) -> Void, finishing: FinishingHooks,
         events: AsyncStream<Event>, post: AsyncStream<Event>.Continuation
     ) {
         let configuration = downloader.configuration
@@ -78,7 +78,7 @@ final class TransferDriver {
             configuration: configuration, logger: downloader.logger)
         self.clock = downloader.clock
         self.observe = observe
-        self.beforeFinishing = beforeFinishing
+        self.finishing = finishing
         self.logger = downloader.logger
         self.rateLimiters = [
             request.rateLimiter
@@ -94,7 +94,7 @@ final class TransferDriver {
     /// first tries ``WholeAnswer``.
     static func run(
         downloader: Downloader, request: DownloadRequest, url: DownloadURL,
-        observe: @escaping @Sendable (DownloadEvent) -> Void, beforeFinishing: @escaping @Sendable () async -> Void
+        observe: @escaping @Sendable (DownloadEvent) -> Void, finishing: FinishingHooks
     ) async throws -> DownloadResult {
         let files = TransferFiles(downloader: downloader, request: request, url: url)
         var found: FoundDownload
@@ -110,7 +110,7 @@ final class TransferDriver {
             do {
                 switch try await WholeAnswer.run(
                     request, from: url, found: found, files: files, downloader: downloader, observe: observe,
-                    beforeRename: beforeFinishing)
+                    finishing: finishing)
                 {
                 case .finished(let result): return result
                 case .declined(let stored): found = stored
@@ -137,7 +137,7 @@ final class TransferDriver {
             do {
                 let driver = TransferDriver(
                     downloader: downloader, request: request, url: url, files: files, observe: observing,
-                    beforeFinishing: beforeFinishing, events: events, post: post)
+                    finishing: finishing, events: events, post: post)
                 return .success(try await driver.run(start))
             } catch {
                 files.release()
@@ -279,7 +279,7 @@ final class TransferDriver {
             await checkpointTask?.value
             // Right before the rename, beside the files finishing with this one: their records go in
             // one transaction. The write permit is asked after it, closest to the rename.
-            _ = try await files.finish(totalBytes: total, manifest: manifest, beforeRename: beforeFinishing)
+            _ = try await files.finish(totalBytes: total, manifest: manifest, finishing: finishing)
             return .finished
         case .send(let request, let ask):
             start(ask, as: request)

@@ -371,11 +371,10 @@ final class TransferFiles {
     }
 
     /// Moves the complete file into place: flush, rename, flush the directory, drop the manifest.
-    /// `beforeRename` runs once the data is durable, right before the rename (see
-    /// ``FileFinisher/Handover/beforeRename``), where the write permit is asked.
-    func finish(
-        totalBytes: Int64, manifest: Manifest?, beforeRename: @escaping @Sendable () async -> Void
-    ) async throws -> String {
+    /// `finishing.handedOver` runs as the file goes to the finisher; `finishing.beforeRename` once the
+    /// data is durable, right before the rename (see ``FileFinisher/Handover/beforeRename``), where
+    /// the write permit is asked.
+    func finish(totalBytes: Int64, manifest: Manifest?, finishing: FinishingHooks) async throws -> String {
         let paths = try destinationPaths()
         if !completeInPlace, manifestOnDisk, var manifest {
             // Should the process die between the rename and the manifest's removal, the next session
@@ -392,11 +391,12 @@ final class TransferFiles {
         if !completeInPlace, let file {
             let handover = FileFinisher.Handover(
                 file: file, folder: paths.folder, partialName: paths.partialName, fileName: paths.fileName,
-                confinement: downloader.confinement, beforeRename: beforeRename,
+                confinement: downloader.confinement, beforeRename: finishing.beforeRename,
                 permit: configuration.writePermit)
+            await finishing.handedOver()
             try await downloader.finisher.finish(handover, io: downloader.io)
         } else {
-            await beforeRename()
+            await finishing.beforeRename()
         }
         if manifestOnDisk { try await downloader.io.run { try ManifestStore.remove(paths) } }
         manifestOnDisk = false

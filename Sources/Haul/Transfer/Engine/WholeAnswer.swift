@@ -76,7 +76,7 @@ enum WholeAnswer {
     static func run(
         _ request: DownloadRequest, from url: DownloadURL, found: FoundDownload, files: TransferFiles,
         downloader: Downloader, observe: @Sendable (DownloadEvent) -> Void,
-        beforeRename: @escaping @Sendable () async -> Void
+        finishing: FinishingHooks
     ) async throws -> Outcome {
         let configuration = downloader.configuration
         let clock = downloader.clock
@@ -135,7 +135,7 @@ enum WholeAnswer {
                 DownloadProgress(
                     bytes: total, totalBytes: total, bytesPerSecond: seconds > 0 ? Double(total) / seconds : 0,
                     secondsRemaining: 0, connections: 1)))
-        let destination = try await files.finish(totalBytes: total, manifest: nil, beforeRename: beforeRename)
+        let destination = try await files.finish(totalBytes: total, manifest: nil, finishing: finishing)
         let result = DownloadResult(
             destination: destination, url: url.string, bytes: total, bytesFetched: total, resumedFrom: 0,
             restarts: 0, validator: facts.validator)

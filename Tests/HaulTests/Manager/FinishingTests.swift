@@ -1,0 +1,124 @@
+import Dispatch
+import HaulTestServer
+import Synchronization
+import Testing
+
+@testable import Haul
+
+/// A download whose file is complete and being made durable holds no place of the manager's limit.
+@Suite("Finishing downloads") struct FinishingTests {
+    /// Holds the data flush of the finished files whose name `holds` accepts until `release()`.
+    final class HeldFlushes: Sendable {
+        private let gate = DispatchSemaphore(value: 0)
+        private let holds: @Sendable (String) -> Bool
+        /// How many flushes are being held now.
+        let waiting = Atomic<Int>(0)
+
+        init(_ holds: @escaping @Sendable (String) -> Bool) { self.holds = holds }
+
+        /// A downloader configuration whose finished files are flushed through here.
+        func configuration() -> DownloaderConfiguration {
+            var configuration = testConfiguration()
+            configuration.flushFinishedData = { file in
+                if self.holds(file.path) {
+                    self.waiting.add(1, ordering: .relaxed)
+                    // Never forever: a test that fails still ends.
+                    _ = self.gate.wait(timeout: .now() + .seconds(30))
+                    self.waiting.subtract(1, ordering: .relaxed)
+                }
+                try file.syncDataNow()
+            }
+            return configuration
+        }
+
+        /// Lets every held flush go on (and any later one that would be held).
+        func release() {
+            for _ in 0..<64 { gate.signal() }
+        }
+    }
+
+    static func waitUntil(_ what: String, _ condition: () async throws -> Bool) async throws {
+        let deadline = ContinuousClock.now + .seconds(20)
+        while try await !condition() {
+            guard ContinuousClock.now < deadline else { throw TestFailure("timed out waiting until \(what)") }
+            try await Task.sleep(for: .milliseconds(10))
+        }
+    }
+
+    @Test func theNextDownloadStartsWhileTheLastIsFlushedAndRenamed() async throws {
+        try await HaulTestServer.withRunning { server in
+            try await withTemporaryDirectory { directory in
+                let resources = ["a", "b"].map { TestResource(name: $0, size: 4096) }
+                for resource in resources { server.add("/\(resource.name)", resource) }
+                let flushes = HeldFlushes { $0.hasSuffix("/a.haul.part") }
+                defer { flushes.release() }
+                try await withManager(
+                    directory + "/state", managerConfiguration(limit: 1), downloader: flushes.configuration()
+                ) { manager in
+                    var queued: [DownloadID] = []
+                    for name in ["a", "b"] {
+                        queued.append(
+                            try await manager.enqueue(
+                                DownloadRequest(url: server.url("/\(name)"), destination: .file(directory + "/\(name)"))
+                            ))
+                    }
+                    let ids = queued
+                    try await whileRunning(manager) {
+                        // One place, taken by a until its bytes were all written: b is asked for while a's
+                        // flush is held, a still running and not under its final name.
+                        try await Self.waitUntil("b is asked for") { !server.requests(for: "/b").isEmpty }
+                        try await Self.waitUntil("a's flush is held") { flushes.waiting.load(ordering: .relaxed) == 1 }
+                        #expect(await manager.download(ids[0])?.state == .running)
+                        #expect(!POSIX.exists(directory + "/a"))
+                        _ = try await waitFor(manager, ids[1]) { $0.state == .completed }
+                        flushes.release()
+                        _ = try await waitFor(manager, ids[0]) { $0.state == .completed }
+                    }
+                }
+                #expect(try readFile(directory + "/a") == resources[0].content)
+                #expect(try readFile(directory + "/b") == resources[1].content)
+                #expect(server.requests.map(\.path) == ["/a", "/b"])
+            }
+        }
+    }
+
+    @Test func noMoreStartOnceManyAreFinishing() async throws {
+        try await HaulTestServer.withRunning { server in
+            try await withTemporaryDirectory { directory in
+                let configuration = managerConfiguration(limit: 1)
+                // With one place, 16 may be finishing at once.
+                let limit = 16
+                let names = (0...limit).map { "f\($0)" }
+                for name in names { server.add("/\(name)", TestResource(name: name, size: 1024)) }
+                let flushes = HeldFlushes { _ in true }
+                defer { flushes.release() }
+                try await withManager(directory + "/state", configuration, downloader: flushes.configuration()) {
+                    manager in
+                    var queued: [DownloadID] = []
+                    for name in names {
+                        queued.append(
+                            try await manager.enqueue(
+                                DownloadRequest(url: server.url("/\(name)"), destination: .file(directory + "/\(name)"))
+                            ))
+                    }
+                    let ids = queued
+                    try await whileRunning(manager) {
+                        // Each flush is held after its download was handed over and the manager looked for
+                        // the next one to start.
+                        try await Self.waitUntil("\(limit) files are being finished") {
+                            flushes.waiting.load(ordering: .relaxed) == limit
+                        }
+                        let states = await manager.downloads(ids: ids).map(\.state)
+                        #expect(states == Array(repeating: .running, count: limit) + [.queued])
+                        #expect(server.requests.count == limit)
+                        flushes.release()
+                        _ = try await waitFor(manager, ids[limit]) { $0.state == .completed }
+                    }
+                    #expect(await manager.downloads(ids: ids).allSatisfy { $0.state == .completed })
+                }
+                #expect(server.requests.count == limit + 1)
+                for name in names { #expect(POSIX.exists(directory + "/" + name)) }
+            }
+        }
+    }
+}
