@@ -115,12 +115,12 @@ func runInQueue(
             throw error
         }
     }
-    let ids = session.queued.all.map(\.id)
-    guard !ids.isEmpty else {
+    let queued = session.queued.all
+    guard !queued.isEmpty else {
         await manager.close()
         return
     }
-    try await QueueRun.run(manager, ids, output: display, finishing: finishing)
+    try await QueueRun.run(manager, queued, output: display, finishing: finishing)
 }
 
 /// ``runInQueue(_:_:_:_:perDownload:refusing:_:finishing:)`` with a daemon: `prepare` puts the

@@ -27,16 +27,17 @@ enum QueueRun {
             logger: VerboseLogHandler.logger(verbose: verbose))
     }
 
-    /// Runs `ids` to their end and exits with the documented code: 0 when every download is saved,
-    /// else the code of the first one that is not. Ctrl-C or SIGTERM stops them with a checkpoint.
+    /// Runs `downloads` (as the manager answered when they were queued, not read again) to their
+    /// end and exits with the documented code: 0 when every download is saved, else the code of the
+    /// first one that is not. Ctrl-C or SIGTERM stops them with a checkpoint.
     /// - Parameter finishing: runs once the downloads have stopped, before the last lines (saving
     ///   the cookies); a failure is reported on its line and changes nothing else.
     static func run(
-        _ manager: DownloadManager, _ ids: [DownloadID], output: OutputOptions,
+        _ manager: DownloadManager, _ downloads: [DownloadInfo], output: OutputOptions,
         finishing: () throws -> Void = {}
     ) async throws -> Never {
-        let infos = await manager.downloads(ids: ids)
-        let display = QueueDisplay(output: output, downloads: infos)
+        let ids = downloads.map(\.id)
+        let display = QueueDisplay(output: output, downloads: downloads)
         let events = manager.events()
         let signals = SignalWatcher(signals: [SIGINT, SIGTERM])
         await withTaskGroup(of: Void.self) { group in
