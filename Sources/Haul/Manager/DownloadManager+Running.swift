@@ -40,7 +40,8 @@ final class EventMailbox: Sendable {
 }
 
 extension DownloadManager {
-    /// Starts queued downloads, at most ``Configuration/maxConcurrentDownloads`` at once, until the
+    /// Starts queued downloads, at most ``Configuration/maxConcurrentDownloads`` transferring at once
+    /// (see ``Configuration/maxConcurrentDownloads`` for those being finished), until the
     /// calling task is cancelled. Cancellation stops every running download with a durable checkpoint;
     /// they are queued again, so the next manager on this state continues them. Returns once they have stopped.
     /// Returns at once while the queue already runs or a ``stop()`` is under way, and after ``close()``.

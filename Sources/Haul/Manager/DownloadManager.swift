@@ -145,9 +145,10 @@ public actor DownloadManager {
     /// How many running downloads still transfer: those that count against
     /// ``Configuration/maxConcurrentDownloads``.
     var transferring: Int { jobs.count - finishing.count }
-    /// How many downloads may be finishing at once before no more start: each holds its open file
-    /// until it is renamed.
-    var finishingLimit: Int { min(256, max(16, 4 * configuration.maxConcurrentDownloads)) }
+    /// How many downloads may be finishing at once before no more start. Each holds its lock, its
+    /// file and its directory open until it is renamed; the flushes run 16 at a time (see
+    /// ``FileFinisher/flushThreads``), and more than that waiting only makes the batches larger.
+    var finishingLimit: Int { min(64, max(8, 2 * configuration.maxConcurrentDownloads)) }
     /// The events of running downloads, on their way to ``handle(_:of:)``.
     let mailbox = EventMailbox()
     /// Whether the queue runs, is being stopped or is closed (see ``Lifecycle``).

@@ -104,15 +104,19 @@ import Testing
                     // holds no place.
                     var latest: [DownloadID: DownloadInfo] = [:]
                     var peak = 0
+                    var startsBesideAFinishingOne = 0
                     for event in seen.withLock({ $0 }) {
                         latest[event.download.id] = event.download
                         guard case .stateChanged = event.kind, event.download.state == .running else { continue }
-                        let transferring = latest.values.filter { info in
-                            info.state == .running && info.bytes < (info.totalBytes ?? .max)
-                        }
+                        let running = latest.values.filter { $0.state == .running }
+                        let transferring = running.filter { $0.bytes < ($0.totalBytes ?? .max) }
                         peak = max(peak, transferring.count)
+                        if running.count > transferring.count { startsBesideAFinishingOne += 1 }
                     }
                     #expect(peak == 2)
+                    // Every start after the first two comes as another's bytes are all written, before
+                    // its file is flushed and renamed.
+                    #expect(startsBesideAFinishingOne == 4)
                 }
             }
         }
