@@ -166,10 +166,13 @@ final class ProgressRenderer: Sendable {
             ? text + String(repeating: " ", count: width - text.count) : String(text.prefix(width - 1)) + "…"
     }
 
-    static func terminalColumns() -> Int {
+    static func terminalColumns() -> Int { terminalSize().columns }
+
+    /// The terminal's width and height in characters (80 × 24 when it does not tell).
+    static func terminalSize() -> (columns: Int, rows: Int) {
         var size = winsize()
-        guard ioctl(STDERR_FILENO, UInt(TIOCGWINSZ), &size) == 0, size.ws_col > 0 else { return 80 }
-        return Int(size.ws_col)
+        guard ioctl(STDERR_FILENO, UInt(TIOCGWINSZ), &size) == 0 else { return (80, 24) }
+        return (size.ws_col > 0 ? Int(size.ws_col) : 80, size.ws_row > 0 ? Int(size.ws_row) : 24)
     }
 
     // MARK: JSON output

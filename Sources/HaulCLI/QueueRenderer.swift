@@ -1,8 +1,8 @@
 import Haul
 import Synchronization
 
-/// Shows several downloads at once: on a terminal one line per running download plus a total line,
-/// redrawn in place; when piped, a line per start and end and a total line every few seconds; JSON
+/// Shows several downloads at once: on a terminal one line per download still transferring (as many
+/// as the terminal has rows for) plus a total line, redrawn in place; when piped, a line per start and end and a total line every few seconds; JSON
 /// lines for scripts; or nothing but errors.
 final class QueueRenderer: Sendable {
     private struct State {
@@ -130,11 +130,9 @@ final class QueueRenderer: Sendable {
             case .terminal:
                 if !force, let last = state.lastDraw, now - last < .milliseconds(200) { return }
                 state.lastDraw = now
-                let columns = ProgressRenderer.terminalColumns() - 1
-                var lines = ids.compactMap { state.downloads[$0] }.filter { $0.state == .running }.map { info in
-                    String(("\(ProgressRenderer.fit(info.name, 24)) " + Self.summary(info)).prefix(columns))
-                }
-                lines.append(String(totalLine(state).prefix(columns)))
+                let (columns, rows) = ProgressRenderer.terminalSize()
+                let lines = Self.progressBlock(
+                    ids.compactMap { state.downloads[$0] }, total: totalLine(state), columns: columns - 1, rows: rows)
                 Output.standardError(erase(&state) + lines.joined(separator: "\n") + "\n")
                 state.drawnLines = lines.count
             case .lines:
@@ -145,6 +143,24 @@ final class QueueRenderer: Sendable {
                 return
             }
         }
+    }
+
+    /// The lines drawn on a terminal of `columns` × `rows`: one per running download that still
+    /// transfers, those whose bytes are all written (being flushed and renamed) counted on the total
+    /// line, and never more lines than leave the block's top on the screen (it is redrawn by moving
+    /// the cursor up over it).
+    static func progressBlock(_ downloads: [DownloadInfo], total: String, columns: Int, rows: Int) -> [String] {
+        let running = downloads.filter { $0.state == .running }
+        let finishing = running.filter { info in info.totalBytes.map { info.bytes >= $0 } ?? false }.count
+        let transferring = running.filter { info in !(info.totalBytes.map { info.bytes >= $0 } ?? false) }
+        // The total line, and the row the cursor is left on.
+        let room = max(0, rows - 2)
+        var lines = transferring.prefix(transferring.count > room ? max(0, room - 1) : room).map { info in
+            "\(ProgressRenderer.fit(info.name, 24)) " + summary(info)
+        }
+        if transferring.count > lines.count, room > 0 { lines.append("… and \(transferring.count - lines.count) more") }
+        lines.append(finishing > 0 ? total + "  \(finishing) finishing" : total)
+        return lines.map { String($0.prefix(max(1, columns))) }
     }
 
     private func totalLine(_ state: State) -> String {
