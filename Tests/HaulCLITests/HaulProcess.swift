@@ -37,9 +37,11 @@ final class HaulProcess: Sendable {
     /// - Parameter environment: variables set for the child, over this process's; an empty value
     ///   removes one.
     /// - Parameter standardInput: the file the child reads as its standard input.
+    /// - Parameter launcher: a program and its arguments that run `haul` (its path and `arguments`
+    ///   follow them), to start it in another setting.
     init(
         _ arguments: [String], directory: String? = nil, stateDirectory: String? = nil,
-        environment extra: [String: String] = [:], standardInput: String = "/dev/null"
+        environment extra: [String: String] = [:], standardInput: String = "/dev/null", launcher: [String] = []
     ) throws {
         var environment = ProcessInfo.processInfo.environment
         environment["XDG_STATE_HOME"] = stateDirectory ?? Self.sharedStateHome
@@ -58,9 +60,9 @@ final class HaulProcess: Sendable {
         }
         // Children spawned here meanwhile keep none of them (they close all but 0, 1 and 2).
         for descriptor in outputPipe + errorPipe { _ = fcntl(descriptor, F_SETFD, FD_CLOEXEC) }
-        let program = Self.executable
+        let program = launcher.first ?? Self.executable
         var child: pid_t = 0
-        let spawned = withCStrings([program] + arguments) { argv in
+        let spawned = withCStrings(launcher + [Self.executable] + arguments) { argv in
             withCStrings(environment.map { "\($0.key)=\($0.value)" }) { envp in
                 // A structure on Linux, an opaque pointer on Apple platforms.
                 #if canImport(Glibc) || canImport(Musl)
@@ -138,11 +140,11 @@ final class HaulProcess: Sendable {
     /// Runs `haul` to completion.
     static func run(
         _ arguments: [String], directory: String? = nil, stateDirectory: String? = nil,
-        environment: [String: String] = [:], standardInput: String = "/dev/null"
+        environment: [String: String] = [:], standardInput: String = "/dev/null", launcher: [String] = []
     ) async throws -> (status: Int32, output: String, errors: String) {
         try await HaulProcess(
             arguments, directory: directory, stateDirectory: stateDirectory, environment: environment,
-            standardInput: standardInput
+            standardInput: standardInput, launcher: launcher
         ).finish()
     }
 }

@@ -95,6 +95,28 @@ struct QueueCommandTests {
         #expect(again.errors.contains("nothing to resume"))
     }
 
+    @Test func manySmallFilesWithTheShellsOpenFileLimitLowered() async throws {
+        try await HaulTestServer.withRunning { server in
+            let directory = try makeTemporaryDirectory()
+            defer { try? FileManager.default.removeItem(atPath: directory) }
+            let names = (0..<200).map { "s\($0)" }
+            for name in names { server.add("/\(name)", TestResource(name: name, size: 2048)) }
+            try names.map { server.url("/\($0)") }.joined(separator: "\n")
+                .write(toFile: directory + "/list.txt", atomically: true, encoding: .utf8)
+            // Sixteen transfers and the files being finished beside them hold more than 64 files: haul
+            // raises the soft limit the shell set to the hard one.
+            let result = try await HaulProcess.run(
+                [
+                    "get", "-i", directory + "/list.txt", "-d", directory + "/files", "-j", "16", "-q", "--no-daemon",
+                    "--state-dir", directory + "/state",
+                ],
+                launcher: ["/bin/sh", "-c", "ulimit -Sn 64 && exec \"$@\"", "sh"])
+            #expect(result.status == 0, "\(result.errors.prefix(500))")
+            let wrong = names.filter { contents(directory + "/files/" + $0) != server.resource("/\($0)")?.content }
+            #expect(wrong.isEmpty, "\(wrong.count) files missing or different, \(wrong.prefix(3)) first")
+        }
+    }
+
     @Test func inputFileWithPerLineOptions() async throws {
         try await HaulTestServer.withRunning { server in
             let directory = try makeTemporaryDirectory()
