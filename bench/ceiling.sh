@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# How near can a download path built on AsyncHTTPClient come to curl on many small files? Runs, in
+# rounds on the same files: haul, bench/ceiling (the HTTP client alone: fetch, write, and with
+# --durable flush each file and rename it, as haul does), curl -Z and curl -Z && sync.
+#
+#   bench/ceiling.sh                  2,000 files of 16 KiB over http, 16 at a time, 5 rounds
+#   SCHEME=https bench/ceiling.sh     over TLS with HTTP/2 (haul, the client alone, curl --http2)
+#   COUNT=20000 RUNS=3 bench/ceiling.sh
+#
+# bench/ceiling is a package of its own (not part of Haul's build); it is built here, in release.
+# Every run's files are checked against the served ones.
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+
+runs="${RUNS:-5}"
+count="${COUNT:-2000}"
+scheme="${SCHEME:-http}"
+
+bench_install
+command -v bc >/dev/null || { apt-get update -qq; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bc; }
+bench_haul
+(cd "$BENCH_DIR/ceiling" && swift build -c release >/dev/null 2>&1) || { echo "bench/ceiling does not build" >&2; exit 1; }
+ceiling="$BENCH_DIR/ceiling/.build/release/haul-ceiling"
+bench_small_files "$count"
+base="$BASE_URL" haul_tls="" curl_tls="" ceiling_tls=""
+if [ "$scheme" = https ]; then
+    base="$TLS_URL" haul_tls="--ca-cert $CA_CERT" curl_tls="--http2 --cacert $CA_CERT" ceiling_tls="--ca-cert $CA_CERT"
+fi
+list="$DATA_DIR/ceiling-$count-$scheme.txt"
+seq "$count" | sed "s|^|$base/many-$count/f|" > "$list"
+sed 's|^\(.*\)$|url = "\1"|' "$list" > "$list.curl"
+bench_start_nginx
+work="$DATA_DIR/out/ceiling"
+trash="$work/trash"
+mkdir -p "$trash"
+cleanup() {
+    bench_stop_nginx
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+out="$work/out"
+labels=("haul get -i -j 16" "AsyncHTTPClient alone, durable" "AsyncHTTPClient alone" "curl -Z --parallel-max 16"
+    "curl -Z && sync -f .")
+commands=(
+    "$HAUL get -i $list -j 16 -q -d $out --state-dir $work/state $haul_tls"
+    "mkdir -p $out && $ceiling $list $out --durable --jobs 16 $ceiling_tls"
+    "mkdir -p $out && $ceiling $list $out --jobs 16 $ceiling_tls"
+    "mkdir -p $out && cd $out && curl -sS $curl_tls -Z --parallel-max 16 --remote-name-all -K $list.curl"
+    "mkdir -p $out && cd $out && curl -sS $curl_tls -Z --parallel-max 16 --remote-name-all -K $list.curl && sync -f ."
+)
+
+declare -A results
+for _ in $(seq "$runs"); do
+    for index in "${!labels[@]}"; do
+        label="${labels[$index]}"
+        # Set aside, not deleted: on ext4 without a journal, creating a file skips the inodes freed in
+        # the last minute one by one, which would charge each run for the one before it.
+        for path in "$out" "$work/state"; do
+            if [ -e "$path" ]; then mv "$path" "$trash/$RANDOM$RANDOM"; fi
+        done
+        line=$(measure "$label" sh -c "${commands[$index]}") || { echo "$label failed" >&2; exit 1; }
+        diff -rq "$out" "$DATA_DIR/www/many-$count" >&2 \
+            || { echo "$label: the files differ from the served ones (above)" >&2; exit 1; }
+        results[$label]+="${line#"$label "}"$'\n'
+    done
+done
+
+# The median of field $2 (1: wall, 2: CPU) of $1's runs.
+median() {
+    printf '%s' "${results[$1]}" | awk -v f="$2" '{ print $f }' | sort -n | sed -n "$(((runs + 1) / 2))p"
+}
+curl_wall=$(median "curl -Z --parallel-max 16" 1)
+echo "**$count files of 16 KiB over $scheme, 16 at a time**, median of $runs rounds ($(nproc) cores, $(date -u +%Y-%m-%d)):"
+echo
+echo "| tool | wall s | CPU s | files/s | × curl -Z |"
+echo "|---|---|---|---|---|"
+for label in "${labels[@]}"; do
+    wall=$(median "$label" 1)
+    printf '| %s | %s | %s | %.0f | %.2f |\n' "$label" "$wall" "$(median "$label" 2)" \
+        "$(echo "$count / $wall" | bc -l)" "$(echo "$curl_wall / $wall" | bc -l)"
+done
