@@ -32,23 +32,21 @@ bench_small_files "$count"
 list="$DATA_DIR/many-$count-http.txt"
 seq "$count" | sed "s|^|$BASE_URL/many-$count/f|" > "$list"
 bench_start_nginx
+bench_settle
 work="$out_root/haul-ab"
-trash="$work/trash"
-mkdir -p "$trash"
+mkdir -p "$work"
 cleanup() {
     bench_stop_nginx
-    rm -rf "$work"
+    # Not deleted: the next script measures after a wait (see bench_discard).
+    bench_discard "$work"
 }
 trap cleanup EXIT
 
 # One run of binary $1 as build $2 (a or b): prints "BUILD WALL USER SYS".
 run() {
     local out="$work/out" state="$work/state" line
-    # Set aside, not deleted: on ext4 without a journal, creating a file skips the inodes freed in
-    # the last minute one by one, which would charge each run for the one before it.
-    for path in "$out" "$state"; do
-        if [ -e "$path" ]; then mv "$path" "$trash/$RANDOM$RANDOM"; fi
-    done
+    # Set aside, not deleted (see bench_discard).
+    bench_discard "$out" "$state"
     line=$(/usr/bin/time -f "%e %U %S" "$1" get -i "$list" -j 16 -q -d "$out" --state-dir "$state" 2>&1 >/dev/null \
         | tail -n 1)
     diff -rq "$out" "$DATA_DIR/www/many-$count" >&2 || { echo "$1: the files differ from the served ones" >&2; exit 1; }

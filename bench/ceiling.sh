@@ -30,12 +30,13 @@ list="$DATA_DIR/ceiling-$count-$scheme.txt"
 seq "$count" | sed "s|^|$base/many-$count/f|" > "$list"
 sed 's|^\(.*\)$|url = "\1"|' "$list" > "$list.curl"
 bench_start_nginx
+bench_settle
 work="$DATA_DIR/out/ceiling"
-trash="$work/trash"
-mkdir -p "$trash"
+mkdir -p "$work"
 cleanup() {
     bench_stop_nginx
-    rm -rf "$work"
+    # Not deleted: the next script measures after a wait (see bench_discard).
+    bench_discard "$work"
 }
 trap cleanup EXIT
 
@@ -54,11 +55,7 @@ declare -A results
 for _ in $(seq "$runs"); do
     for index in "${!labels[@]}"; do
         label="${labels[$index]}"
-        # Set aside, not deleted: on ext4 without a journal, creating a file skips the inodes freed in
-        # the last minute one by one, which would charge each run for the one before it.
-        for path in "$out" "$work/state"; do
-            if [ -e "$path" ]; then mv "$path" "$trash/$RANDOM$RANDOM"; fi
-        done
+        bench_discard "$out" "$work/state"
         line=$(measure "$label" sh -c "${commands[$index]}") || { echo "$label failed" >&2; exit 1; }
         diff -rq "$out" "$DATA_DIR/www/many-$count" >&2 \
             || { echo "$label: the files differ from the served ones (above)" >&2; exit 1; }

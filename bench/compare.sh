@@ -134,17 +134,9 @@ case "$mode" in
         aria_label="aria2c -i -j 16"
         curl_label="curl -Z --parallel-max 16"
         check() { diff -rq "$target" "$DATA_DIR/www/many" >/dev/null; }
-        # The previous run's files are moved aside, not deleted, until the end: on ext4 without a
-        # journal, inodes freed in the last minute are skipped one by one when a file is created,
-        # which would make every run pay for the files the run before it deleted.
-        trash="$DATA_DIR/trash"
-        rm -rf "$trash"
-        mkdir -p "$trash"
-        clean() {
-            [ -e "$target" ] && mv "$target" "$trash/$RANDOM$RANDOM"
-            [ -e "$state" ] && mv "$state" "$trash/$RANDOM$RANDOM"
-            true
-        }
+        # The previous run's files are moved aside, not deleted (see bench_discard).
+        bench_settle
+        clean() { bench_discard "$target" "$state"; }
         ;;
 esac
 
@@ -169,7 +161,6 @@ for index in "${!labels[@]}"; do
     median_rss[$label]=$rss
 done
 clean
-[ -n "${trash:-}" ] && rm -rf "$trash"
 
 curl_rate=$(echo "$units / ${median_wall[$curl_label]}" | bc -l)
 aria_rate=$(echo "$units / ${median_wall[$aria_label]}" | bc -l)

@@ -119,7 +119,7 @@ if [ "$part" != rate ]; then
         for index in $(seq "$count"); do
             cmp -s "$work/out-$workers/f$index" "$DATA_DIR/www/many-20000/f$index" || { echo "f$index differs" >&2; exit 1; }
         done
-        rm -rf "$work/out-$workers"
+        bench_discard "$work/out-$workers"
         printf '| %s | %.2f | %.0f | %.1f | %s |\n' "$workers" "$seconds" "$(echo "$count / $seconds" | bc -l)" "$per" "$claim"
     done
     echo
@@ -137,7 +137,7 @@ if [ "$part" != small ]; then
         for index in $(seq "$files"); do
             cmp -s "$work/out-$workers/fleet-$index" "$DATA_DIR/www/fleet-$index" || { echo "fleet-$index differs" >&2; exit 1; }
         done
-        rm -rf "$work/out-$workers"
+        bench_discard "$work/out-$workers"
         rate=$(echo "$total_mib / $seconds" | bc -l)
         printf '| %s | %.2f | %.1f | %.2f |\n' "$workers" "$seconds" "$rate" "$(echo "$rate / $limit_mib" | bc -l)"
     done

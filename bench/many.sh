@@ -52,26 +52,13 @@ pass_fail() {
     if [ "$(echo "$1 $2 $3" | bc -l)" = 1 ]; then echo pass; else echo "**fail**"; fi
 }
 
-trash="$DATA_DIR/trash"
-rm -rf "$trash"
-mkdir -p "$trash"
-# Moves a previous run's files aside rather than deleting them: on ext4 without a journal, inodes
-# freed in the last minute are skipped one by one when a file is created, which would make every
-# run pay for the files the run before it deleted. The trash goes at the end.
-set_aside() {
-    local path
-    for path in "$@"; do
-        if [ -e "$path" ]; then mv "$path" "$trash/$RANDOM$RANDOM"; fi
-    done
-    true
-}
+bench_settle
 
 bench_start_nginx
 daemon_pid=""
 cleanup() {
     if [ -n "$daemon_pid" ]; then kill "$daemon_pid" 2>/dev/null || true; fi
     bench_stop_nginx
-    rm -rf "$trash"
 }
 trap cleanup EXIT
 
@@ -115,7 +102,7 @@ files_table() {
     for _ in $(seq "$runs"); do
         for index in "${!labels[@]}"; do
             label="${labels[$index]}"
-            set_aside "$out" "$state"
+            bench_discard "$out" "$state"
             line=$(measure "$label" sh -c "${commands[$index]}") || { echo "$label failed" >&2; exit 1; }
             diff -rq "$out" "$DATA_DIR/www/many-$count" >&2 \
                 || { echo "$label: the files differ from the served ones (above)" >&2; exit 1; }
@@ -128,7 +115,7 @@ files_table() {
         read -r w c r <<<"$middle"
         wall[$label]=$w cpu[$label]=$c rss[$label]=$r
     done
-    set_aside "$out" "$state"
+    bench_discard "$out" "$state"
 
     local curl_rate haul_rate rate
     curl_rate=$(echo "$count / ${wall[curl -Z --parallel-max 16]}" | bc -l)
@@ -204,7 +191,7 @@ queue_table() {
         add_target_s=2 add_target_mib=100 daemon_target_mib=100
     fi
     bench_small_files "$queue_files"
-    set_aside "$work"
+    bench_discard "$work"
     mkdir -p "$work/files"
     # Each URL a small file with a query string of its own and an out= name of its own: haul names
     # a file after the URL's path, so the query alone would give 20,000 names to a million files.
@@ -222,7 +209,7 @@ queue_table() {
     if [ "$status" != 0 ]; then
         echo "| \`haul add -i\` | stopped after ${queue_timeout} s (exit $status) | ≤ $add_target_s s | **fail** |"
         echo
-        set_aside "$work"
+        bench_discard "$work"
         return
     fi
     read -r wall kib < "$work/time.txt"
@@ -316,8 +303,7 @@ queue_table() {
     echo
     echo "State database: $(du -sh "$work/state" | cut -f1)."
     echo
-    # The database of a million rows is large: it goes now, not with the trash at the end.
-    rm -rf "$work"
+    bench_discard "$work"
 }
 
 if [ "$part" = all ] || [ "$part" = files ]; then
