@@ -38,14 +38,6 @@ import Testing
         }
     }
 
-    static func waitUntil(_ what: String, _ condition: () async throws -> Bool) async throws {
-        let deadline = ContinuousClock.now + .seconds(20)
-        while try await !condition() {
-            guard ContinuousClock.now < deadline else { throw TestFailure("timed out waiting until \(what)") }
-            try await Task.sleep(for: .milliseconds(10))
-        }
-    }
-
     @Test func theNextDownloadStartsWhileTheLastIsFlushedAndRenamed() async throws {
         try await HaulTestServer.withRunning { server in
             try await withTemporaryDirectory { directory in
@@ -67,13 +59,17 @@ import Testing
                     try await whileRunning(manager) {
                         // One place, taken by a until its bytes were all written: b is asked for while a's
                         // flush is held, a still running and not under its final name.
-                        try await Self.waitUntil("b is asked for") { !server.requests(for: "/b").isEmpty }
-                        try await Self.waitUntil("a's flush is held") { flushes.waiting.load(ordering: .relaxed) == 1 }
+                        try await waitUntil("b is asked for", timeout: .seconds(20)) {
+                            !server.requests(for: "/b").isEmpty
+                        }
+                        try await waitUntil("a's flush is held", timeout: .seconds(20)) {
+                            flushes.waiting.load(ordering: .relaxed) == 1
+                        }
                         #expect(await manager.download(ids[0])?.state == .running)
                         #expect(!POSIX.exists(directory + "/a"))
-                        _ = try await waitFor(manager, ids[1]) { $0.state == .completed }
+                        _ = try await waitFor(manager, ids[1], timeout: .seconds(20)) { $0.state == .completed }
                         flushes.release()
-                        _ = try await waitFor(manager, ids[0]) { $0.state == .completed }
+                        _ = try await waitFor(manager, ids[0], timeout: .seconds(20)) { $0.state == .completed }
                     }
                 }
                 #expect(try readFile(directory + "/a") == resources[0].content)
@@ -106,14 +102,14 @@ import Testing
                     try await whileRunning(manager) {
                         // Each flush is held after its download was handed over and the manager looked for
                         // the next one to start.
-                        try await Self.waitUntil("\(limit) files are being finished") {
+                        try await waitUntil("\(limit) files are being finished", timeout: .seconds(20)) {
                             flushes.waiting.load(ordering: .relaxed) == limit
                         }
                         let states = await manager.downloads(ids: ids).map(\.state)
                         #expect(states == Array(repeating: .running, count: limit) + [.queued])
                         #expect(server.requests.count == limit)
                         flushes.release()
-                        _ = try await waitFor(manager, ids[limit]) { $0.state == .completed }
+                        _ = try await waitFor(manager, ids[limit], timeout: .seconds(20)) { $0.state == .completed }
                     }
                     #expect(await manager.downloads(ids: ids).allSatisfy { $0.state == .completed })
                 }
