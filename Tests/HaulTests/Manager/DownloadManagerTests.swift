@@ -10,7 +10,7 @@ import Testing
     import Darwin
 #endif
 
-@Suite("Download manager") struct DownloadManagerTests {
+@Suite("Download manager", .timeLimit(.minutes(3))) struct DownloadManagerTests {
     @Test("runs as many downloads from one host at once as its limit allows, past the HTTP client's default of 8")
     func concurrencyLimitOnOneHost() async throws {
         try await HaulTestServer.withRunning { server in

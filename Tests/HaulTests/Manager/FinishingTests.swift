@@ -57,6 +57,8 @@ import Testing
                     }
                     let ids = queued
                     try await whileRunning(manager) {
+                        // Let go before the manager stops, on a failure too (it waits for its flushes).
+                        defer { flushes.release() }
                         // One place, taken by a until its bytes were all written: b is asked for while a's
                         // flush is held, a still running and not under its final name.
                         try await waitUntil("b is asked for", timeout: .seconds(20)) {
@@ -100,6 +102,8 @@ import Testing
                     }
                     let ids = queued
                     try await whileRunning(manager) {
+                        // Let go before the manager stops, on a failure too (it waits for its flushes).
+                        defer { flushes.release() }
                         // Each flush is held after its download was handed over and the manager looked for
                         // the next one to start.
                         try await waitUntil("\(limit) files are being finished", timeout: .seconds(20)) {
