@@ -207,7 +207,8 @@ struct DaemonCommand: AsyncParsableCommand {
 
     /// Raises the soft limit on open files to the hard one: the daemon's downloads and its API's
     /// connections (1,024 at most, see ``ConnectionLimits``) each hold files, and the usual soft limit
-    /// of 1024 is a setting of the shell, not of what the system can give. `haul get` raises it too.
+    /// of 1024 is a setting of the shell, not of what the system can give. `haul get`, `resume` and
+    /// `retry` raise it too when they run the downloads themselves.
     static func raiseFileLimit() {
         #if canImport(Glibc)
             let files = __rlimit_resource_t(RLIMIT_NOFILE.rawValue)

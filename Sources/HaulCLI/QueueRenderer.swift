@@ -2,8 +2,8 @@ import Haul
 import Synchronization
 
 /// Shows several downloads at once: on a terminal one line per download still transferring (as many
-/// as the terminal has rows for) plus a total line, redrawn in place; when piped, a line per start and end and a total line every few seconds; JSON
-/// lines for scripts; or nothing but errors.
+/// as the terminal has rows for) plus a total line, redrawn in place; when piped, a line per start
+/// and end and a total line every few seconds; JSON lines for scripts; or nothing but errors.
 final class QueueRenderer: Sendable {
     private struct State {
         var downloads: [DownloadID: DownloadInfo] = [:]
@@ -148,7 +148,8 @@ final class QueueRenderer: Sendable {
     /// The lines drawn on a terminal of `columns` × `rows`: one per running download that still
     /// transfers, those whose bytes are all written (being flushed and renamed) counted on the total
     /// line, and never more lines than leave the block's top on the screen (it is redrawn by moving
-    /// the cursor up over it).
+    /// the cursor up over it). A download of unknown length keeps its line until it ends; one
+    /// checking its checksum already counts as finishing.
     static func progressBlock(_ downloads: [DownloadInfo], total: String, columns: Int, rows: Int) -> [String] {
         let running = downloads.filter { $0.state == .running }
         let finishing = running.filter { info in info.totalBytes.map { info.bytes >= $0 } ?? false }.count
