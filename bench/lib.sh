@@ -148,8 +148,12 @@ bench_discard() {
     mkdir -p "$DISCARD_DIR"
     for path in "$@"; do
         [ -e "$path" ] || continue
-        # A tmpfs forgets at once (and a move out of it would copy).
-        if [ "$(stat -f -c %T "$path")" = tmpfs ]; then rm -rf "$path"; else mv "$path" "$DISCARD_DIR/$RANDOM$RANDOM"; fi
+        # A tmpfs forgets at once, and a move to another file system would copy: deleted at once.
+        if [ "$(stat -f -c %T "$path")" = tmpfs ] || [ "$(stat -c %d "$path")" != "$(stat -c %d "$DISCARD_DIR")" ]; then
+            rm -rf "$path"
+        else
+            mv "$path" "$DISCARD_DIR/$RANDOM$RANDOM"
+        fi
     done
     true
 }
