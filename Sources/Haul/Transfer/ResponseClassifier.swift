@@ -37,6 +37,12 @@ struct ResponseFacts: Equatable, Sendable {
 
     /// Whether the body is the file from byte 0, with nothing kept from before.
     var startsOver: Bool { writeStart == 0 }
+
+    /// Whether a download that stops after this answer can resume: the server serves ranges of an
+    /// uncoded body, and a validator (or the caller's trust) tells the version apart.
+    func resumable(trustingUnvalidated: Bool) -> Bool {
+        acceptsRanges && contentEncoding == nil && (!validator.isEmpty || trustingUnvalidated)
+    }
 }
 
 /// Judges every answer of every connection, without any I/O: only an answer that is exactly what

@@ -277,8 +277,9 @@ final class TransferDriver {
             return .verified(try await files.verify(totalBytes: total, validator: validator))
         case .finish(let total, let manifest):
             await checkpointTask?.value
-            // Right before the rename, beside the files finishing with this one: their records go in
-            // one transaction. The write permit is asked after it, closest to the rename.
+            // Handed over to the finisher (the caller's next download may start), then, right before
+            // the rename, the caller's record, in one transaction with the files finishing beside this
+            // one. The write permit is asked after it, closest to the rename.
             _ = try await files.finish(totalBytes: total, manifest: manifest, finishing: finishing)
             return .finished
         case .send(let request, let ask):

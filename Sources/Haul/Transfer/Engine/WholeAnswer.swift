@@ -126,8 +126,7 @@ enum WholeAnswer {
             .started(
                 DownloadStart(
                     destination: paths.destination, url: answer.finalURL, totalBytes: total, resumedFrom: 0,
-                    resumable: facts.acceptsRanges
-                        && (!facts.validator.isEmpty || configuration.trustUnvalidatedResume),
+                    resumable: facts.resumable(trustingUnvalidated: configuration.trustUnvalidatedResume),
                     validator: facts.validator)))
         let seconds = (clock.now - since).seconds
         observe(

@@ -436,9 +436,7 @@ struct TransferMachine: Sendable {
         meter = ProgressMeter(startingAt: table.written, totalBytes: total, interval: settings.progressInterval)
         connections[connection].state = .receiving(
             .init(ask: ask, segment: 0, lastByte: now, checksBody: !facts.contentDigests.isEmpty))
-        let resumable =
-            facts.acceptsRanges && facts.contentEncoding == nil
-            && (!facts.validator.isEmpty || settings.trustUnvalidatedResume)
+        let resumable = facts.resumable(trustingUnvalidated: settings.trustUnvalidatedResume)
         actions += [
             .prepareFile(
                 FilePreparation(
