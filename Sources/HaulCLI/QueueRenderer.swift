@@ -152,8 +152,8 @@ final class QueueRenderer: Sendable {
     /// checking its checksum already counts as finishing.
     static func progressBlock(_ downloads: [DownloadInfo], total: String, columns: Int, rows: Int) -> [String] {
         let running = downloads.filter { $0.state == .running }
-        let finishing = running.filter { info in info.totalBytes.map { info.bytes >= $0 } ?? false }.count
-        let transferring = running.filter { info in !(info.totalBytes.map { info.bytes >= $0 } ?? false) }
+        let transferring = running.filter { info in info.totalBytes.map { info.bytes < $0 } ?? true }
+        let finishing = running.count - transferring.count
         // The total line, and the row the cursor is left on.
         let room = max(0, rows - 2)
         var lines = transferring.prefix(transferring.count > room ? max(0, room - 1) : room).map { info in
