@@ -48,14 +48,10 @@ import Testing
                 try await withManager(
                     directory + "/state", managerConfiguration(limit: 1), downloader: flushes.configuration()
                 ) { manager in
-                    var queued: [DownloadID] = []
-                    for name in ["a", "b"] {
-                        queued.append(
-                            try await manager.enqueue(
-                                DownloadRequest(url: server.url("/\(name)"), destination: .file(directory + "/\(name)"))
-                            ))
-                    }
-                    let ids = queued
+                    let ids = try await manager.enqueue(
+                        ["a", "b"].map {
+                            DownloadRequest(url: server.url("/\($0)"), destination: .file(directory + "/" + $0))
+                        })
                     try await whileRunning(manager) {
                         // Let go before the manager stops, on a failure too (it waits for its flushes).
                         defer { flushes.release() }
@@ -93,14 +89,10 @@ import Testing
                 defer { flushes.release() }
                 try await withManager(directory + "/state", configuration, downloader: flushes.configuration()) {
                     manager in
-                    var queued: [DownloadID] = []
-                    for name in names {
-                        queued.append(
-                            try await manager.enqueue(
-                                DownloadRequest(url: server.url("/\(name)"), destination: .file(directory + "/\(name)"))
-                            ))
-                    }
-                    let ids = queued
+                    let ids = try await manager.enqueue(
+                        names.map {
+                            DownloadRequest(url: server.url("/\($0)"), destination: .file(directory + "/" + $0))
+                        })
                     try await whileRunning(manager) {
                         // Let go before the manager stops, on a failure too (it waits for its flushes).
                         defer { flushes.release() }
