@@ -52,16 +52,7 @@ commands=(
 )
 
 declare -A results
-for _ in $(seq "$runs"); do
-    for index in "${!labels[@]}"; do
-        label="${labels[$index]}"
-        bench_discard "$out" "$work/state"
-        line=$(measure "$label" sh -c "${commands[$index]}") || { echo "$label failed" >&2; exit 1; }
-        diff -rq "$out" "$DATA_DIR/www/many-$count" >&2 \
-            || { echo "$label: the files differ from the served ones (above)" >&2; exit 1; }
-        results[$label]+="${line#"$label "}"$'\n'
-    done
-done
+bench_rounds "$runs" "$DATA_DIR/www/many-$count" "$out" "$work/state"
 
 # The median of field $2 (1: wall, 2: CPU) of $1's runs.
 median() {

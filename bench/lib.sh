@@ -168,6 +168,25 @@ bench_settle() {
     fi
 }
 
+# bench_rounds RUNS EXPECTED_DIR OUT [PATH...]: runs the caller's `commands` (named by its `labels`)
+# round by round, each once a round, so that a drift of this machine's speed reaches them alike.
+# Before each run OUT and the PATHs are discarded; after it OUT must equal EXPECTED_DIR. Appends each
+# run's "wall cpu rss" line to the caller's associative array `results`, by label.
+bench_rounds() {
+    local runs="$1" expected="$2" out="$3" index label line
+    shift 3
+    for _ in $(seq "$runs"); do
+        for index in "${!labels[@]}"; do
+            label="${labels[$index]}"
+            bench_discard "$out" "$@"
+            line=$(measure "$label" sh -c "${commands[$index]}") || { echo "$label failed" >&2; exit 1; }
+            diff -rq "$out" "$expected" >&2 \
+                || { echo "$label: the files differ from the served ones (above)" >&2; exit 1; }
+            results[$label]+="${line#"$label "}"$'\n'
+        done
+    done
+}
+
 # measure LABEL COMMAND...: runs the command under /usr/bin/time and prints "LABEL wall cpu maxrss_kib".
 measure() {
     local label="$1"

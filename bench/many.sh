@@ -95,20 +95,9 @@ files_table() {
         note="wget2 is not installed (apt-get install wget2 failed): left out."
     fi
 
-    # Round by round, each tool once a round: this machine's speed drifts over minutes, and a
-    # drift then reaches every tool alike instead of the ones measured last.
     declare -A wall cpu rss results
-    local index label line middle
-    for _ in $(seq "$runs"); do
-        for index in "${!labels[@]}"; do
-            label="${labels[$index]}"
-            bench_discard "$out" "$state"
-            line=$(measure "$label" sh -c "${commands[$index]}") || { echo "$label failed" >&2; exit 1; }
-            diff -rq "$out" "$DATA_DIR/www/many-$count" >&2 \
-                || { echo "$label: the files differ from the served ones (above)" >&2; exit 1; }
-            results[$label]+="${line#"$label "}"$'\n'
-        done
-    done
+    local label middle
+    bench_rounds "$runs" "$DATA_DIR/www/many-$count" "$out" "$state"
     for label in "${labels[@]}"; do
         middle=$(printf '%s' "${results[$label]}" | sort -n | sed -n "$(((runs + 1) / 2))p")
         local w c r
