@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # How near can a download path built on AsyncHTTPClient come to curl on many small files? Runs, in
 # rounds on the same files: haul, bench/ceiling (the HTTP client alone: fetch, write, and with
-# --durable flush each file and rename it, as haul does), curl -Z and curl -Z && sync.
+# --durable flush each file and rename it, as haul does), bench/ceiling --bare (HTTP/1.1 straight on
+# SwiftNIO, each file flushed, or files made durable in batches with one syncfs each, or neither),
+# curl -Z and curl -Z && sync.
 #
 #   bench/ceiling.sh                  2,000 files of 16 KiB over http, 16 at a time, 5 rounds
-#   SCHEME=https bench/ceiling.sh     over TLS with HTTP/2 (haul, the client alone, curl --http2)
+#   SCHEME=https bench/ceiling.sh     over TLS: HTTP/2 for haul, AsyncHTTPClient and curl --http2;
+#                                     the bare client has HTTP/1.1 over TLS, 16 connections
 #   COUNT=20000 RUNS=3 bench/ceiling.sh
 #
 # bench/ceiling is a package of its own (not part of Haul's build); it is built here, in release.
@@ -41,12 +44,16 @@ cleanup() {
 trap cleanup EXIT
 
 out="$work/out"
-labels=("haul get -i -j 16" "AsyncHTTPClient alone, durable" "AsyncHTTPClient alone" "curl -Z --parallel-max 16"
-    "curl -Z && sync -f .")
+labels=("haul get -i -j 16" "AsyncHTTPClient alone, each file flushed" "AsyncHTTPClient alone"
+    "bare NIO HTTP/1.1, each file flushed" "bare NIO HTTP/1.1, a syncfs per batch" "bare NIO HTTP/1.1"
+    "curl -Z --parallel-max 16" "curl -Z && sync -f .")
 commands=(
     "$HAUL get -i $list -j 16 -q -d $out --state-dir $work/state $haul_tls"
     "mkdir -p $out && $ceiling $list $out --durable --jobs 16 $ceiling_tls"
     "mkdir -p $out && $ceiling $list $out --jobs 16 $ceiling_tls"
+    "mkdir -p $out && $ceiling $list $out --bare --durable --jobs 16 $ceiling_tls"
+    "mkdir -p $out && $ceiling $list $out --bare --batch --jobs 16 $ceiling_tls"
+    "mkdir -p $out && $ceiling $list $out --bare --jobs 16 $ceiling_tls"
     "mkdir -p $out && cd $out && curl -sS $curl_tls -Z --parallel-max 16 --remote-name-all -K $list.curl"
     "mkdir -p $out && cd $out && curl -sS $curl_tls -Z --parallel-max 16 --remote-name-all -K $list.curl && sync -f ."
 )

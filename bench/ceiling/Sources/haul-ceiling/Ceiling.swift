@@ -14,11 +14,12 @@ import Synchronization
 /// connections, and writes each answer to a file named after the URL's last component: nothing
 /// else Haul does (no queue, no partial-file lock, no resume, no events).
 ///
-///     haul-ceiling LIST DIRECTORY [--durable] [--jobs N] [--ca-cert FILE]
+///     haul-ceiling LIST DIRECTORY [--durable | --batch] [--bare] [--jobs N] [--ca-cert FILE]
 ///
 /// `--durable` makes each file durable before it counts as done, as Haul does: written under a
 /// partial name, its data flushed (`fdatasync`, on a pool of 16 threads), renamed, and the directory
-/// flushed once at the end.
+/// flushed once at the end. `--bare` fetches with ``BareFetch`` instead: HTTP/1.1 straight on
+/// SwiftNIO, one server; with it `--batch` makes files durable in batches (one `syncfs` each).
 @main
 struct Ceiling {
     static func main() async throws {
@@ -28,16 +29,32 @@ struct Ceiling {
             defer { arguments.removeSubrange(index...index + 1) }
             return arguments[index + 1]
         }
-        let durable = arguments.contains("--durable")
-        arguments.removeAll { $0 == "--durable" }
+        func flag(_ name: String) -> Bool {
+            defer { arguments.removeAll { $0 == name } }
+            return arguments.contains(name)
+        }
+        let durable = flag("--durable")
+        let batch = flag("--batch")
+        let bare = flag("--bare")
         let jobs = option("--jobs").flatMap(Int.init) ?? 16
         let authority = option("--ca-cert")
-        guard arguments.count == 2 else {
-            complain("usage: haul-ceiling LIST DIRECTORY [--durable] [--jobs N] [--ca-cert FILE]")
+        guard arguments.count == 2, !(durable && batch), bare || !batch else {
+            complain("usage: haul-ceiling LIST DIRECTORY [--durable | --batch] [--bare] [--jobs N] [--ca-cert FILE]")
             exit(64)
         }
         let urls = try readLines(arguments[0])
         let directory = arguments[1]
+        if bare {
+            do {
+                try BareFetch.run(
+                    urls: urls, directory: directory, jobs: jobs,
+                    durability: durable ? .eachFile : batch ? .batch : Durability.none, authority: authority)
+            } catch {
+                complain("haul-ceiling: \(error)")
+                exit(1)
+            }
+            return
+        }
 
         var configuration = HTTPClient.Configuration()
         configuration.connectionPool = .init(
