@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <linux/openat2.h>
 #include <sys/syscall.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 #endif
 #include "CHaulSystem.h"
@@ -18,6 +19,30 @@ int haul_fallocate(int descriptor, int keep_size, off_t offset, off_t length) {
     (void)offset;
     (void)length;
     errno = EOPNOTSUPP;
+    return -1;
+#endif
+}
+
+int haul_syncfs(int descriptor) {
+#ifdef __linux__
+    return syncfs(descriptor);
+#else
+    (void)descriptor;
+    errno = ENOSYS;
+    return -1;
+#endif
+}
+
+int haul_file_system_type(int descriptor, unsigned long long *type) {
+#ifdef __linux__
+    struct statfs volume;
+    if (fstatfs(descriptor, &volume) != 0) return -1;
+    *type = (unsigned long long)volume.f_type;
+    return 0;
+#else
+    (void)descriptor;
+    (void)type;
+    errno = ENOSYS;
     return -1;
 #endif
 }

@@ -17,6 +17,16 @@ int haul_fallocate(int descriptor, int keep_size, off_t offset, off_t length);
 /// link or `..` would lead elsewhere, ENOSYS where the kernel or the platform has no such call.
 int haul_open_beneath(int directory, const char *path, int flags, mode_t mode);
 
+/// Writes the dirty data and metadata of the file system holding the open file `descriptor` to
+/// stable storage (Linux `syncfs`). Returns 0, or -1 with errno set (ENOSYS where the platform
+/// has no such call).
+int haul_syncfs(int descriptor);
+
+/// Stores the type of the file system holding the open file `descriptor` (Linux `fstatfs`'s
+/// `f_type`, a magic number such as 0xEF53 for ext4) in `type`. Returns 0, or -1 with errno set
+/// (ENOSYS where the platform has no such number).
+int haul_file_system_type(int descriptor, unsigned long long *type);
+
 /// Makes a program spawned with `actions` inherit only standard input, output and error: Haul's
 /// sockets and files (many opened without close-on-exec by the libraries it uses) stay with Haul.
 /// Linux closes every other descriptor in the child (glibc 2.34's addclosefrom); Apple platforms

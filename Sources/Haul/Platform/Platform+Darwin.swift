@@ -79,6 +79,20 @@
             fcntl(descriptor, F_FULLFSYNC) == 0 ? 0 : fsync(descriptor)
         }
 
+        /// Whether one flush of the whole file system holding `descriptor` makes its files' data
+        /// durable: never on Apple platforms, whose flush of a file (`F_FULLFSYNC`) also empties the
+        /// drive's cache, and which have no flush of one file system.
+        package static func fileSystemFlushSuits(_ descriptor: Int32, allowance: Int64) -> Bool {
+            false
+        }
+
+        /// Flushes the file system holding `descriptor`: Apple platforms have no such call, so this
+        /// answers `ENOSYS` (``fileSystemFlushSuits(_:allowance:)`` never says it suits).
+        package static func syncFileSystem(_ descriptor: Int32) -> Int32 {
+            errno = ENOSYS
+            return -1
+        }
+
         /// Who holds a `flock` on the open file: the platform keeps no list to read; the daemon's
         /// files then try the lock (the destination lock names no holder).
         package static func lockHolder(_ descriptor: Int32) -> LockHolder {

@@ -77,6 +77,31 @@
             fsync(descriptor)
         }
 
+        /// Whether one flush of the whole file system holding the open `descriptor`
+        /// (``syncFileSystem(_:)``) makes the data of the files written there durable, reports their
+        /// write errors, and costs about what flushing them one by one would: a local file system
+        /// whose flush reaches the device (ext2/3/4, XFS, Btrfs, F2FS; tmpfs, which keeps nothing on
+        /// a device), a kernel from 5.8 on (`syncfs` reports write errors since), and no more than
+        /// `allowance` bytes of the machine's data waiting to be written (`Dirty` and `Writeback` in
+        /// `/proc/meminfo`), which the flush would wait for too.
+        package static func fileSystemFlushSuits(_ descriptor: Int32, allowance: Int64) -> Bool {
+            var type: UInt64 = 0
+            guard kernelReportsFileSystemFlushErrors, haul_file_system_type(descriptor, &type) == 0,
+                flushedFileSystems.contains(type),
+                let pending = pendingWriteBytes()
+            else { return false }
+            return pending <= allowance
+        }
+
+        /// Writes the dirty data and metadata of the file system holding the open `descriptor` to
+        /// stable storage (`syncfs`). Returns 0, or -1 with `errno` set.
+        package static func syncFileSystem(_ descriptor: Int32) -> Int32 {
+            while true {
+                let result = haul_syncfs(descriptor)
+                if result == 0 || errno != EINTR { return result }
+            }
+        }
+
         /// The process holding a `flock` on the open file, from `/proc/locks`.
         package static func lockHolder(_ descriptor: Int32) -> LockHolder {
             var status = stat()
@@ -100,5 +125,38 @@
             }
             return .nobody
         }
+    }
+
+    /// The `f_type` of the file systems whose `syncfs` flushes the device's cache: ext2/3/4, XFS,
+    /// Btrfs, F2FS, and tmpfs (nothing to flush).
+    private let flushedFileSystems: Set<UInt64> = [0xEF53, 0x5846_5342, 0x9123_683E, 0xF2F5_2010, 0x0102_1994]
+
+    /// Whether the running kernel is 5.8 or later: before it, `syncfs` did not report write errors.
+    private let kernelReportsFileSystemFlushErrors: Bool = {
+        var names = utsname()
+        guard uname(&names) == 0 else { return false }
+        let release = withUnsafeBytes(of: names.release) { bytes in
+            String(decoding: bytes.prefix { $0 != 0 }, as: UTF8.self)
+        }
+        let numbers = release.split(whereSeparator: { !$0.isNumber }).prefix(2).compactMap { Int($0) }
+        guard numbers.count == 2 else { return false }
+        return (numbers[0], numbers[1]) >= (5, 8)
+    }()
+
+    /// The bytes of the machine's page cache waiting to be written (`Dirty` plus `Writeback` in
+    /// `/proc/meminfo`), or nil when they cannot be read.
+    private func pendingWriteBytes() -> Int64? {
+        guard let bytes = try? POSIX.readWholeFile("/proc/meminfo", limit: 1 << 16) else { return nil }
+        var total: Int64 = 0
+        var found = 0
+        for line in String(decoding: bytes, as: UTF8.self).split(separator: "\n") {
+            guard line.hasPrefix("Dirty:") || line.hasPrefix("Writeback:") else { continue }
+            // "Dirty:              1234 kB"
+            let fields = line.split(separator: " ")
+            guard fields.count == 3, fields[2] == "kB", let kibibytes = Int64(fields[1]) else { return nil }
+            total += kibibytes * 1024
+            found += 1
+        }
+        return found == 2 ? total : nil
     }
 #endif

@@ -1,3 +1,5 @@
+import Synchronization
+
 #if canImport(Glibc)
     import Glibc
 #elseif canImport(Musl)
@@ -14,12 +16,20 @@ package final class DirectoryHandle: Sendable {
     /// The directory's path, as it was opened; for messages and for the paths of its files.
     package let path: String
     let descriptor: Int32
+    /// When the directory was opened, counted from the process's first opening: a copy of a handle
+    /// (`F_DUPFD`) shares the open file description, and this number, with the handle copied.
+    let opening: UInt64
     /// The names ``listed(atMost:)`` read: a name not among them is taken to be absent.
     private let listing: Set<String>?
 
-    private init(path: String, descriptor: Int32, listing: Set<String>? = nil) {
+    /// The number of the next opening.
+    private static let openings = Atomic<UInt64>(0)
+
+    private init(path: String, descriptor: Int32, copying original: DirectoryHandle? = nil, listing: Set<String>? = nil)
+    {
         self.path = path
         self.descriptor = descriptor
+        self.opening = original?.opening ?? Self.openings.add(1, ordering: .relaxed).oldValue
         self.listing = listing
     }
 
@@ -51,7 +61,7 @@ package final class DirectoryHandle: Sendable {
         if components.isEmpty {
             let copy = fcntl(root.descriptor, F_DUPFD_CLOEXEC, 0)
             guard copy >= 0 else { throw POSIX.error("open", path: path) }
-            return DirectoryHandle(path: path, descriptor: copy)
+            return DirectoryHandle(path: path, descriptor: copy, copying: root)
         }
         if !creating {
             let opened = Platform.openBeneath(
@@ -190,6 +200,12 @@ package final class DirectoryHandle: Sendable {
         try POSIX.syncAll(descriptor, path: path)
     }
 
+    /// Writes the dirty data and metadata of the directory's whole file system to stable storage
+    /// (see ``Platform/syncFileSystem(_:)``).
+    package func syncFileSystem() throws {
+        if Platform.syncFileSystem(descriptor) != 0 { throw POSIX.error("sync the file system of", path: path) }
+    }
+
     /// Bytes available to unprivileged users on the directory's volume.
     package func freeSpace() -> Int64? {
         var info = statvfs()
@@ -230,6 +246,6 @@ package final class DirectoryHandle: Sendable {
         guard let names = list(atMost: limit) else { return self }
         let copy = fcntl(descriptor, F_DUPFD_CLOEXEC, 0)
         guard copy >= 0 else { return self }
-        return DirectoryHandle(path: path, descriptor: copy, listing: Set(names))
+        return DirectoryHandle(path: path, descriptor: copy, copying: self, listing: Set(names))
     }
 }

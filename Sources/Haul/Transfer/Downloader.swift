@@ -60,7 +60,8 @@ public final class Downloader: Sendable {
         self.logger = logger ?? Logger(label: "haul", factory: { _ in SwiftLogNoOpLogHandler() })
         self.clock = TransferClock(clock)
         self.io = .shared
-        finisher = configuration.flushFinishedData.map { FileFinisher(flushData: $0) } ?? FileFinisher()
+        finisher =
+            configuration.flushFinishedData.map { FileFinisher(flushData: $0, flushFileSystem: nil) } ?? FileFinisher()
         self.confinement = DownloadConfinement(roots: configuration.downloadRoots)
         hostCap = (configuration.maxConnectionsPerHost ?? configuration.sharedHostSlots?.limit).map {
             HostConnectionCap(limit: $0)

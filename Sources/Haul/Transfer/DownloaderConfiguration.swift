@@ -209,8 +209,9 @@ public struct DownloaderConfiguration: Sendable {
     /// stops with ``HaulError/Code/locked`` and writes nothing more once it says no (a fleet's
     /// worker whose lease on the queue may have run out). `nil`: always allowed.
     package var writePermit: (@Sendable () -> Bool)?
-    /// Makes a finished file's data durable before its rename, in place of the platform's flush
-    /// (``PartialFile/syncDataNow()``): a test holds a file here, in the middle of being finished.
+    /// Makes a finished file's data durable before its rename, in place of the platform's flushes
+    /// (``PartialFile/syncDataNow()``, or one flush of a batch's file system): a test holds a file
+    /// here, in the middle of being finished.
     var flushFinishedData: (@Sendable (PartialFile) throws -> Void)?
 
     /// What a download stops with once ``writePermit`` says no.

@@ -18,11 +18,20 @@ struct FileFinisherTests {
     final class Flushes: Sendable {
         let gate = DispatchSemaphore(value: 0)
         let dataCalls = Atomic<Int>(0)
+        let fileSystemCalls = Atomic<Int>(0)
+        /// The directories the flushes of a file system went through, in order.
+        let fileSystemFolders = Mutex<[String]>([])
         let directoryCalls = Atomic<Int>(0)
         let namedBeforeFlush = Atomic<Int>(0)
         let failing: Set<String>
+        /// What each flush of a file system does after its real flush, by call number from 1:
+        /// `true` (the flush suits), `false` (it does not), or nil (it throws).
+        let fileSystem: (@Sendable (Int) -> Bool?)?
 
-        init(failing: Set<String> = []) { self.failing = failing }
+        init(failing: Set<String> = [], fileSystem: (@Sendable (Int) -> Bool?)? = nil) {
+            self.failing = failing
+            self.fileSystem = fileSystem
+        }
 
         func flushData(_ file: PartialFile) throws {
             dataCalls.add(1, ordering: .relaxed)
@@ -34,6 +43,21 @@ struct FileFinisherTests {
             try file.syncDataNow()
         }
 
+        /// Flushes `folder`'s file system for real, counting the final names of `.part` files there
+        /// that exist already.
+        func flushFileSystem(_ folder: DirectoryHandle, answer: (Int) -> Bool?) throws -> Bool {
+            let call = fileSystemCalls.add(1, ordering: .relaxed).newValue
+            fileSystemFolders.withLock { $0.append(folder.path) }
+            for name in folder.list() where name.hasSuffix(".part") {
+                if POSIX.exists(folder.path + "/" + name.dropLast(".part".count)) {
+                    namedBeforeFlush.add(1, ordering: .relaxed)
+                }
+            }
+            try folder.syncFileSystem()
+            guard let suits = answer(call) else { throw HaulError(.fileSystem, "flush of the file system failed") }
+            return suits
+        }
+
         func flushDirectory(_ folder: DirectoryHandle) throws {
             if directoryCalls.add(1, ordering: .relaxed).newValue == 1 { gate.wait() }
             try folder.sync()
@@ -41,9 +65,16 @@ struct FileFinisherTests {
 
         func release() { gate.signal() }
 
-        /// A finisher that flushes through these flushes.
+        /// A finisher that flushes through these flushes: each file on its own unless `fileSystem`
+        /// was given.
         func finisher() -> FileFinisher {
-            FileFinisher(flushData: { try self.flushData($0) }, flushDirectory: { try self.flushDirectory($0) })
+            var flushFileSystem: (@Sendable (DirectoryHandle) throws -> Bool)?
+            if let answer = fileSystem {
+                flushFileSystem = { try self.flushFileSystem($0, answer: answer) }
+            }
+            return FileFinisher(
+                flushData: { try self.flushData($0) }, flushFileSystem: flushFileSystem,
+                flushDirectory: { try self.flushDirectory($0) })
         }
     }
 
@@ -191,4 +222,83 @@ struct FileFinisherTests {
             #expect(try Self.contents(path + "/blocked.part") == "blocked")
         }
     }
+
+    @Test("a batch's files are flushed with one flush of their file system, before any of them is renamed")
+    func aBatchIsFlushedWithOneFlushOfItsFileSystem() async throws {
+        try await withTemporaryDirectory { path in
+            #expect(mkdir(path + "/other", 0o755) == 0)
+            let folder = try DirectoryHandle.open(path)
+            let other = try DirectoryHandle.open(path + "/other")
+            let flushes = Flushes(fileSystem: { _ in true })
+            let finisher = flushes.finisher()
+            let names = (1..<7).map { "file\($0)" }
+            let outcomes = try await Self.finishBehindAHeldBatch(
+                finisher, flushes, first: try Self.handover("file0", in: other),
+                others: try names.map { try Self.handover($0, in: $0 == "file1" ? other : folder) })
+            #expect(outcomes.allSatisfy { $0 == nil })
+            // One flush a batch. The second batch's goes through the directory opened first, though
+            // its first file lies in the other: that handle was open before any of the files was
+            // written, and reports their write errors.
+            #expect(flushes.fileSystemFolders.withLock { $0 } == [path + "/other", path])
+            #expect(flushes.dataCalls.load(ordering: .relaxed) == 0)
+            #expect(flushes.namedBeforeFlush.load(ordering: .relaxed) == 0)
+            for name in ["file0"] + names {
+                let file = (["file0", "file1"].contains(name) ? path + "/other/" : path + "/") + name
+                #expect(try Self.contents(file) == name)
+                #expect(!POSIX.exists(file + ".part"))
+            }
+        }
+    }
+
+    @Test("where a flush of the file system does not suit, each file of the batch is flushed")
+    func whereAFlushOfTheFileSystemDoesNotSuitEachFileIsFlushed() async throws {
+        try await withTemporaryDirectory { path in
+            let folder = try DirectoryHandle.open(path)
+            let flushes = Flushes(failing: ["file3"], fileSystem: { _ in false })
+            let finisher = flushes.finisher()
+            let names = (1..<5).map { "file\($0)" }
+            let outcomes = try await Self.finishBehindAHeldBatch(
+                finisher, flushes, first: try Self.handover("file0", in: folder),
+                others: try names.map { try Self.handover($0, in: folder) })
+            #expect(outcomes == [nil, nil, "data flush of \(path)/file3 failed", nil])
+            #expect(flushes.fileSystemCalls.load(ordering: .relaxed) == 2)
+            #expect(flushes.dataCalls.load(ordering: .relaxed) == 5)
+            #expect(flushes.namedBeforeFlush.load(ordering: .relaxed) == 0)
+            for name in ["file0", "file1", "file2", "file4"] { #expect(try Self.contents(path + "/" + name) == name) }
+            #expect(!POSIX.exists(path + "/file3"))
+            #expect(try Self.contents(path + "/file3.part") == "file3")
+        }
+    }
+
+    @Test("a failed flush of the file system is made up file by file, and no later batch flushes it")
+    func aFailedFlushOfTheFileSystemIsMadeUpFileByFile() async throws {
+        try await withTemporaryDirectory { path in
+            let folder = try DirectoryHandle.open(path)
+            // The first flush fails; any later one would suit.
+            let flushes = Flushes(fileSystem: { $0 == 1 ? nil : true })
+            let finisher = flushes.finisher()
+            let names = (1..<5).map { "file\($0)" }
+            let outcomes = try await Self.finishBehindAHeldBatch(
+                finisher, flushes, first: try Self.handover("file0", in: folder),
+                others: try names.map { try Self.handover($0, in: folder) })
+            #expect(outcomes.allSatisfy { $0 == nil })
+            // The failure may have reported a write of a file of a later batch: those are flushed on
+            // their own too.
+            #expect(flushes.fileSystemCalls.load(ordering: .relaxed) == 1)
+            #expect(flushes.dataCalls.load(ordering: .relaxed) == 5)
+            #expect(flushes.namedBeforeFlush.load(ordering: .relaxed) == 0)
+            for name in ["file0"] + names { #expect(try Self.contents(path + "/" + name) == name) }
+        }
+    }
+
+    #if os(Linux)
+        @Test("one flush of a file system suits a local one, up to the data waiting to be written")
+        func aFlushOfAFileSystemSuitsUpToTheDataWaiting() throws {
+            // /dev/shm is a tmpfs on Linux.
+            let folder = try DirectoryHandle.open("/dev/shm")
+            #expect(Platform.fileSystemFlushSuits(folder.descriptor, allowance: .max))
+            #expect(!Platform.fileSystemFlushSuits(folder.descriptor, allowance: -1))
+            try folder.syncFileSystem()
+        }
+    #endif
 }
