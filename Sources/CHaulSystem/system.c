@@ -37,7 +37,8 @@ int haul_file_system_type(int descriptor, unsigned long long *type) {
 #ifdef __linux__
     struct statfs volume;
     if (fstatfs(descriptor, &volume) != 0) return -1;
-    *type = (unsigned long long)volume.f_type;
+    // f_type is a signed int on some 32-bit systems: keep its 32 bits as they are.
+    *type = (unsigned long long)(unsigned int)volume.f_type;
     return 0;
 #else
     (void)descriptor;

@@ -146,8 +146,9 @@ public actor DownloadManager {
     /// ``Configuration/maxConcurrentDownloads``.
     var transferring: Int { jobs.count - finishing.count }
     /// How many downloads may be finishing at once before no more start. Each holds its lock, its
-    /// file and its directory open until it is renamed; the flushes run 16 at a time (see
-    /// ``FileFinisher/flushThreads``), and more than that waiting only makes the batches larger.
+    /// file and its directory open until it is renamed; files flushed on their own are flushed 16
+    /// at a time (see ``FileFinisher/flushThreads``), and more than that waiting only makes the
+    /// batches larger.
     var finishingLimit: Int { min(64, max(8, 2 * configuration.maxConcurrentDownloads)) }
     /// The events of running downloads, on their way to ``handle(_:of:)``.
     let mailbox = EventMailbox()

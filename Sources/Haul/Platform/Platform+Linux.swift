@@ -1,5 +1,6 @@
 #if os(Linux)
     import CHaulSystem
+    import Synchronization
 
     #if canImport(Glibc)
         import Glibc
@@ -78,28 +79,47 @@
         }
 
         /// Whether one flush of the whole file system holding the open `descriptor`
-        /// (``syncFileSystem(_:)``) makes the data of the files written there durable, reports their
-        /// write errors, and costs about what flushing them one by one would: a local file system
-        /// whose flush reaches the device (ext2/3/4, XFS, Btrfs, F2FS; tmpfs, which keeps nothing on
-        /// a device), a kernel from 5.8 on (`syncfs` reports write errors since), and no more than
-        /// `allowance` bytes of the machine's data waiting to be written (`Dirty` and `Writeback` in
-        /// `/proc/meminfo`), which the flush would wait for too.
-        package static func fileSystemFlushSuits(_ descriptor: Int32, allowance: Int64) -> Bool {
+        /// (``syncFileSystem(_:)``) makes the data of the files written there durable and reports
+        /// their write errors: a kernel from 5.8 on (`syncfs` reports write errors since), and a local
+        /// file system whose flush of itself empties the device's cache: ext4, XFS, Btrfs, F2FS, or
+        /// tmpfs (which keeps nothing on a device). ext2 and ext3 share ext4's number but not always
+        /// its flush: one with that number suits only where it is mounted as ext4. Remembered for each
+        /// device.
+        package static func fileSystemFlushSuits(_ descriptor: Int32) -> Bool {
+            var status = stat()
+            guard kernelReportsFileSystemFlushErrors, fstat(descriptor, &status) == 0 else { return false }
+            let device = UInt64(status.st_dev)
+            if let known = fileSystemFlushByDevice.withLock({ $0[device] }) { return known }
             var type: UInt64 = 0
-            guard kernelReportsFileSystemFlushErrors, haul_file_system_type(descriptor, &type) == 0,
-                flushedFileSystems.contains(type),
-                let pending = pendingWriteBytes()
-            else { return false }
-            return pending <= allowance
+            var suits = false
+            if haul_file_system_type(descriptor, &type) == 0 {
+                if type == ext4Type {
+                    let (major, minor) = deviceNumbers(device)
+                    suits =
+                        (try? POSIX.readWholeFile("/proc/self/mountinfo", limit: 1 << 22)).flatMap {
+                            FileSystemFacts.mountType(
+                                mountinfo: String(decoding: $0, as: UTF8.self), major: major, minor: minor)
+                        } == "ext4"
+                } else {
+                    suits = flushedFileSystems.contains(type)
+                }
+            }
+            fileSystemFlushByDevice.withLock { $0[device] = suits }
+            return suits
+        }
+
+        /// The bytes of the machine's page cache waiting to be written (`Dirty` plus `Writeback` in
+        /// `/proc/meminfo`); nil when they cannot be read.
+        package static func pendingWriteBytes() -> Int64? {
+            guard let bytes = try? POSIX.readWholeFile("/proc/meminfo", limit: 1 << 16) else { return nil }
+            return FileSystemFacts.pendingWriteBytes(meminfo: String(decoding: bytes, as: UTF8.self))
         }
 
         /// Writes the dirty data and metadata of the file system holding the open `descriptor` to
-        /// stable storage (`syncfs`). Returns 0, or -1 with `errno` set.
+        /// stable storage (`syncfs`). Returns 0, or -1 with `errno` set. Not retried on `EINTR`: the
+        /// failure may have reported a write error, which is reported once.
         package static func syncFileSystem(_ descriptor: Int32) -> Int32 {
-            while true {
-                let result = haul_syncfs(descriptor)
-                if result == 0 || errno != EINTR { return result }
-            }
+            haul_syncfs(descriptor)
         }
 
         /// The process holding a `flock` on the open file, from `/proc/locks`.
@@ -109,9 +129,7 @@
                 let bytes = try? POSIX.readWholeFile("/proc/locks", limit: 1 << 20),
                 let text = String(validating: bytes, as: UTF8.self)
             else { return .unknown }
-            let device = UInt64(status.st_dev)
-            let major = ((device >> 8) & 0xfff) | ((device >> 32) & ~0xfff)
-            let minor = (device & 0xff) | ((device >> 12) & ~0xff)
+            let (major, minor) = deviceNumbers(UInt64(status.st_dev))
             let file =
                 String(major, radix: 16).leftPadded(to: 2) + ":" + String(minor, radix: 16).leftPadded(to: 2)
                 + ":" + String(status.st_ino)
@@ -127,36 +145,26 @@
         }
     }
 
-    /// The `f_type` of the file systems whose `syncfs` flushes the device's cache: ext2/3/4, XFS,
-    /// Btrfs, F2FS, and tmpfs (nothing to flush).
-    private let flushedFileSystems: Set<UInt64> = [0xEF53, 0x5846_5342, 0x9123_683E, 0xF2F5_2010, 0x0102_1994]
+    /// The `f_type` of ext2, ext3 and ext4.
+    private let ext4Type: UInt64 = 0xEF53
+    /// The `f_type` of the other file systems whose `syncfs` empties the device's cache: XFS, Btrfs,
+    /// F2FS, and tmpfs (nothing to flush).
+    private let flushedFileSystems: Set<UInt64> = [0x5846_5342, 0x9123_683E, 0xF2F5_2010, 0x0102_1994]
+    /// Whether a flush of the file system suits each device asked about.
+    private let fileSystemFlushByDevice = Mutex<[UInt64: Bool]>([:])
 
-    /// Whether the running kernel is 5.8 or later: before it, `syncfs` did not report write errors.
+    /// Whether the running kernel reports write errors to `syncfs` (5.8 and later).
     private let kernelReportsFileSystemFlushErrors: Bool = {
         var names = utsname()
         guard uname(&names) == 0 else { return false }
         let release = withUnsafeBytes(of: names.release) { bytes in
             String(decoding: bytes.prefix { $0 != 0 }, as: UTF8.self)
         }
-        let numbers = release.split(whereSeparator: { !$0.isNumber }).prefix(2).compactMap { Int($0) }
-        guard numbers.count == 2 else { return false }
-        return (numbers[0], numbers[1]) >= (5, 8)
+        return FileSystemFacts.kernelReportsFileSystemFlushErrors(release: release)
     }()
 
-    /// The bytes of the machine's page cache waiting to be written (`Dirty` plus `Writeback` in
-    /// `/proc/meminfo`), or nil when they cannot be read.
-    private func pendingWriteBytes() -> Int64? {
-        guard let bytes = try? POSIX.readWholeFile("/proc/meminfo", limit: 1 << 16) else { return nil }
-        var total: Int64 = 0
-        var found = 0
-        for line in String(decoding: bytes, as: UTF8.self).split(separator: "\n") {
-            guard line.hasPrefix("Dirty:") || line.hasPrefix("Writeback:") else { continue }
-            // "Dirty:              1234 kB"
-            let fields = line.split(separator: " ")
-            guard fields.count == 3, fields[2] == "kB", let kibibytes = Int64(fields[1]) else { return nil }
-            total += kibibytes * 1024
-            found += 1
-        }
-        return found == 2 ? total : nil
+    /// The major and minor numbers of a device number (glibc's `gnu_dev_major` and `gnu_dev_minor`).
+    private func deviceNumbers(_ device: UInt64) -> (major: UInt64, minor: UInt64) {
+        (((device >> 8) & 0xfff) | ((device >> 32) & ~0xfff), (device & 0xff) | ((device >> 12) & ~0xff))
     }
 #endif

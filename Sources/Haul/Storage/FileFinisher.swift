@@ -10,20 +10,18 @@ import Synchronization
 /// their data flush, their directory flushes, their trips to the I/O threads and the transaction
 /// that records them before their renames.
 ///
-/// The data is flushed, where the platform allows, with one flush of the whole file system a
-/// batch's files lie on (`syncfs` on Linux): a small file's own flush costs a flush of the device's
-/// cache, which one flush for the batch pays once. It is used only where it costs about what the
-/// files' own flushes would (see ``Platform/fileSystemFlushSuits(_:allowance:)``): it also waits for
-/// every other writer's data on that file system, so with more than ``fileSystemFlushAllowance``
-/// bytes waiting to be written on the machine, each file is flushed on its own instead. Measured on
-/// 2 cores under other writers' load (800 files of 16 KiB in batches of 16, each batch then renamed
-/// and its directory flushed, 2026-11-25): 0.23–0.25 s flushing a batch's files at once on 16
-/// threads, against 0.46–0.75 s with one `syncfs` per batch; without that load, 2,000 files of 16 KiB
-/// fetched by `haul get -i -j 16` took 0.62 times as long with one `syncfs` per batch as with each
-/// file flushed (`bench/ab.sh`, 2026-11-27).
-///
-/// Where each file is flushed on its own (Apple platforms' `F_FULLFSYNC`), its flush starts as it is
-/// handed over, beside the flushes of other downloads (see ``flushThreads``).
+/// Each file's data is flushed on its own as it is handed over, beside the flushes of other
+/// downloads (see ``flushThreads``), unless one flush of its file system may stand for it (Linux's
+/// `syncfs`, see ``FileSystemFlush``): then the file joins the batch unflushed, and the batch flushes
+/// each file system its files lie on once. A small file's own flush costs a flush of the device's
+/// cache, which the batch then pays once. That flush also waits for every other writer's data on the
+/// file system: with more than ``fileSystemFlushAllowance`` bytes waiting to be written on the
+/// machine, the batch's files are flushed each on its own instead. Measured on 2 cores under other
+/// writers' load (800 files of 16 KiB in batches of 16, each batch then renamed and its directory
+/// flushed, 2026-11-25): 0.23–0.25 s flushing a batch's files at once on 16 threads, against
+/// 0.46–0.75 s with one `syncfs` per batch. Without that load (2026-11-27), `bench/ceiling`'s bare
+/// HTTP/1.1 client fetched 2,000 files of 16 KiB in 0.18 s with a `syncfs` per batch, 0.22 s with
+/// each file flushed; `haul get -i -j 16` made 109 `syncfs` calls in place of 2,000 `fdatasync`.
 ///
 /// Nobody waits on a thread of their own for a batch: the download that finds no batch running runs
 /// one on its I/O thread; when it ends, the first download that handed over a file meanwhile runs the
@@ -45,6 +43,35 @@ final class FileFinisher: Sendable {
         /// Asked right before the rename, after every hook of the batch: `false` fails the file, which
         /// keeps its partial name (a fleet's worker whose lease may have run out).
         var permit: (@Sendable () -> Bool)? = nil
+        /// Whether every byte of the file was written after `folder` was opened (the file was created
+        /// by this session): only then may a flush of the file system through the batch's first
+        /// opened directory stand for the file's own flush (see ``FileFinisher/flushData(of:)``).
+        /// Bytes an earlier session wrote, and never flushed, may have failed to reach the disk with
+        /// an error that another flush of the file system has reported already; the file's own flush
+        /// reports it again.
+        var writtenSinceOpened = false
+    }
+
+    /// One flush of a whole file system in place of the flushes of the files on it.
+    struct FileSystemFlush: Sendable {
+        /// Whether a flush of the file system holding a directory may stand for the flushes of its
+        /// files: asked as each file is handed over.
+        var suits: @Sendable (DirectoryHandle) -> Bool
+        /// Flushes the file system holding a directory and returns true, or returns false when it
+        /// should not now (too much of the machine's data waits to be written).
+        var flush: @Sendable (DirectoryHandle) throws -> Bool
+
+        /// The platform's: `syncfs` where ``Platform/fileSystemFlushSuits(_:)`` says it suits, and
+        /// while at most ``FileFinisher/fileSystemFlushAllowance`` bytes wait to be written.
+        static let platform = FileSystemFlush(
+            suits: { Platform.fileSystemFlushSuits($0.descriptor) },
+            flush: { folder in
+                guard let pending = Platform.pendingWriteBytes(), pending <= fileSystemFlushAllowance else {
+                    return false
+                }
+                try folder.syncFileSystem()
+                return true
+            })
     }
 
     /// What a download that handed over a file is told: to run the next batch, or how its file ended.
@@ -56,6 +83,8 @@ final class FileFinisher: Sendable {
     private struct Waiter {
         let number: UInt64
         let handover: Handover
+        /// Whether the file joined unflushed, for a flush of its file system.
+        let together: Bool
         let turn: CheckedContinuation<Turn, Never>
     }
 
@@ -68,50 +97,43 @@ final class FileFinisher: Sendable {
     private let state = Mutex(State())
     /// Flushes the data of one file.
     private let flushData: @Sendable (PartialFile) throws -> Void
-    /// Flushes the whole file system holding a directory and returns true, or returns false when
-    /// such a flush does not suit it; nil: each file is flushed on its own, as it is handed over.
-    private let flushFileSystem: (@Sendable (DirectoryHandle) throws -> Bool)?
+    /// The flush of a file system that may stand for its files' own; nil: each file is flushed on
+    /// its own, as it is handed over.
+    private let fileSystemFlush: FileSystemFlush?
     /// Flushes a directory, making the renames in it durable.
     private let flushDirectory: @Sendable (DirectoryHandle) throws -> Void
-    /// Set once a flush of a file system failed; from then on each file is flushed on its own.
+    /// Set once a flush of a file system failed; from then on each file is flushed on its own, for as
+    /// long as the finisher lasts.
     ///
-    /// A write error is reported once to each descriptor a file system's flush is made through: to
-    /// the first flush after the error. That flush may be an earlier batch's, while the file whose
-    /// write failed is still being written, to join a later batch whose flush then reports nothing.
-    /// A file's own flush reports every error of its writes since it was opened.
+    /// A write error is reported once to each open directory a file system's flush is made through:
+    /// to the first flush after the error. The file whose write failed may be one still being
+    /// written, to join a later batch; if that batch's flush went through the same directory, it
+    /// would report nothing. A file's own flush reports every error of its writes since it was
+    /// opened, and tells which file failed. Such failures are rare; the flushes of the files after
+    /// one cost what they cost before file systems were flushed whole.
     private let fileSystemFlushFailed = Atomic<Bool>(false)
 
     /// - Parameters:
     ///   - flushData: makes a file's data durable (`fdatasync`, or `F_FULLFSYNC` on Apple platforms,
     ///     unless a test holds or counts it).
-    ///   - flushFileSystem: makes the data of every file on a directory's file system durable and
-    ///     returns true, or returns false when that does not suit it (``flushWholeFileSystem(_:)``,
-    ///     unless a test counts it); nil: each file's data is flushed on its own.
+    ///   - fileSystemFlush: the flush of a whole file system that may stand for its files' own
+    ///     (``FileSystemFlush/platform``, unless a test counts it); nil: each file's data is flushed
+    ///     on its own.
     ///   - flushDirectory: makes the renames in a directory durable.
     init(
         flushData: @escaping @Sendable (PartialFile) throws -> Void = { try $0.syncDataNow() },
-        flushFileSystem: (@Sendable (DirectoryHandle) throws -> Bool)? = { try flushWholeFileSystem($0) },
+        fileSystemFlush: FileSystemFlush? = .platform,
         flushDirectory: @escaping @Sendable (DirectoryHandle) throws -> Void = { try $0.sync() }
     ) {
         self.flushData = flushData
-        self.flushFileSystem = flushFileSystem
+        self.fileSystemFlush = fileSystemFlush
         self.flushDirectory = flushDirectory
     }
 
-    /// The bytes waiting to be written on the machine up to which a batch's data is flushed with one
-    /// flush of the file system: what such a flush may write beyond the batch's own files, about as
-    /// much as the device's flushes of a batch of small files cost.
+    /// The bytes waiting to be written on the machine, a batch's own included, up to which the
+    /// batch's data is flushed with one flush of each file system: what such a flush may write
+    /// beyond the batch's files costs about what the device's flushes of a batch of small files do.
     static let fileSystemFlushAllowance: Int64 = 32 << 20
-
-    /// Flushes the file system holding `folder` (`syncfs`) and returns true where that suits it (see
-    /// ``Platform/fileSystemFlushSuits(_:allowance:)``), else returns false.
-    static func flushWholeFileSystem(_ folder: DirectoryHandle) throws -> Bool {
-        guard Platform.fileSystemFlushSuits(folder.descriptor, allowance: fileSystemFlushAllowance) else {
-            return false
-        }
-        try folder.syncFileSystem()
-        return true
-    }
 
     /// How many downloads wait for a batch (for tests).
     var waitingCount: Int { state.withLock { $0.waiting.count } }
@@ -133,7 +155,8 @@ final class FileFinisher: Sendable {
     /// it. Returns once the rename is durable; throws when the file could not be finished (it then
     /// keeps its partial name, unless only the directory flush failed).
     func finish(_ handover: Handover, io: BlockingIO) async throws {
-        if flushFileSystem == nil { try await Self.flushThreads.run { [flushData] in try flushData(handover.file) } }
+        let together = handover.writtenSinceOpened && fileSystemFlush?.suits(handover.folder) == true
+        if !together { try await Self.flushThreads.run { [flushData] in try flushData(handover.file) } }
         var number: UInt64 = 0
         let turn = await withCheckedContinuation { (turn: CheckedContinuation<Turn, Never>) in
             let leads = state.withLock { state -> Bool in
@@ -143,7 +166,8 @@ final class FileFinisher: Sendable {
                     state.running = true
                     return true
                 }
-                state.waiting.append(Waiter(number: state.handed, handover: handover, turn: turn))
+                state.waiting.append(
+                    Waiter(number: state.handed, handover: handover, together: together, turn: turn))
                 return false
             }
             if leads { turn.resume(returning: .lead) }
@@ -153,20 +177,22 @@ final class FileFinisher: Sendable {
         case .done(let result):
             outcome = result
         case .lead:
-            outcome = await lead(number, handover, io: io)
+            outcome = await lead(number, handover, together: together, io: io)
         }
         try outcome.get()
     }
 
     /// Runs one batch: this download's file (handed over as `number`) and every file waiting, then
     /// hands the next batch to the first download waiting. Returns this download's outcome.
-    private func lead(_ number: UInt64, _ own: Handover, io: BlockingIO) async -> Result<Void, HaulError> {
+    private func lead(_ number: UInt64, _ own: Handover, together: Bool, io: BlockingIO) async -> Result<
+        Void, HaulError
+    > {
         let others = state.withLock { state in
             defer { state.waiting = [] }
             return state.waiting.filter { $0.number != number }
         }
         let batch = [own] + others.map(\.handover)
-        var outcomes = await flushData(of: batch)
+        var outcomes = await flushData(of: batch, together: [together] + others.map(\.together))
         for (handover, outcome) in zip(batch, outcomes) where outcome.succeeded { await handover.beforeRename() }
         do {
             outcomes = try await io.run { [outcomes] in self.run(batch, flushed: outcomes) }
@@ -185,20 +211,20 @@ final class FileFinisher: Sendable {
         return outcomes[0]
     }
 
-    /// Makes the data of `batch`'s files durable, unless it was as each was handed over: with one
-    /// flush of each file system they lie on, else (where that does not suit, or once such a flush
-    /// failed) each file on its own, all at once. Returns each file's outcome.
+    /// Makes the data of the files of `batch` that joined it unflushed (`together`) durable: with
+    /// one flush of each file system they lie on, else (where that should not be now, or once such a
+    /// flush failed) each file on its own, all at once. Returns each file's outcome.
     ///
-    /// A file system's flush goes through the handle of the batch's directories there that was
-    /// opened first. Each file was created in a handle opened before it, so that one was opened
-    /// before any of the batch's files was written, and the flush reports their write errors (the
-    /// handles of one downloader are never another's).
-    private func flushData(of batch: [Handover]) async -> [Result<Void, HaulError>] {
+    /// A file system's flush goes through the batch's directory there that was opened first. Each
+    /// of those files was created, and all its bytes written, after its own directory was opened, so
+    /// after that one was: the flush reports their write errors (the directories a downloader opens
+    /// are never another's).
+    private func flushData(of batch: [Handover], together: [Bool]) async -> [Result<Void, HaulError>] {
         var outcomes = [Result<Void, HaulError>](repeating: .success(()), count: batch.count)
-        guard let flushFileSystem else { return outcomes }
+        guard let fileSystemFlush else { return outcomes }
         var unflushed: [Int] = []
         var volumes: [UInt64: (folder: DirectoryHandle, files: [Int])] = [:]
-        for (index, handover) in batch.enumerated() {
+        for (index, handover) in batch.enumerated() where together[index] {
             guard let device = try? handover.folder.identity().first else {
                 unflushed.append(index)
                 continue
@@ -211,7 +237,7 @@ final class FileFinisher: Sendable {
         for (folder, files) in volumes.values {
             if !fileSystemFlushFailed.load(ordering: .relaxed) {
                 do {
-                    if try await Self.flushThreads.run({ try flushFileSystem(folder) }) { continue }
+                    if try await Self.flushThreads.run({ try fileSystemFlush.flush(folder) }) { continue }
                 } catch {
                     fileSystemFlushFailed.store(true, ordering: .relaxed)
                 }

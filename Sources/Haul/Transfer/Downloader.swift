@@ -61,7 +61,7 @@ public final class Downloader: Sendable {
         self.clock = TransferClock(clock)
         self.io = .shared
         finisher =
-            configuration.flushFinishedData.map { FileFinisher(flushData: $0, flushFileSystem: nil) } ?? FileFinisher()
+            configuration.flushFinishedData.map { FileFinisher(flushData: $0, fileSystemFlush: nil) } ?? FileFinisher()
         self.confinement = DownloadConfinement(roots: configuration.downloadRoots)
         hostCap = (configuration.maxConnectionsPerHost ?? configuration.sharedHostSlots?.limit).map {
             HostConnectionCap(limit: $0)

@@ -19,17 +19,23 @@ struct FileFinisherTests {
         let gate = DispatchSemaphore(value: 0)
         let dataCalls = Atomic<Int>(0)
         let fileSystemCalls = Atomic<Int>(0)
-        /// The directories the flushes of a file system went through, in order.
+        /// The directories the flushes of a file system went through, in order, and the final names
+        /// in each at the time.
         let fileSystemFolders = Mutex<[String]>([])
+        let namedAtFileSystemFlush = Mutex<[[String]]>([])
         let directoryCalls = Atomic<Int>(0)
         let namedBeforeFlush = Atomic<Int>(0)
         let failing: Set<String>
         /// What each flush of a file system does after its real flush, by call number from 1:
-        /// `true` (the flush suits), `false` (it does not), or nil (it throws).
+        /// `true` (it stands for the files' flushes), `false` (it should not now), or nil (it
+        /// throws). Nil: each file is flushed on its own.
         let fileSystem: (@Sendable (Int) -> Bool?)?
+        /// Whether a flush of the file system may stand for the files' own, as each is handed over.
+        let suits: Bool
 
-        init(failing: Set<String> = [], fileSystem: (@Sendable (Int) -> Bool?)? = nil) {
+        init(failing: Set<String> = [], suits: Bool = true, fileSystem: (@Sendable (Int) -> Bool?)? = nil) {
             self.failing = failing
+            self.suits = suits
             self.fileSystem = fileSystem
         }
 
@@ -43,17 +49,15 @@ struct FileFinisherTests {
             try file.syncDataNow()
         }
 
-        /// Flushes `folder`'s file system for real, counting the final names of `.part` files there
-        /// that exist already.
+        /// Flushes `folder`'s file system (for real on Linux), noting the final names there.
         func flushFileSystem(_ folder: DirectoryHandle, answer: (Int) -> Bool?) throws -> Bool {
             let call = fileSystemCalls.add(1, ordering: .relaxed).newValue
             fileSystemFolders.withLock { $0.append(folder.path) }
-            for name in folder.list() where name.hasSuffix(".part") {
-                if POSIX.exists(folder.path + "/" + name.dropLast(".part".count)) {
-                    namedBeforeFlush.add(1, ordering: .relaxed)
-                }
-            }
-            try folder.syncFileSystem()
+            let named = folder.list().filter { $0.hasPrefix("file") && !$0.hasSuffix(".part") }.sorted()
+            namedAtFileSystemFlush.withLock { $0.append(named) }
+            #if os(Linux)
+                try folder.syncFileSystem()
+            #endif
             guard let suits = answer(call) else { throw HaulError(.fileSystem, "flush of the file system failed") }
             return suits
         }
@@ -68,29 +72,33 @@ struct FileFinisherTests {
         /// A finisher that flushes through these flushes: each file on its own unless `fileSystem`
         /// was given.
         func finisher() -> FileFinisher {
-            var flushFileSystem: (@Sendable (DirectoryHandle) throws -> Bool)?
+            var fileSystemFlush: FileFinisher.FileSystemFlush?
             if let answer = fileSystem {
-                flushFileSystem = { try self.flushFileSystem($0, answer: answer) }
+                fileSystemFlush = FileFinisher.FileSystemFlush(
+                    suits: { _ in self.suits }, flush: { try self.flushFileSystem($0, answer: answer) })
             }
             return FileFinisher(
-                flushData: { try self.flushData($0) }, flushFileSystem: flushFileSystem,
+                flushData: { try self.flushData($0) }, fileSystemFlush: fileSystemFlush,
                 flushDirectory: { try self.flushDirectory($0) })
         }
     }
 
-    /// A partial file `NAME.part` in `folder` holding `NAME`'s own bytes, handed over as `NAME`.
-    static func handover(_ name: String, in folder: DirectoryHandle) throws -> FileFinisher.Handover {
+    /// A partial file `NAME.part` in `folder` holding `NAME`'s own bytes, handed over as `NAME`: a
+    /// file written since `folder` was opened, unless `earlier`.
+    static func handover(_ name: String, in folder: DirectoryHandle, earlier: Bool = false) throws
+        -> FileFinisher.Handover
+    {
         let descriptor = try folder.openFile(name + ".part", flags: O_RDWR | O_CREAT)
         let bytes = Array(name.utf8)
         #expect(pwrite(descriptor, bytes, bytes.count, 0) == bytes.count)
         let file = PartialFile(in: folder, name: name + ".part", descriptor: descriptor, io: .shared)
         return FileFinisher.Handover(
             file: file, folder: folder, partialName: name + ".part", fileName: name,
-            confinement: DownloadConfinement(roots: []))
+            confinement: DownloadConfinement(roots: []), writtenSinceOpened: !earlier)
     }
 
-    /// Finishes `first` while its directory flush is held, hands over `others` behind it, then lets
-    /// it go; returns each of the others' outcome (`nil`: finished).
+    /// Finishes `first` while its directory flush is held, hands over `others` behind it (one after
+    /// another, in order), then lets it go; returns each of the others' outcome (`nil`: finished).
     static func finishBehindAHeldBatch(
         _ finisher: FileFinisher, _ flushes: Flushes, first: FileFinisher.Handover, others: [FileFinisher.Handover]
     ) async throws -> [String?] {
@@ -98,6 +106,8 @@ struct FileFinisherTests {
         while flushes.directoryCalls.load(ordering: .relaxed) == 0 { try await Task.sleep(for: .milliseconds(1)) }
         return try await withThrowingTaskGroup(of: (Int, String?).self) { group in
             for (index, handover) in others.enumerated() {
+                // The one handed over first runs the next batch.
+                while index == 1 && finisher.waitingCount == 0 { try await Task.sleep(for: .milliseconds(1)) }
                 group.addTask {
                     do {
                         try await finisher.finish(handover, io: .shared)
@@ -237,11 +247,12 @@ struct FileFinisherTests {
                 others: try names.map { try Self.handover($0, in: $0 == "file1" ? other : folder) })
             #expect(outcomes.allSatisfy { $0 == nil })
             // One flush a batch. The second batch's goes through the directory opened first, though
-            // its first file lies in the other: that handle was open before any of the files was
-            // written, and reports their write errors.
+            // the file that leads the batch lies in the other: that directory was open before any of
+            // the files was written, so its flush reports their write errors.
             #expect(flushes.fileSystemFolders.withLock { $0 } == [path + "/other", path])
+            // No file of a batch had its final name when the batch's file system was flushed.
+            #expect(flushes.namedAtFileSystemFlush.withLock { $0 } == [[], []])
             #expect(flushes.dataCalls.load(ordering: .relaxed) == 0)
-            #expect(flushes.namedBeforeFlush.load(ordering: .relaxed) == 0)
             for name in ["file0"] + names {
                 let file = (["file0", "file1"].contains(name) ? path + "/other/" : path + "/") + name
                 #expect(try Self.contents(file) == name)
@@ -250,23 +261,50 @@ struct FileFinisherTests {
         }
     }
 
-    @Test("where a flush of the file system does not suit, each file of the batch is flushed")
-    func whereAFlushOfTheFileSystemDoesNotSuitEachFileIsFlushed() async throws {
+    @Test("a file written before its directory was opened is flushed on its own")
+    func aFileWrittenBeforeItsDirectoryWasOpenedIsFlushedOnItsOwn() async throws {
         try await withTemporaryDirectory { path in
             let folder = try DirectoryHandle.open(path)
-            let flushes = Flushes(failing: ["file3"], fileSystem: { _ in false })
+            let flushes = Flushes(fileSystem: { _ in true })
+            let finisher = flushes.finisher()
+            let outcomes = try await Self.finishBehindAHeldBatch(
+                finisher, flushes, first: try Self.handover("file0", in: folder),
+                others: [
+                    try Self.handover("file1", in: folder), try Self.handover("file2", in: folder, earlier: true),
+                ])
+            #expect(outcomes == [nil, nil])
+            #expect(flushes.fileSystemCalls.load(ordering: .relaxed) == 2)
+            #expect(flushes.dataCalls.load(ordering: .relaxed) == 1)
+            for name in ["file0", "file1", "file2"] { #expect(try Self.contents(path + "/" + name) == name) }
+        }
+    }
+
+    @Test(
+        "where a flush of the file system does not suit, or should not be now, each file is flushed",
+        arguments: [false, true])
+    func whereAFlushOfTheFileSystemDoesNotSuitEachFileIsFlushed(suits: Bool) async throws {
+        try await withTemporaryDirectory { path in
+            let folder = try DirectoryHandle.open(path)
+            // A file whose own flush fails as it is handed over never joins a batch (see
+            // aFailedDataFlushFailsItsFile); one flushed in its batch fails there.
+            let flushes = Flushes(failing: suits ? ["file3"] : [], suits: suits, fileSystem: { _ in false })
             let finisher = flushes.finisher()
             let names = (1..<5).map { "file\($0)" }
             let outcomes = try await Self.finishBehindAHeldBatch(
                 finisher, flushes, first: try Self.handover("file0", in: folder),
                 others: try names.map { try Self.handover($0, in: folder) })
-            #expect(outcomes == [nil, nil, "data flush of \(path)/file3 failed", nil])
-            #expect(flushes.fileSystemCalls.load(ordering: .relaxed) == 2)
+            #expect(outcomes == [nil, nil, suits ? "data flush of \(path)/file3 failed" : nil, nil])
+            // Asked as each batch begins only where it suits the file system.
+            #expect(flushes.fileSystemCalls.load(ordering: .relaxed) == (suits ? 2 : 0))
             #expect(flushes.dataCalls.load(ordering: .relaxed) == 5)
             #expect(flushes.namedBeforeFlush.load(ordering: .relaxed) == 0)
             for name in ["file0", "file1", "file2", "file4"] { #expect(try Self.contents(path + "/" + name) == name) }
-            #expect(!POSIX.exists(path + "/file3"))
-            #expect(try Self.contents(path + "/file3.part") == "file3")
+            if suits {
+                #expect(!POSIX.exists(path + "/file3"))
+                #expect(try Self.contents(path + "/file3.part") == "file3")
+            } else {
+                #expect(try Self.contents(path + "/file3") == "file3")
+            }
         }
     }
 
@@ -274,7 +312,7 @@ struct FileFinisherTests {
     func aFailedFlushOfTheFileSystemIsMadeUpFileByFile() async throws {
         try await withTemporaryDirectory { path in
             let folder = try DirectoryHandle.open(path)
-            // The first flush fails; any later one would suit.
+            // The first flush fails; any later one would stand for the files' own.
             let flushes = Flushes(fileSystem: { $0 == 1 ? nil : true })
             let finisher = flushes.finisher()
             let names = (1..<5).map { "file\($0)" }
@@ -291,14 +329,29 @@ struct FileFinisherTests {
         }
     }
 
-    #if os(Linux)
-        @Test("one flush of a file system suits a local one, up to the data waiting to be written")
-        func aFlushOfAFileSystemSuitsUpToTheDataWaiting() throws {
-            // /dev/shm is a tmpfs on Linux.
-            let folder = try DirectoryHandle.open("/dev/shm")
-            #expect(Platform.fileSystemFlushSuits(folder.descriptor, allowance: .max))
-            #expect(!Platform.fileSystemFlushSuits(folder.descriptor, allowance: -1))
-            try folder.syncFileSystem()
-        }
-    #endif
+    @Test("a flush of a file system is trusted from kernel 5.8 on, on ext4 alone of its number, up to the data waiting")
+    func theFactsAFlushOfAFileSystemRestsOn() {
+        #expect(FileSystemFacts.kernelReportsFileSystemFlushErrors(release: "6.1.0-13-amd64"))
+        #expect(FileSystemFacts.kernelReportsFileSystemFlushErrors(release: "5.8.0"))
+        #expect(!FileSystemFacts.kernelReportsFileSystemFlushErrors(release: "5.7.19"))
+        #expect(!FileSystemFacts.kernelReportsFileSystemFlushErrors(release: "4.4.0"))
+        #expect(!FileSystemFacts.kernelReportsFileSystemFlushErrors(release: "unknown"))
+
+        let meminfo =
+            "MemTotal:       24000000 kB\nDirty:              1234 kB\nWriteback:            16 kB\n"
+            + "WritebackTmp:          7 kB\n"
+        #expect(FileSystemFacts.pendingWriteBytes(meminfo: meminfo) == Int64(1250 * 1024))
+        #expect(FileSystemFacts.pendingWriteBytes(meminfo: "Dirty:    1 kB\n") == nil)
+        #expect(FileSystemFacts.pendingWriteBytes(meminfo: "Dirty:    1 MB\nWriteback:    0 kB\n") == nil)
+
+        let mountinfo = """
+            22 1 254:1 / / rw,relatime shared:1 - ext4 /dev/vda1 rw
+            30 22 254:2 / /old rw,relatime shared:2 - ext2 /dev/vda2 rw
+            31 22 0:45 / /dev/shm rw,nosuid shared:3 - tmpfs tmpfs rw
+            """
+        #expect(FileSystemFacts.mountType(mountinfo: mountinfo, major: 254, minor: 1) == "ext4")
+        #expect(FileSystemFacts.mountType(mountinfo: mountinfo, major: 254, minor: 2) == "ext2")
+        #expect(FileSystemFacts.mountType(mountinfo: mountinfo, major: 0, minor: 45) == "tmpfs")
+        #expect(FileSystemFacts.mountType(mountinfo: mountinfo, major: 254, minor: 3) == nil)
+    }
 }

@@ -392,7 +392,7 @@ final class TransferFiles {
             let handover = FileFinisher.Handover(
                 file: file, folder: paths.folder, partialName: paths.partialName, fileName: paths.fileName,
                 confinement: downloader.confinement, beforeRename: finishing.beforeRename,
-                permit: configuration.writePermit)
+                permit: configuration.writePermit, writtenSinceOpened: lock?.created == true)
             await finishing.handedOver()
             try await downloader.finisher.finish(handover, io: downloader.io)
         } else {
