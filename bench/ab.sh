@@ -47,6 +47,8 @@ run() {
     local out="$work/out" state="$work/state" line
     # Set aside, not deleted (see bench_discard).
     bench_discard "$out" "$state"
+    # Start each run with no dirty pages left by the previous one (as measure does).
+    sync
     line=$(/usr/bin/time -f "%e %U %S" "$1" get -i "$list" -j 16 -q -d "$out" --state-dir "$state" 2>&1 >/dev/null \
         | tail -n 1)
     diff -rq "$out" "$DATA_DIR/www/many-$count" >&2 || { echo "$1: the files differ from the served ones" >&2; exit 1; }
