@@ -60,8 +60,10 @@ public final class Downloader: Sendable {
         self.logger = logger ?? Logger(label: "haul", factory: { _ in SwiftLogNoOpLogHandler() })
         self.clock = TransferClock(clock)
         self.io = .shared
-        finisher =
-            configuration.flushFinishedData.map { FileFinisher(flushData: $0, fileSystemFlush: nil) } ?? FileFinisher()
+        finisher = FileFinisher(
+            flushData: configuration.flushFinishedData ?? { try $0.syncDataNow() },
+            fileSystemFlush: configuration.flushFinishedFileSystem
+                ?? (configuration.flushFinishedData == nil ? .platform : nil))
         self.confinement = DownloadConfinement(roots: configuration.downloadRoots)
         hostCap = (configuration.maxConnectionsPerHost ?? configuration.sharedHostSlots?.limit).map {
             HostConnectionCap(limit: $0)

@@ -213,6 +213,10 @@ public struct DownloaderConfiguration: Sendable {
     /// (``PartialFile/syncDataNow()``, or one flush of a batch's file system): a test holds a file
     /// here, in the middle of being finished.
     var flushFinishedData: (@Sendable (PartialFile) throws -> Void)?
+    /// Flushes a batch's file system in place of its files' own flushes, in place of the platform's
+    /// (``FileFinisher/FileSystemFlush/platform``): a test counts them here. Unset, and with
+    /// ``flushFinishedData`` set, each file is flushed on its own.
+    var flushFinishedFileSystem: FileFinisher.FileSystemFlush?
 
     /// What a download stops with once ``writePermit`` says no.
     static let writeRefused = HaulError(
