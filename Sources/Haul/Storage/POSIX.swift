@@ -174,9 +174,11 @@ package enum POSIX {
     /// The bytes of the open file, at most `limit` of them.
     package static func readWholeFile(_ descriptor: Int32, limit: Int, path: String) throws -> [UInt8] {
         let length = Int(clamping: try size(descriptor, path: path))
-        // One byte more than the size says, so a file that grew meanwhile is still read to its end.
+        // One byte more than the size says, so a file that grew meanwhile is still read to its end,
+        // and so is a file whose size says nothing (0 for the kernel's files under /proc).
         var bytes = try read(descriptor, count: min(limit, length + 1), at: 0, path: path)
-        while bytes.count == length + 1 && bytes.count < limit {
+        guard bytes.count == length + 1 else { return bytes }
+        while bytes.count < limit {
             let more = try read(
                 descriptor, count: min(limit - bytes.count, 64 * 1024), at: Int64(bytes.count), path: path)
             if more.isEmpty { break }
