@@ -33,16 +33,19 @@ int haul_syncfs(int descriptor) {
 #endif
 }
 
-int haul_file_system_type(int descriptor, unsigned long long *type) {
+int haul_file_system_type(int descriptor, unsigned long long *type, unsigned long long *identity) {
 #ifdef __linux__
     struct statfs volume;
     if (fstatfs(descriptor, &volume) != 0) return -1;
     // f_type is a signed int on some 32-bit systems: keep its 32 bits as they are.
     *type = (unsigned long long)(unsigned int)volume.f_type;
+    *identity = ((unsigned long long)(unsigned int)volume.f_fsid.__val[0] << 32)
+        | (unsigned long long)(unsigned int)volume.f_fsid.__val[1];
     return 0;
 #else
     (void)descriptor;
     (void)type;
+    (void)identity;
     errno = ENOSYS;
     return -1;
 #endif

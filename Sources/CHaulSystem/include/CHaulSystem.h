@@ -23,9 +23,10 @@ int haul_open_beneath(int directory, const char *path, int flags, mode_t mode);
 int haul_syncfs(int descriptor);
 
 /// Stores the type of the file system holding the open file `descriptor` (Linux `fstatfs`'s
-/// `f_type`, a magic number such as 0xEF53 for ext4) in `type`. Returns 0, or -1 with errno set
-/// (ENOSYS where the platform has no such number).
-int haul_file_system_type(int descriptor, unsigned long long *type);
+/// `f_type`, a magic number such as 0xEF53 for ext4) in `type`, and its identity (`f_fsid`, which
+/// most file systems derive from their UUID; 0 where one gives none) in `identity`. Returns 0, or
+/// -1 with errno set (ENOSYS where the platform has no such numbers).
+int haul_file_system_type(int descriptor, unsigned long long *type, unsigned long long *identity);
 
 /// Makes a program spawned with `actions` inherit only standard input, output and error: Haul's
 /// sockets and files (many opened without close-on-exec by the libraries it uses) stay with Haul.

@@ -84,27 +84,36 @@
         /// file system whose flush of itself empties the device's cache: ext4, XFS, Btrfs, F2FS, or
         /// tmpfs (which keeps nothing on a device). ext2 and ext3 share ext4's number but not always
         /// its flush: one with that number suits only where it is mounted as ext4. Remembered for each
-        /// device.
+        /// file system.
+        ///
+        /// On XFS a flush of the file system that finds nothing to log may leave the device's cache
+        /// as it is (a file this session wrote has its allocation and size to log); the directory's
+        /// flush after the renames then forces the log, whose write empties the cache first, before
+        /// any rename is durable.
         package static func fileSystemFlushSuits(_ descriptor: Int32) -> Bool {
             var status = stat()
-            guard kernelReportsFileSystemFlushErrors, fstat(descriptor, &status) == 0 else { return false }
-            let device = UInt64(status.st_dev)
-            if let known = fileSystemFlushByDevice.withLock({ $0[device] }) { return known }
             var type: UInt64 = 0
-            var suits = false
-            if haul_file_system_type(descriptor, &type) == 0 {
-                if type == ext4Type {
-                    let (major, minor) = deviceNumbers(device)
-                    suits =
-                        (try? POSIX.readWholeFile("/proc/self/mountinfo", limit: 1 << 22)).flatMap {
-                            FileSystemFacts.mountType(
-                                mountinfo: String(decoding: $0, as: UTF8.self), major: major, minor: minor)
-                        } == "ext4"
-                } else {
-                    suits = flushedFileSystems.contains(type)
-                }
+            var identity: UInt64 = 0
+            guard kernelReportsFileSystemFlushErrors, fstat(descriptor, &status) == 0,
+                haul_file_system_type(descriptor, &type, &identity) == 0
+            else { return false }
+            // By device, type and identity: a device's number may come back with another file system
+            // once the first is unmounted.
+            let device = UInt64(status.st_dev)
+            let key = [device, type, identity]
+            if let known = fileSystemFlushByDevice.withLock({ $0[key] }) { return known }
+            let suits: Bool
+            if type == ext4Type {
+                let (major, minor) = deviceNumbers(device)
+                guard let bytes = try? POSIX.readWholeFile("/proc/self/mountinfo", limit: 1 << 24),
+                    let mounted = FileSystemFacts.mountType(
+                        mountinfo: String(decoding: bytes, as: UTF8.self), major: major, minor: minor)
+                else { return false }
+                suits = mounted == "ext4"
+            } else {
+                suits = flushedFileSystems.contains(type)
             }
-            fileSystemFlushByDevice.withLock { $0[device] = suits }
+            fileSystemFlushByDevice.withLock { $0[key] = suits }
             return suits
         }
 
@@ -150,8 +159,8 @@
     /// The `f_type` of the other file systems whose `syncfs` empties the device's cache: XFS, Btrfs,
     /// F2FS, and tmpfs (nothing to flush).
     private let flushedFileSystems: Set<UInt64> = [0x5846_5342, 0x9123_683E, 0xF2F5_2010, 0x0102_1994]
-    /// Whether a flush of the file system suits each device asked about.
-    private let fileSystemFlushByDevice = Mutex<[UInt64: Bool]>([:])
+    /// Whether a flush of the file system suits each one asked about, by device, type and identity.
+    private let fileSystemFlushByDevice = Mutex<[[UInt64]: Bool]>([:])
 
     /// Whether the running kernel reports write errors to `syncfs` (5.8 and later).
     private let kernelReportsFileSystemFlushErrors: Bool = {

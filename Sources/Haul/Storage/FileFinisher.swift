@@ -21,7 +21,7 @@ import Synchronization
 /// flushed, 2026-11-25): 0.23–0.25 s flushing a batch's files at once on 16 threads, against
 /// 0.46–0.75 s with one `syncfs` per batch. Without that load (2026-11-27), `bench/ceiling`'s bare
 /// HTTP/1.1 client fetched 2,000 files of 16 KiB in 0.18 s with a `syncfs` per batch, 0.22 s with
-/// each file flushed; `haul get -i -j 16` made 109 `syncfs` calls in place of 2,000 `fdatasync`.
+/// each file flushed; `haul get -i -j 16` made about 110 `syncfs` calls in place of 2,000 `fdatasync`.
 ///
 /// Nobody waits on a thread of their own for a batch: the download that finds no batch running runs
 /// one on its I/O thread; when it ends, the first download that handed over a file meanwhile runs the
@@ -45,7 +45,7 @@ final class FileFinisher: Sendable {
         var permit: (@Sendable () -> Bool)? = nil
         /// Whether every byte of the file was written after `folder` was opened (the file was created
         /// by this session): only then may a flush of the file system through the batch's first
-        /// opened directory stand for the file's own flush (see ``FileFinisher/flushData(of:)``).
+        /// opened directory stand for the file's own flush (see ``FileFinisher``).
         /// Bytes an earlier session wrote, and never flushed, may have failed to reach the disk with
         /// an error that another flush of the file system has reported already; the file's own flush
         /// reports it again.
@@ -155,7 +155,9 @@ final class FileFinisher: Sendable {
     /// it. Returns once the rename is durable; throws when the file could not be finished (it then
     /// keeps its partial name, unless only the directory flush failed).
     func finish(_ handover: Handover, io: BlockingIO) async throws {
-        let together = handover.writtenSinceOpened && fileSystemFlush?.suits(handover.folder) == true
+        let together =
+            handover.writtenSinceOpened && !fileSystemFlushFailed.load(ordering: .relaxed)
+            && fileSystemFlush?.suits(handover.folder) == true
         if !together { try await Self.flushThreads.run { [flushData] in try flushData(handover.file) } }
         var number: UInt64 = 0
         let turn = await withCheckedContinuation { (turn: CheckedContinuation<Turn, Never>) in

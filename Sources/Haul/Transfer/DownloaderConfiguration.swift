@@ -209,9 +209,9 @@ public struct DownloaderConfiguration: Sendable {
     /// stops with ``HaulError/Code/locked`` and writes nothing more once it says no (a fleet's
     /// worker whose lease on the queue may have run out). `nil`: always allowed.
     package var writePermit: (@Sendable () -> Bool)?
-    /// Makes a finished file's data durable before its rename, in place of the platform's flushes
-    /// (``PartialFile/syncDataNow()``, or one flush of a batch's file system): a test holds a file
-    /// here, in the middle of being finished.
+    /// Makes a finished file's data durable before its rename, in place of the platform's flush
+    /// (``PartialFile/syncDataNow()``): a test holds a file here, in the middle of being finished.
+    /// Each file is then flushed on its own, unless ``flushFinishedFileSystem`` is set too.
     var flushFinishedData: (@Sendable (PartialFile) throws -> Void)?
     /// Flushes a batch's file system in place of its files' own flushes, in place of the platform's
     /// (``FileFinisher/FileSystemFlush/platform``): a test counts them here. Unset, and with

@@ -32,11 +32,18 @@ struct FileFinisherTests {
         let fileSystem: (@Sendable (Int) -> Bool?)?
         /// Whether a flush of the file system may stand for the files' own, as each is handed over.
         let suits: Bool
+        /// The directories whose final names each flush of a file system notes (the one it goes
+        /// through when empty).
+        let watching: [String]
 
-        init(failing: Set<String> = [], suits: Bool = true, fileSystem: (@Sendable (Int) -> Bool?)? = nil) {
+        init(
+            failing: Set<String> = [], suits: Bool = true, fileSystem: (@Sendable (Int) -> Bool?)? = nil,
+            watching: [String] = []
+        ) {
             self.failing = failing
             self.suits = suits
             self.fileSystem = fileSystem
+            self.watching = watching
         }
 
         func flushData(_ file: PartialFile) throws {
@@ -53,7 +60,10 @@ struct FileFinisherTests {
         func flushFileSystem(_ folder: DirectoryHandle, answer: (Int) -> Bool?) throws -> Bool {
             let call = fileSystemCalls.add(1, ordering: .relaxed).newValue
             fileSystemFolders.withLock { $0.append(folder.path) }
-            let named = folder.list().filter { $0.hasPrefix("file") && !$0.hasSuffix(".part") }.sorted()
+            let named = (watching.isEmpty ? [folder.path] : watching).flatMap { directory in
+                ((try? DirectoryHandle.open(directory))?.list() ?? [])
+                    .filter { $0.hasPrefix("file") && !$0.hasSuffix(".part") }
+            }.sorted()
             namedAtFileSystemFlush.withLock { $0.append(named) }
             #if os(Linux)
                 try folder.syncFileSystem()
@@ -239,7 +249,7 @@ struct FileFinisherTests {
             #expect(mkdir(path + "/other", 0o755) == 0)
             let folder = try DirectoryHandle.open(path)
             let other = try DirectoryHandle.open(path + "/other")
-            let flushes = Flushes(fileSystem: { _ in true })
+            let flushes = Flushes(fileSystem: { _ in true }, watching: [path, path + "/other"])
             let finisher = flushes.finisher()
             let names = (1..<7).map { "file\($0)" }
             let outcomes = try await Self.finishBehindAHeldBatch(
@@ -250,8 +260,9 @@ struct FileFinisherTests {
             // the file that leads the batch lies in the other: that directory was open before any of
             // the files was written, so its flush reports their write errors.
             #expect(flushes.fileSystemFolders.withLock { $0 } == [path + "/other", path])
-            // No file of a batch had its final name when the batch's file system was flushed.
-            #expect(flushes.namedAtFileSystemFlush.withLock { $0 } == [[], []])
+            // No file of a batch had its final name, in either directory, when the batch's file
+            // system was flushed: only the first batch's file had it at the second flush.
+            #expect(flushes.namedAtFileSystemFlush.withLock { $0 } == [[], ["file0"]])
             #expect(flushes.dataCalls.load(ordering: .relaxed) == 0)
             for name in ["file0"] + names {
                 let file = (["file0", "file1"].contains(name) ? path + "/other/" : path + "/") + name
