@@ -158,7 +158,7 @@ final class FileFinisher: Sendable {
         let together =
             handover.writtenSinceOpened && !fileSystemFlushFailed.load(ordering: .relaxed)
             && fileSystemFlush?.suits(handover.folder) == true
-        if !together { try await Self.flushThreads.run { [flushData] in try flushData(handover.file) } }
+        if !together { try await flushOnItsOwn(handover.file) }
         var number: UInt64 = 0
         let turn = await withCheckedContinuation { (turn: CheckedContinuation<Turn, Never>) in
             let leads = state.withLock { state -> Bool in
@@ -248,9 +248,9 @@ final class FileFinisher: Sendable {
         }
         await withTaskGroup(of: (Int, Result<Void, HaulError>).self) { group in
             for index in unflushed {
-                group.addTask { [flushData] in
+                group.addTask {
                     do {
-                        try await Self.flushThreads.run { try flushData(batch[index].file) }
+                        try await self.flushOnItsOwn(batch[index].file)
                         return (index, .success(()))
                     } catch {
                         return (index, .failure(HaulError.wrapping(error)))
@@ -260,6 +260,11 @@ final class FileFinisher: Sendable {
             for await (index, outcome) in group { outcomes[index] = outcome }
         }
         return outcomes
+    }
+
+    /// Flushes `file`'s data on its own, on one of ``flushThreads``.
+    private func flushOnItsOwn(_ file: PartialFile) async throws {
+        try await Self.flushThreads.run { [flushData] in try flushData(file) }
     }
 
     /// Finishes `batch`, whose hooks ran, and whose data is durable where `flushed` holds a success:
