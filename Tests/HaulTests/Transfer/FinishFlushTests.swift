@@ -38,7 +38,8 @@ struct FinishFlushTests {
             try await withTemporaryDirectory { directory in
                 let resource = TestResource(name: "f", size: 256 * 1024)
                 server.add("/f", resource)
-                server.add("/g", TestResource(name: "g", size: 256 * 1024))
+                let other = TestResource(name: "g", size: 256 * 1024)
+                server.add("/g", other)
                 // An earlier session wrote part of f, and may never have flushed it: a flush of the
                 // file system now may not report that its writing failed, the file's own flush does.
                 try await interruptedSession(server, destination: directory + "/f", bytes: 100_000)
@@ -52,7 +53,8 @@ struct FinishFlushTests {
                 try await download(server, "/g", to: directory + "/g", configuration: counts.configuration())
                 #expect(counts.files.withLock { $0.count } == 1)
                 #expect(counts.fileSystems.load(ordering: .relaxed) == 1)
-                #expect(POSIX.exists(directory + "/g") && !POSIX.exists(directory + "/g.haul.part"))
+                #expect(try readFile(directory + "/g") == other.content)
+                #expect(!POSIX.exists(directory + "/g.haul.part"))
             }
         }
     }
