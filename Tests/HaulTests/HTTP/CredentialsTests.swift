@@ -264,7 +264,13 @@ struct CredentialsTests {
                     #expect(try readFile(directory + "/g") == resource.content)
                     #expect(other.requests(for: "/file").first?.header("authorization") == nil)
                     for name in listDirectory(directory + "/state") where !name.hasPrefix("owners") {
-                        let text = String(decoding: try readFile(directory + "/state/" + name), as: UTF8.self)
+                        // The database's write-ahead log may go as its last connection closes.
+                        let path = directory + "/state/" + name
+                        guard let bytes = try? readFile(path) else {
+                            #expect(!POSIX.exists(path), "\(name) cannot be read")
+                            continue
+                        }
+                        let text = String(decoding: bytes, as: UTF8.self)
                         #expect(!text.contains("p4ss") && !text.contains("u:p4ss"), "\(name)")
                     }
                 }
