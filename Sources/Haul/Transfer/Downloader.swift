@@ -44,6 +44,9 @@ public final class Downloader: Sendable {
     let confinement: DownloadConfinement
     /// The origins whose files come small and whole in their first answer (see ``WholeAnswer``).
     let smallAnswers = SmallAnswerOrigins()
+    /// What sends the requests of ``WholeAnswer``'s shortcut: kept-alive connections whose answers
+    /// are read whole, under Haul's own client with no cap per host; else ``transport``.
+    let wholeAnswerTransport: WholeAnswerTransport?
 
     /// - Parameters:
     ///   - configuration: how downloads behave.
@@ -72,6 +75,13 @@ public final class Downloader: Sendable {
             configuration.transport
             ?? ClientTransport(configuration: configuration, hostCap: hostCap, clock: self.clock)
         self.transport = transport
+        // A cap per host counts the general client's connections, which this one's would pass.
+        wholeAnswerTransport =
+            configuration.transport == nil && configuration.maxConnectionsPerHost == nil
+                && configuration.sharedHostSlots == nil
+            ? WholeAnswerTransport(
+                configuration: configuration, fallback: transport, bodyLimit: Int(WholeAnswer.limit(configuration)))
+            : nil
         do {
             try transport.check(configuration)
             refusal = nil
@@ -83,6 +93,7 @@ public final class Downloader: Sendable {
     /// Closes the connections, and shuts the transport down (``DownloaderConfiguration/transport``,
     /// when one was given, too). Call it once no download is running any more.
     public func shutdown() async throws {
+        try? await wholeAnswerTransport?.shutdown()
         try await transport.shutdown()
     }
 

@@ -62,7 +62,9 @@ func expectHTTP2OverTLS(_ server: HaulTestServer, sourceLocation: SourceLocation
     func keepAlive() async throws {
         try await HaulTestServer.withRunning { server in
             try await withTemporaryDirectory { directory in
-                let resources = (0..<5).map { TestResource(name: "kept\($0)", size: 40_000 + Int64($0)) }
+                // Larger than a block, so none takes the small-answer shortcut, whose connections are
+                // its own (WholeAnswerTransportTests).
+                let resources = (0..<5).map { TestResource(name: "kept\($0)", size: 100_000 + Int64($0)) }
                 for resource in resources { server.add("/\(resource.name)", resource) }
                 try await withDownloader { downloader in
                     for resource in resources {

@@ -81,7 +81,8 @@ enum WholeAnswer {
         let configuration = downloader.configuration
         let clock = downloader.clock
         let fetcher = HTTPFetcher(
-            sources: [url], request: request, transport: downloader.transport, hostCap: downloader.hostCap,
+            sources: [url], request: request, transport: downloader.wholeAnswerTransport ?? downloader.transport,
+            hostCap: downloader.hostCap,
             configuration: configuration, logger: downloader.logger)
         let ask = firstAsk(request, configuration: configuration)
         let limit = limit(configuration)

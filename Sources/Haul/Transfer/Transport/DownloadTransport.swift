@@ -200,11 +200,17 @@ public struct TransportBody: AsyncSequence, Sendable {
         case client(HTTPClientResponse.Body)
         case stream(AsyncThrowingStream<ByteBuffer, any Error>)
         case file(path: @Sendable () async throws -> String, remove: Bool)
+        /// A body read whole before the answer was handed over; `cut`: it was longer than what is
+        /// read whole, and reading it fails.
+        case whole(ByteBuffer, cut: Bool)
     }
 
     let source: Source
 
     init(_ body: HTTPClientResponse.Body) { source = .client(body) }
+
+    /// A body read whole (see ``WholeAnswerTransport``); one that was `cut` fails when read.
+    init(whole body: ByteBuffer, cut: Bool) { source = .whole(body, cut: cut) }
 
     /// The body a stream yields; the stream's error is the body's failure.
     public init(_ stream: AsyncThrowingStream<ByteBuffer, any Error>) { source = .stream(stream) }
@@ -245,22 +251,30 @@ public struct TransportBody: AsyncSequence, Sendable {
         case .client(let body): Iterator(client: body.makeAsyncIterator())
         case .stream(let stream): Iterator(stream: stream.makeAsyncIterator())
         case .file(let path, let remove): Iterator(file: FileChunks(path: path, remove: remove))
+        case .whole(let body, let cut): Iterator(whole: cut ? nil : body, cut: cut)
         }
     }
 
     /// Reads a ``TransportBody``.
     public struct Iterator: AsyncIteratorProtocol {
-        // One of the three is set. Each is advanced in place: the client's, on every chunk of Haul's
-        // own transport, is neither copied out nor stored back.
+        // One of the first three is set, or none for a body read whole. Each is advanced in place:
+        // the client's, on every chunk of Haul's own transport, is neither copied out nor stored back.
         var client: HTTPClientResponse.Body.AsyncIterator?
         var stream: AsyncThrowingStream<ByteBuffer, any Error>.AsyncIterator?
         var file: FileChunks?
+        /// A body read whole, until it is given.
+        var whole: ByteBuffer?
+        /// The body read whole was cut: reading it fails.
+        var cut = false
 
         /// The next chunk, or `nil` at the end of the body.
         public mutating func next() async throws -> ByteBuffer? {
             if client != nil { return try await client?.next() }
             if stream != nil { return try await stream?.next() }
-            return try await file?.next()
+            if file != nil { return try await file?.next() }
+            if cut { throw WholeReply.TooLong() }
+            defer { whole = nil }
+            return whole
         }
     }
 }

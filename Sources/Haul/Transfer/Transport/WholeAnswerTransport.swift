@@ -1,0 +1,441 @@
+import NIOCore
+import NIOHTTP1
+import NIOPosix
+import NIOSSL
+import Synchronization
+
+#if canImport(FoundationEssentials)
+    import FoundationEssentials
+#else
+    import Foundation
+#endif
+
+/// Sends the requests of the small-answer shortcut (``WholeAnswer``) over kept-alive HTTP/1.1
+/// connections of its own, and hands each answer over whole: its head with a body read to its end
+/// on the connection's event loop, in one piece. A list of small files from one server then costs
+/// one request and one hand-over per file, where Haul's general client streams every body through
+/// a request object, a pool and an asynchronous sequence.
+///
+/// It takes only what the shortcut can use:
+/// - a request through a proxy goes through ``fallback`` (Haul's general client), as does one to an
+///   origin that already has ``connectionsPerOrigin`` connections of this transport busy;
+/// - a body longer than ``bodyLimit`` is not read: its connection is closed, and the body the
+///   answer carries fails when read (the shortcut declines such an answer before it reads it);
+/// - a connection is used again only after an answer read to its end that lets it stay open; one
+///   that fails before any byte of its answer came, having served an earlier request, is replaced
+///   by a new one once (a server may close an idle connection as a request goes out);
+/// - idle connections close after ``idleTimeout``, and all of them on ``shutdown()``.
+///
+/// The checks of every answer stay the shortcut's: status, lengths, validators, coding, digests.
+final class WholeAnswerTransport: DownloadTransport {
+    /// One origin's connections: those waiting for a request, and how many are open in all.
+    private struct Pool {
+        var idle: [Channel] = []
+        var open = 0
+    }
+
+    private struct State {
+        var pools: [Origin: Pool] = [:]
+        var shutDown = false
+    }
+
+    /// Where a connection goes: scheme, host and port.
+    private struct Origin: Hashable, Sendable {
+        let secure: Bool
+        let host: String
+        let port: Int
+    }
+
+    /// The transport every request this one does not take goes through.
+    let fallback: any DownloadTransport
+    /// The longest body read whole; a longer one is not read.
+    let bodyLimit: Int
+    /// The most connections of this transport open to one origin at once.
+    let connectionsPerOrigin: Int
+    /// How long a connection waits for its next request before it closes.
+    let idleTimeout: TimeAmount
+    private let configuration: DownloaderConfiguration
+    private let tls: NIOSSLContext?
+    private let group: any EventLoopGroup
+    private let state = Mutex(State())
+
+    /// A transport for requests of downloaders with `configuration`, whose answers are read whole up
+    /// to `bodyLimit` bytes; `nil` when the configuration's TLS trust cannot be loaded (the general
+    /// client then reports that, for every request).
+    init?(
+        configuration: DownloaderConfiguration, fallback: any DownloadTransport, bodyLimit: Int,
+        idleTimeout: TimeAmount = .seconds(60)
+    ) {
+        var tls = TLSConfiguration.makeClientConfiguration()
+        tls.additionalTrustRoots = configuration.tls.trustedCertificateFiles.map { .file($0) }
+        tls.applicationProtocols = ["http/1.1"]
+        // As the general client: Haul checks lengths itself, and a closed connection is not reused.
+        tls.shutdownTimeout = .zero
+        guard let context = try? NIOSSLContext(configuration: tls) else { return nil }
+        self.tls = context
+        self.configuration = configuration
+        self.fallback = fallback
+        self.bodyLimit = bodyLimit
+        self.idleTimeout = idleTimeout
+        connectionsPerOrigin = max(1, configuration.connectionsPerHost ?? 16)
+        group = MultiThreadedEventLoopGroup.singleton
+    }
+
+    /// How many connections this transport holds open to `url`'s origin, busy or idle.
+    func openConnections(to url: URL) -> Int {
+        guard let origin = Self.origin(of: url) else { return 0 }
+        return state.withLock { $0.pools[origin]?.open ?? 0 }
+    }
+
+    func send<Result>(
+        _ request: TransportRequest, receive: (TransportResponse) async -> Result
+    ) async throws -> Result {
+        guard configuration.proxy.proxy(for: request.url) == nil, let origin = Self.origin(of: request.url) else {
+            return try await fallback.send(request, receive: receive)
+        }
+        let head = Self.head(of: request, origin: origin)
+        var reply: WholeReply?
+        // A connection that served a request before may have been closed by its server meanwhile:
+        // the request goes once more over a new one, when nothing of its answer came.
+        for _ in 0..<2 {
+            guard let (channel, reused) = try await connection(to: origin) else {
+                return try await fallback.send(request, receive: receive)
+            }
+            do {
+                reply = try await exchange(head, over: channel, of: origin)
+                break
+            } catch {
+                // Nothing of the answer came over a connection that served before: once more.
+                if Task.isCancelled { throw CancellationError() }
+                guard reused, !((error as? LostConnection)?.answered ?? false) else { throw error }
+            }
+        }
+        guard let reply else { throw LostConnection(answered: false) }
+        return await receive(
+            TransportResponse(
+                status: Int(reply.head.status.code), fields: reply.head.headers, httpVersion: 1,
+                body: TransportBody(whole: reply.body, cut: reply.cut)))
+    }
+
+    func failure(of error: any Error, sending request: TransportRequest) -> TransportFailure {
+        if error is CancellationError { return .cancelled }
+        if error is LostConnection || error is ChannelError || error is HTTPParserError
+            || error is WholeReply.TooLong
+        {
+            let host = request.url.host ?? request.url.absoluteString
+            return .retryable(HaulError(.network, "transfer from \(host) failed: \(error)", underlying: error))
+        }
+        return fallback.failure(of: error, sending: request)
+    }
+
+    /// Closes every idle connection; busy ones close as their answers end.
+    func shutdown() async throws {
+        let idle = state.withLock { state -> [Channel] in
+            state.shutDown = true
+            defer { for origin in state.pools.keys { state.pools[origin]?.idle = [] } }
+            return state.pools.values.flatMap(\.idle)
+        }
+        for channel in idle { try? await channel.close() }
+    }
+
+    // MARK: Connections
+
+    /// An idle connection to `origin` (`reused`), else a new one; `nil` when `origin` has
+    /// ``connectionsPerOrigin`` open already, or the transport is shut down.
+    private func connection(to origin: Origin) async throws -> (Channel, reused: Bool)? {
+        enum Pick {
+            case idle(Channel)
+            case connect
+            case none
+        }
+        let pick = state.withLock { state -> Pick in
+            guard !state.shutDown else { return .none }
+            var pool = state.pools[origin, default: Pool()]
+            defer { state.pools[origin] = pool }
+            while let channel = pool.idle.popLast() {
+                if channel.isActive { return .idle(channel) }
+            }
+            guard pool.open < connectionsPerOrigin else { return .none }
+            pool.open += 1
+            return .connect
+        }
+        switch pick {
+        case .idle(let channel): return (channel, true)
+        case .none: return nil
+        case .connect: break
+        }
+        do {
+            return (try await connect(to: origin), false)
+        } catch {
+            release(origin)
+            throw error
+        }
+    }
+
+    /// Opens a connection to `origin`: TCP, TLS for https (the certificate checked against the host,
+    /// or its address when the URL names one), and HTTP/1.1.
+    private func connect(to origin: Origin) async throws -> Channel {
+        let tls = origin.secure ? self.tls : nil
+        let serverName = IPAddress(origin.host) == nil ? origin.host : nil
+        let idleTimeout = self.idleTimeout
+        let channel = try await ClientBootstrap(group: group)
+            .connectTimeout(TimeAmount(configuration.timeouts.connect))
+            .channelOption(.socketOption(.tcp_nodelay), value: 1)
+            .channelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    let pipeline = channel.pipeline.syncOperations
+                    if let tls {
+                        try pipeline.addHandler(NIOSSLClientHandler(context: tls, serverHostname: serverName))
+                    }
+                    try pipeline.addHTTPClientHandlers()
+                    try pipeline.addHandler(WholeExchangeHandler(idleTimeout: idleTimeout))
+                }
+            }
+            .connect(host: origin.host, port: origin.port)
+            .get()
+        // However the connection ends, its place is given back and it leaves the idle ones.
+        channel.closeFuture.whenComplete { [weak self] _ in self?.closed(channel, of: origin) }
+        return channel
+    }
+
+    /// Sends `head` over `channel` and waits for its whole answer; the channel goes back to the
+    /// idle ones when the answer let it stay open. A cancelled task closes the channel.
+    private func exchange(_ head: HTTPRequestHead, over channel: Channel, of origin: Origin) async throws -> WholeReply
+    {
+        let promise = channel.eventLoop.makePromise(of: WholeReply.self)
+        let exchange = WholeExchange(head: head, limit: bodyLimit, reply: promise)
+        let reply: WholeReply
+        do {
+            reply = try await withTaskCancellationHandler {
+                channel.writeAndFlush(exchange).cascadeFailure(to: promise)
+                return try await promise.futureResult.get()
+            } onCancel: {
+                channel.close(promise: nil)
+            }
+        } catch {
+            channel.close(promise: nil)
+            throw Task.isCancelled ? CancellationError() : error
+        }
+        if Task.isCancelled {
+            channel.close(promise: nil)
+            throw CancellationError()
+        }
+        if reply.reusable { idle(channel, of: origin) } else { channel.close(promise: nil) }
+        return reply
+    }
+
+    /// Puts `channel` back among `origin`'s idle connections (closing it once the transport is
+    /// shut down).
+    private func idle(_ channel: Channel, of origin: Origin) {
+        let kept = state.withLock { state -> Bool in
+            guard !state.shutDown, channel.isActive else { return false }
+            state.pools[origin, default: Pool()].idle.append(channel)
+            return true
+        }
+        if !kept { channel.close(promise: nil) }
+    }
+
+    /// Forgets a closed connection.
+    private func closed(_ channel: Channel, of origin: Origin) {
+        state.withLock { state in
+            guard var pool = state.pools[origin] else { return }
+            pool.idle.removeAll { $0 === channel }
+            pool.open = max(0, pool.open - 1)
+            state.pools[origin] = pool.open == 0 ? nil : pool
+        }
+    }
+
+    /// Gives back the place of a connection that could not be opened.
+    private func release(_ origin: Origin) {
+        state.withLock { state in
+            guard var pool = state.pools[origin] else { return }
+            pool.open = max(0, pool.open - 1)
+            state.pools[origin] = pool.open == 0 && pool.idle.isEmpty ? nil : pool
+        }
+    }
+
+    // MARK: Requests
+
+    /// The origin of an http or https URL with a host.
+    private static func origin(of url: URL) -> Origin? {
+        guard let scheme = url.scheme?.lowercased(), scheme == "http" || scheme == "https", var host = url.host,
+            !host.isEmpty
+        else { return nil }
+        if host.hasPrefix("[") && host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }
+        let secure = scheme == "https"
+        return Origin(secure: secure, host: host, port: url.port ?? (secure ? 443 : 80))
+    }
+
+    /// The `GET` of `request`: its path and query as the URL has them, its headers, and a `Host`
+    /// naming the origin (with its port unless it is the scheme's own) unless it has one.
+    private static func head(of request: TransportRequest, origin: Origin) -> HTTPRequestHead {
+        var headers = request.fields
+        if !headers.contains(name: "host") {
+            let host = origin.host.contains(":") ? "[\(origin.host)]" : origin.host
+            let defaultPort = origin.secure ? 443 : 80
+            headers.add(name: "Host", value: origin.port == defaultPort ? host : "\(host):\(origin.port)")
+        }
+        return HTTPRequestHead(version: .http1_1, method: .GET, uri: request.url.uri, headers: headers)
+    }
+}
+
+/// A connection ended before its answer did; `answered`: some of the answer had come.
+struct LostConnection: Error, CustomStringConvertible {
+    let answered: Bool
+    var description: String { "the connection closed before the answer ended" }
+}
+
+/// An answer read whole: its head, its body, and whether the connection may serve another request.
+struct WholeReply: Sendable {
+    /// A body longer than the limit: not read.
+    struct TooLong: Error, CustomStringConvertible {
+        var description: String { "the answer's body is longer than what is read whole" }
+    }
+
+    let head: HTTPResponseHead
+    let body: ByteBuffer
+    /// The body was longer than the limit: `body` is not all of it, and the connection is closed.
+    let cut: Bool
+    let reusable: Bool
+}
+
+/// A request for ``WholeExchangeHandler``: its head, how much of a body it reads, and where the
+/// answer goes.
+struct WholeExchange: Sendable {
+    let head: HTTPRequestHead
+    let limit: Int
+    let reply: EventLoopPromise<WholeReply>
+}
+
+/// Sends one request at a time over its connection and reads the answer whole, on the connection's
+/// event loop. Anything the server sends outside an exchange, or an error, closes the connection.
+final class WholeExchangeHandler: ChannelDuplexHandler {
+    typealias InboundIn = HTTPClientResponsePart
+    typealias OutboundIn = WholeExchange
+    typealias OutboundOut = HTTPClientRequestPart
+
+    private enum State {
+        case idle
+        case waiting(WholeExchange)
+        case reading(WholeExchange, HTTPResponseHead, ByteBuffer)
+        /// The body passed the limit: the answer was handed over, and the connection is closing.
+        case closing
+    }
+
+    private var state = State.idle
+    private let idleTimeout: TimeAmount
+    private var idleClose: Scheduled<Void>?
+
+    init(idleTimeout: TimeAmount) {
+        self.idleTimeout = idleTimeout
+    }
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        if context.channel.isActive { closeWhenIdle(context) }
+    }
+
+    func channelActive(context: ChannelHandlerContext) {
+        closeWhenIdle(context)
+        context.fireChannelActive()
+    }
+
+    func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
+        let exchange = unwrapOutboundIn(data)
+        guard case .idle = state else {
+            exchange.reply.fail(LostConnection(answered: false))
+            promise?.fail(LostConnection(answered: false))
+            return
+        }
+        idleClose?.cancel()
+        idleClose = nil
+        state = .waiting(exchange)
+        context.write(wrapOutboundOut(.head(exchange.head)), promise: nil)
+        context.write(wrapOutboundOut(.end(nil)), promise: promise)
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        switch (state, unwrapInboundIn(data)) {
+        case (.waiting(let exchange), .head(let head)):
+            if let length = head.headers.first(name: "content-length").flatMap({ Int($0) }), length > exchange.limit {
+                return cut(context, exchange, head, ByteBuffer())
+            }
+            var body = context.channel.allocator.buffer(capacity: 0)
+            if let length = head.headers.first(name: "content-length").flatMap({ Int($0) }) {
+                body.reserveCapacity(length)
+            }
+            state = .reading(exchange, head, body)
+        case (.reading(let exchange, let head, var body), .body(var chunk)):
+            guard body.readableBytes + chunk.readableBytes <= exchange.limit else {
+                return cut(context, exchange, head, body)
+            }
+            state = .idle
+            body.writeBuffer(&chunk)
+            state = .reading(exchange, head, body)
+        case (.reading(let exchange, let head, let body), .end):
+            state = .idle
+            // A switch of protocols leaves the connection to another protocol.
+            let reusable = head.isKeepAlive && head.status != .switchingProtocols && context.channel.isActive
+            exchange.reply.succeed(WholeReply(head: head, body: body, cut: false, reusable: reusable))
+            if reusable { closeWhenIdle(context) } else { context.close(promise: nil) }
+        case (.closing, _):
+            break
+        default:
+            // An answer nobody asked for, or parts out of order.
+            fail(context, LostConnection(answered: true))
+        }
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        fail(context, LostConnection(answered: isAnswering))
+        context.fireChannelInactive()
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        fail(context, isAnswering ? LostConnection(answered: true) : error)
+    }
+
+    /// Whether part of the answer came.
+    private var isAnswering: Bool {
+        if case .reading = state { return true }
+        return false
+    }
+
+    /// Hands the answer over with the body read so far, marked cut, and closes the connection.
+    private func cut(
+        _ context: ChannelHandlerContext, _ exchange: WholeExchange, _ head: HTTPResponseHead, _ body: ByteBuffer
+    ) {
+        state = .closing
+        exchange.reply.succeed(WholeReply(head: head, body: body, cut: true, reusable: false))
+        context.close(promise: nil)
+    }
+
+    /// Fails the exchange under way, if any, with `error`, and closes the connection.
+    private func fail(_ context: ChannelHandlerContext, _ error: any Error) {
+        let previous = state
+        state = .closing
+        idleClose?.cancel()
+        idleClose = nil
+        switch previous {
+        case .waiting(let exchange), .reading(let exchange, _, _): exchange.reply.fail(error)
+        case .idle, .closing: break
+        }
+        context.close(promise: nil)
+    }
+
+    /// Closes the connection unless a request comes within the idle timeout.
+    private func closeWhenIdle(_ context: ChannelHandlerContext) {
+        idleClose?.cancel()
+        let channel = context.channel
+        idleClose = context.eventLoop.scheduleTask(in: idleTimeout) { channel.close(promise: nil) }
+    }
+}
+
+extension URL {
+    /// The request target of the URL: its path as written (`/` when empty) and its query.
+    var uri: String {
+        let path = URLComponents(url: self, resolvingAgainstBaseURL: true)?.percentEncodedPath ?? path
+        var target = path.isEmpty ? "/" : path
+        if let query { target += "?" + query }
+        return target
+    }
+}
