@@ -151,6 +151,8 @@ public struct DownloaderConfiguration: Sendable {
     /// concurrent downloads times the connections per download. A request that asks for more
     /// connections than ``Segmentation/connections`` (``DownloadRequest/connections``) adds clients
     /// with the same share each, so the total may pass this limit by that share per added connection.
+    /// Small files fetched whole in one answer (a long list of them from one server) go over
+    /// HTTP/1.1 connections of their own, kept alive for the next such file: at most one share more.
     /// Left aside when ``maxConnectionsPerHost`` is set.
     public var connectionsPerHost: Int?
     /// The most connections open to one host (scheme, name and port) at once, over all downloads of

@@ -56,8 +56,11 @@ struct WholeAnswerTransportTests {
                     }
                     #expect(downloader.smallAnswers.finishedCount == names.count - 1)
                     let transport = try #require(downloader.wholeAnswerTransport)
+                    #expect(transport.connectionsPerOrigin == 2)
                     #expect(transport.openConnections(to: try DownloadURL(server.url("/p1")).url) <= 2)
                 }
+                // The shortcut's two connections beside the general client's two.
+                #expect(server.maximumOpenConnections <= 4)
                 for name in names {
                     #expect(server.requests(for: "/\(name)").count == 1)
                     #expect(try readFile(directory + "/" + name) == resources[name]?.content)
@@ -89,16 +92,46 @@ struct WholeAnswerTransportTests {
         }
     }
 
+    @Test func aConnectionTheServerWillCloseIsNotUsedAgain() async throws {
+        try await HaulTestServer.withRunning { server in
+            let names = ["a", "b", "closing", "d", "e"]
+            let resources = WholeAnswerTests.small(server, names)
+            // The server says it closes the connection after this answer (this test server keeps
+            // it open all the same).
+            server.setStandingFaults("/closing", [.setHeader("Connection", "close")])
+            try await withTemporaryDirectory { directory in
+                try await withDownloader { downloader in
+                    try await Self.fetchAll(names, server, downloader, into: directory)
+                    #expect(downloader.smallAnswers.finishedCount == 4)
+                }
+                let over = { (name: String) in server.requests(for: "/\(name)").first?.connection }
+                #expect(over("closing") == over("b"))
+                #expect(over("d") != over("closing") && over("e") == over("d"))
+                for name in names { #expect(try readFile(directory + "/" + name) == resources[name]?.content) }
+            }
+        }
+    }
+
     @Test func overHTTPSTheShortcutSpeaksHTTP1AndChecksTheCertificate() async throws {
         try await HaulTestServer.withRunning(transport: .tls) { server in
             let names = ["a", "b", "c"]
             let resources = WholeAnswerTests.small(server, names)
+            WholeAnswerTests.small(server, ["n1", "n2"])
             try await withTemporaryDirectory { directory in
                 let folder = directory + "/files"
                 try await withDownloader(try trustingTestServer(testConfiguration(), in: directory)) { downloader in
                     try await Self.fetchAll(names, server, downloader, into: folder)
                     #expect(downloader.smallAnswers.finishedCount == 2)
+                    // By name: sent for Server Name Indication, and the certificate checked against it.
+                    for name in ["n1", "n2"] {
+                        try await downloader.download(
+                            DownloadRequest(
+                                url: server.url("/\(name)", host: "localhost"), destination: .directory(folder)))
+                    }
+                    #expect(downloader.smallAnswers.finishedCount == 3)
                 }
+                #expect(server.requests(for: "/n2").map(\.version) == ["HTTP/1.1"])
+                #expect(try readFile(folder + "/n2") == server.resource("/n2")?.content)
                 // The general client speaks HTTP/2 where offered; the shortcut HTTP/1.1.
                 #expect(server.requests(for: "/a").map(\.version) == ["HTTP/2"])
                 #expect(server.requests(for: "/b").map(\.version) == ["HTTP/1.1"])

@@ -274,7 +274,7 @@ public struct TransportBody: AsyncSequence, Sendable {
             if file != nil { return try await file?.next() }
             if cut { throw WholeReply.TooLong() }
             defer { whole = nil }
-            return whole
+            return whole?.readableBytes == 0 ? nil : whole
         }
     }
 }

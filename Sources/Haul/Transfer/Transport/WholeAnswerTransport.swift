@@ -18,12 +18,14 @@ import Synchronization
 ///
 /// It takes only what the shortcut can use:
 /// - a request through a proxy goes through ``fallback`` (Haul's general client), as does one to an
-///   origin that already has ``connectionsPerOrigin`` connections of this transport busy;
+///   origin that already has ``connectionsPerOrigin`` connections of this transport open and none
+///   of them idle;
 /// - a body longer than ``bodyLimit`` is not read: its connection is closed, and the body the
 ///   answer carries fails when read (the shortcut declines such an answer before it reads it);
-/// - a connection is used again only after an answer read to its end that lets it stay open; one
-///   that fails before any byte of its answer came, having served an earlier request, is replaced
-///   by a new one once (a server may close an idle connection as a request goes out);
+/// - a connection is used again only after an answer read to its end that lets it stay open; when
+///   one that served an earlier request fails before any byte of its answer came (a server may
+///   close an idle connection as a request goes out), the request goes once more, over a new
+///   connection;
 /// - idle connections close after ``idleTimeout``, and all of them on ``shutdown()``.
 ///
 /// The checks of every answer stay the shortcut's: status, lengths, validators, coding, digests.
@@ -50,35 +52,49 @@ final class WholeAnswerTransport: DownloadTransport {
     let fallback: any DownloadTransport
     /// The longest body read whole; a longer one is not read.
     let bodyLimit: Int
-    /// The most connections of this transport open to one origin at once.
+    /// The most connections of this transport open to one origin at once: the general client's
+    /// share of ``DownloaderConfiguration/connectionsPerHost`` for one connection of a download.
     let connectionsPerOrigin: Int
     /// How long a connection waits for its next request before it closes.
     let idleTimeout: TimeAmount
     private let configuration: DownloaderConfiguration
-    private let tls: NIOSSLContext?
+    /// The TLS context of https connections, made with the first (`nil` inside: the trust the
+    /// configuration names cannot be loaded, and https requests go through ``fallback``, which says
+    /// why).
+    private let tls = Mutex<NIOSSLContext??>(nil)
     private let group: any EventLoopGroup
     private let state = Mutex(State())
 
     /// A transport for requests of downloaders with `configuration`, whose answers are read whole up
-    /// to `bodyLimit` bytes; `nil` when the configuration's TLS trust cannot be loaded (the general
-    /// client then reports that, for every request).
-    init?(
+    /// to `bodyLimit` bytes.
+    init(
         configuration: DownloaderConfiguration, fallback: any DownloadTransport, bodyLimit: Int,
         idleTimeout: TimeAmount = .seconds(60)
     ) {
-        var tls = TLSConfiguration.makeClientConfiguration()
-        tls.additionalTrustRoots = configuration.tls.trustedCertificateFiles.map { .file($0) }
-        tls.applicationProtocols = ["http/1.1"]
-        // As the general client: Haul checks lengths itself, and a closed connection is not reused.
-        tls.shutdownTimeout = .zero
-        guard let context = try? NIOSSLContext(configuration: tls) else { return nil }
-        self.tls = context
         self.configuration = configuration
         self.fallback = fallback
         self.bodyLimit = bodyLimit
         self.idleTimeout = idleTimeout
-        connectionsPerOrigin = max(1, configuration.connectionsPerHost ?? 16)
+        let connections = max(1, configuration.segmentation.connections)
+        connectionsPerOrigin =
+            configuration.connectionsPerHost.map { max(1, ($0 + connections - 1) / connections) } ?? 8
         group = MultiThreadedEventLoopGroup.singleton
+    }
+
+    /// The context of https connections, made the first time: the system's trust and the
+    /// configuration's files, and HTTP/1.1 by ALPN.
+    private var tlsContext: NIOSSLContext? {
+        tls.withLock { made in
+            if let made { return made }
+            var tls = TLSConfiguration.makeClientConfiguration()
+            tls.additionalTrustRoots = configuration.tls.trustedCertificateFiles.map { .file($0) }
+            tls.applicationProtocols = ["http/1.1"]
+            // As the general client's: Haul checks lengths itself, and a closed connection is not reused.
+            tls.shutdownTimeout = .zero
+            let context = try? NIOSSLContext(configuration: tls)
+            made = .some(context)
+            return context
+        }
     }
 
     /// How many connections this transport holds open to `url`'s origin, busy or idle.
@@ -90,27 +106,28 @@ final class WholeAnswerTransport: DownloadTransport {
     func send<Result>(
         _ request: TransportRequest, receive: (TransportResponse) async -> Result
     ) async throws -> Result {
-        guard configuration.proxy.proxy(for: request.url) == nil, let origin = Self.origin(of: request.url) else {
+        guard configuration.proxy.proxy(for: request.url) == nil, let origin = Self.origin(of: request.url),
+            !origin.secure || tlsContext != nil
+        else {
             return try await fallback.send(request, receive: receive)
         }
         let head = Self.head(of: request, origin: origin)
-        var reply: WholeReply?
-        // A connection that served a request before may have been closed by its server meanwhile:
-        // the request goes once more over a new one, when nothing of its answer came.
-        for _ in 0..<2 {
-            guard let (channel, reused) = try await connection(to: origin) else {
+        guard let (channel, reused) = try await connection(to: origin, fresh: false) else {
+            return try await fallback.send(request, receive: receive)
+        }
+        let reply: WholeReply
+        do {
+            reply = try await exchange(head, over: channel, of: origin)
+        } catch {
+            if Task.isCancelled { throw CancellationError() }
+            // A connection that served a request before may have been closed by its server
+            // meanwhile: when nothing of the answer came, the request goes once more, over a new one.
+            guard reused, !((error as? LostConnection)?.answered ?? false) else { throw error }
+            guard let (fresh, _) = try await connection(to: origin, fresh: true) else {
                 return try await fallback.send(request, receive: receive)
             }
-            do {
-                reply = try await exchange(head, over: channel, of: origin)
-                break
-            } catch {
-                // Nothing of the answer came over a connection that served before: once more.
-                if Task.isCancelled { throw CancellationError() }
-                guard reused, !((error as? LostConnection)?.answered ?? false) else { throw error }
-            }
+            reply = try await exchange(head, over: fresh, of: origin)
         }
-        guard let reply else { throw LostConnection(answered: false) }
         return await receive(
             TransportResponse(
                 status: Int(reply.head.status.code), fields: reply.head.headers, httpVersion: 1,
@@ -119,10 +136,13 @@ final class WholeAnswerTransport: DownloadTransport {
 
     func failure(of error: any Error, sending request: TransportRequest) -> TransportFailure {
         if error is CancellationError { return .cancelled }
+        let host = request.url.host ?? request.url.absoluteString
+        if case ChannelError.connectTimeout = error {
+            return .retryable(HaulError(.timedOut, "connecting to \(host) timed out", underlying: error))
+        }
         if error is LostConnection || error is ChannelError || error is HTTPParserError
             || error is WholeReply.TooLong
         {
-            let host = request.url.host ?? request.url.absoluteString
             return .retryable(HaulError(.network, "transfer from \(host) failed: \(error)", underlying: error))
         }
         return fallback.failure(of: error, sending: request)
@@ -140,9 +160,9 @@ final class WholeAnswerTransport: DownloadTransport {
 
     // MARK: Connections
 
-    /// An idle connection to `origin` (`reused`), else a new one; `nil` when `origin` has
-    /// ``connectionsPerOrigin`` open already, or the transport is shut down.
-    private func connection(to origin: Origin) async throws -> (Channel, reused: Bool)? {
+    /// An idle connection to `origin` (`reused`) unless `fresh`, else a new one; `nil` when
+    /// `origin` has ``connectionsPerOrigin`` open already, or the transport is shut down.
+    private func connection(to origin: Origin, fresh: Bool) async throws -> (Channel, reused: Bool)? {
         enum Pick {
             case idle(Channel)
             case connect
@@ -152,7 +172,7 @@ final class WholeAnswerTransport: DownloadTransport {
             guard !state.shutDown else { return .none }
             var pool = state.pools[origin, default: Pool()]
             defer { state.pools[origin] = pool }
-            while let channel = pool.idle.popLast() {
+            while !fresh, let channel = pool.idle.popLast() {
                 if channel.isActive { return .idle(channel) }
             }
             guard pool.open < connectionsPerOrigin else { return .none }
@@ -173,12 +193,13 @@ final class WholeAnswerTransport: DownloadTransport {
     }
 
     /// Opens a connection to `origin`: TCP, TLS for https (the certificate checked against the host,
-    /// or its address when the URL names one), and HTTP/1.1.
+    /// or its address when the URL names one), and HTTP/1.1. A cancelled task stops waiting at once;
+    /// a connection made after that is closed.
     private func connect(to origin: Origin) async throws -> Channel {
-        let tls = origin.secure ? self.tls : nil
+        let tls = origin.secure ? tlsContext : nil
         let serverName = IPAddress(origin.host) == nil ? origin.host : nil
         let idleTimeout = self.idleTimeout
-        let channel = try await ClientBootstrap(group: group)
+        let connecting = ClientBootstrap(group: group)
             .connectTimeout(TimeAmount(configuration.timeouts.connect))
             .channelOption(.socketOption(.tcp_nodelay), value: 1)
             .channelInitializer { channel in
@@ -192,7 +213,15 @@ final class WholeAnswerTransport: DownloadTransport {
                 }
             }
             .connect(host: origin.host, port: origin.port)
-            .get()
+        let made = connecting.eventLoop.makePromise(of: Channel.self)
+        connecting.cascade(to: made)
+        // Given up on: closed as it comes.
+        connecting.whenSuccess { channel in made.futureResult.whenFailure { _ in channel.close(promise: nil) } }
+        let channel = try await withTaskCancellationHandler {
+            try await made.futureResult.get()
+        } onCancel: {
+            made.fail(CancellationError())
+        }
         // However the connection ends, its place is given back and it leaves the idle ones.
         channel.closeFuture.whenComplete { [weak self] _ in self?.closed(channel, of: origin) }
         return channel
