@@ -65,6 +65,10 @@ enum WholeAnswer {
         return result.restarts == 0 && result.bytesFetched == result.bytes && result.bytes <= limit(configuration)
     }
 
+    /// The longest body written on the downloading task's own thread; a longer one is written on an
+    /// I/O thread.
+    static let inlineWriteLimit = 64 * 1024
+
     /// The first request the transfer machine sends for a download with nothing stored.
     static func firstAsk(_ request: DownloadRequest, configuration: DownloaderConfiguration) -> RangeAsk {
         .fresh(probesRanges: TransferMachine.Settings(configuration, request: request).connections > 1)
@@ -122,7 +126,12 @@ enum WholeAnswer {
             FilePreparation(
                 manifest: manifest, startsOver: true, storesLayout: false, neededBytes: total, reservation: nil))
         let body = answer.body
-        try await downloader.io.run { try body.withUnsafeReadableBytes { try file.writeNow($0, at: 0) } }
+        if body.readableBytes <= inlineWriteLimit {
+            // Into the page cache, as quick as the trip to an I/O thread and back it spares.
+            try body.withUnsafeReadableBytes { try file.writeNow($0, at: 0) }
+        } else {
+            try await downloader.io.run { try body.withUnsafeReadableBytes { try file.writeNow($0, at: 0) } }
+        }
         observe(
             .started(
                 DownloadStart(
