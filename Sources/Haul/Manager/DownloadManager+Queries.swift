@@ -18,11 +18,12 @@ extension DownloadManager {
                 reading.append(id)
             }
         }
+        var folders = OpenFolders(confinement: confinement)
         for start in stride(from: 0, to: reading.count, by: 500) {
             guard let records = try? store.downloads(ids: Array(reading[start..<min(reading.count, start + 500)]))
             else { continue }
             for record in records {
-                try? reload(record.downloadID, stored: record)
+                try? reload(record.downloadID, stored: record, folders: &folders)
                 found[record.downloadID] = entries[record.downloadID]?.info
             }
             trim()

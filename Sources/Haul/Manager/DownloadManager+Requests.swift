@@ -94,6 +94,13 @@ extension DownloadManager {
     /// (a finished file that vanished, a partial file that moved on or went), unless this manager
     /// holds it already.
     func reload(_ id: DownloadID, stored: StoredDownload? = nil) throws {
+        var folders = OpenFolders(confinement: confinement)
+        try reload(id, stored: stored, folders: &folders)
+    }
+
+    /// ``reload(_:stored:)`` looking at the disk through `folders`: downloads reloaded one after
+    /// another open their directory once.
+    func reload(_ id: DownloadID, stored: StoredDownload?, folders: inout OpenFolders) throws {
         guard var record = try stored ?? store.download(id) else {
             entries[id] = nil
             return
@@ -102,9 +109,9 @@ extension DownloadManager {
         if let owner = record.owner, owner != claim.name, !claim.isAlive(owner) {
             record.owner = nil
             if record.state == .running { try record.move(to: .queued, at: Self.now) }
-            Self.refreshFromDisk(&record, confinement: confinement)
+            Self.refreshFromDisk(&record, folders: &folders)
         } else if entries[id] == nil, record.owner == nil || record.owner == claim.name, record.state != .running {
-            Self.refreshFromDisk(&record, confinement: confinement)
+            Self.refreshFromDisk(&record, folders: &folders)
         }
         if record != original {
             record.updatedAt = Self.now
