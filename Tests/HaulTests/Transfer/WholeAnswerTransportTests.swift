@@ -173,6 +173,43 @@ struct WholeAnswerTransportTests {
         }
     }
 
+    @Test func anIdleConnectionClosesAfterItsTimeoutAndAShutdownClosesTheRest() async throws {
+        try await HaulTestServer.withRunning { server in
+            let resources = WholeAnswerTests.small(server, ["a", "b"])
+            let url = try DownloadURL(server.url("/a")).url
+            try await withDownloader { downloader in
+                let quick = WholeAnswerTransport(
+                    configuration: testConfiguration(), fallback: downloader.transport, bodyLimit: 64 * 1024,
+                    idleTimeout: .milliseconds(20))
+                let lasting = WholeAnswerTransport(
+                    configuration: testConfiguration(), fallback: downloader.transport, bodyLimit: 64 * 1024)
+                for transport in [quick, lasting] {
+                    let body = try await transport.send(TransportRequest(url: url, headers: [])) { response in
+                        #expect(response.status == 200)
+                        var bytes: [UInt8] = []
+                        do {
+                            for try await chunk in response.body { bytes += chunk.readableBytesView }
+                        } catch {
+                            Issue.record("the body failed: \(error)")
+                        }
+                        return bytes
+                    }
+                    #expect(body == resources["a"]?.content)
+                }
+                try await waitUntil("the idle connection closes", timeout: .seconds(20)) {
+                    quick.openConnections(to: url) == 0
+                }
+                #expect(lasting.openConnections(to: url) == 1)
+                try await lasting.shutdown()
+                try await waitUntil("the shut down transport's connection closes", timeout: .seconds(20)) {
+                    lasting.openConnections(to: url) == 0
+                }
+                try await quick.shutdown()
+            }
+            #expect(server.requests(for: "/a").count == 2)
+        }
+    }
+
     @Test func aCapPerHostLeavesTheShortcutToTheGeneralClient() async throws {
         var configuration = testConfiguration()
         configuration.maxConnectionsPerHost = 2
