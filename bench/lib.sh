@@ -140,9 +140,10 @@ bench_stop_nginx() {
 DISCARD_DIR="$DATA_DIR/discarded"
 
 # bench_discard PATH...: moves each PATH out of the way instead of deleting it. On ext4 without a
-# journal, creating a file skips one by one the inodes freed in the last 5-35 s: a profile of
-# curl -Z right after 4,000 small files were deleted in the same directory spent most of its time
-# in the kernel's `recently_deleted`.
+# journal, creating a file skips one by one the inodes freed in the last 60 s (300 s while their
+# inode table block is not yet written back: the kernel's `recently_deleted`): a profile of
+# curl -Z right after 4,000 small files were deleted spent most of its time there, and a round of
+# bench/many.sh after such a deletion ran every tool several times slower.
 bench_discard() {
     local path
     mkdir -p "$DISCARD_DIR"
@@ -158,13 +159,14 @@ bench_discard() {
     true
 }
 
-# bench_settle: deletes what earlier runs discarded, then waits until those inodes no longer count as
-# freshly freed, before anything is measured.
+# bench_settle: deletes what earlier runs discarded, writes the inode tables back, then waits until
+# those inodes no longer count as freshly freed, before anything is measured.
 bench_settle() {
     if [ -d "$DISCARD_DIR" ] && [ -n "$(ls -A "$DISCARD_DIR")" ]; then
         rm -rf "$DISCARD_DIR"
-        echo "(deleted the files of earlier runs; waiting 40 s before measuring, see bench_discard)" >&2
-        sleep 40
+        sync
+        echo "(deleted the files of earlier runs; waiting 61 s before measuring, see bench_discard)" >&2
+        sleep 61
     fi
 }
 
