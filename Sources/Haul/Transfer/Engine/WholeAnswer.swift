@@ -11,7 +11,8 @@ import Synchronization
 /// the common download of a long list of small files.
 ///
 /// The shortcut sends the request the transfer machine would send first, through the same fetcher
-/// (headers, credentials, cookies, redirects, the cap per host). An answer the machine would accept
+/// (headers, credentials, cookies, redirects, the cap per host), over the kept-alive connections
+/// of ``WholeAnswerTransport`` where the downloader has it. An answer the machine would accept
 /// whole from byte 0, of a known length no larger than ``limit(_:)``, with no content coding and no
 /// digest to check, is read into memory, written to the partial file in one write, and handed to the
 /// finisher like any other finished file: its data made durable, the caller's record written, the

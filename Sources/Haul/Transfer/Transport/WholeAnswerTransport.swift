@@ -347,7 +347,8 @@ final class WholeExchangeHandler: ChannelDuplexHandler {
         case idle
         case waiting(WholeExchange)
         case reading(WholeExchange, HTTPResponseHead, ByteBuffer)
-        /// The body passed the limit: the answer was handed over, and the connection is closing.
+        /// The connection is closing: the body passed the limit (the answer was handed over), or
+        /// the exchange failed.
         case closing
     }
 
