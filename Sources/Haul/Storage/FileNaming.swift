@@ -10,6 +10,25 @@ package enum FileNaming {
 
     /// Returns a safe version of `suggestion`, or `nil` when nothing usable is left.
     package static func sanitize(_ suggestion: String) -> String? {
+        isPlain(suggestion) ? suggestion : sanitizedScalarByScalar(suggestion)
+    }
+
+    /// Whether `name` is printable ASCII with no path separator, neither starts nor ends with a
+    /// dot or a space, and fits in ``maximumNameBytes``: such a name (the usual name from a URL) is
+    /// safe as it is, and ``sanitizedScalarByScalar(_:)`` would return it unchanged.
+    static func isPlain(_ name: String) -> Bool {
+        let bytes = name.utf8
+        guard let first = bytes.first, let last = bytes.last, bytes.count <= maximumNameBytes,
+            first != UInt8(ascii: "."), first != UInt8(ascii: " "), last != UInt8(ascii: "."),
+            last != UInt8(ascii: " ")
+        else { return false }
+        return bytes.allSatisfy { byte in
+            byte >= 0x20 && byte < 0x7F && byte != UInt8(ascii: "/") && byte != UInt8(ascii: "\\")
+        }
+    }
+
+    /// ``sanitize(_:)`` for any name, one Unicode scalar at a time.
+    static func sanitizedScalarByScalar(_ suggestion: String) -> String? {
         // Keep only the last path component, whichever separator the server used. Separators and the
         // characters taken out are found scalar by scalar: a prepended mark (U+0600) joins the "/"
         // after it into one character, and taking the mark out would leave the "/" behind.

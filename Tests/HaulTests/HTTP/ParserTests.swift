@@ -121,6 +121,23 @@ struct FileNamingTests {
         #expect(FileNaming.sanitize(input) == expected)
     }
 
+    /// Every name the quick check passes comes out of the scalar-by-scalar walk unchanged.
+    @Test func aPlainNameIsWhatTheWalkWouldGive() {
+        let pieces = ["a", "Z", "0", ".", " ", "/", "\\", "\t", "\u{7F}", "~", "é", "-", "_"]
+        var names = [""]
+        for _ in 0..<3 { names = names.flatMap { name in pieces.map { name + $0 } } }
+        names += [String(repeating: "a", count: 200), String(repeating: "a", count: 201), "report 2026.pdf"]
+        var plain = 0
+        for name in names {
+            #expect(FileNaming.sanitize(name) == FileNaming.sanitizedScalarByScalar(name), "\(name.debugDescription)")
+            if FileNaming.isPlain(name) {
+                plain += 1
+                #expect(FileNaming.sanitizedScalarByScalar(name) == name)
+            }
+        }
+        #expect(plain > 100)
+    }
+
     @Test func longNamesKeepTheirExtensionWithinTheLimit() throws {
         let name = try #require(FileNaming.sanitize(String(repeating: "é", count: 5000) + ".tar.gz"))
         #expect(name.utf8.count <= FileNaming.maximumNameBytes)
