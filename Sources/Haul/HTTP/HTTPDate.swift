@@ -10,6 +10,42 @@ package enum HTTPDate {
 
     /// Parses an HTTP date; returns `nil` for anything else.
     package static func parse(_ value: String) -> Int64? {
+        if let seconds = value.utf8.withContiguousStorageIfAvailable(parseIMFFixdate), let seconds {
+            return seconds
+        }
+        return parseFields(value)
+    }
+
+    /// An IMF-fixdate exactly as servers send it (`Sun, 06 Nov 1994 08:49:37 GMT`: 29 bytes, one
+    /// space between fields), read byte by byte; `nil` for any other text, which
+    /// ``parseFields(_:)`` reads (and for a date out of range, which it refuses too).
+    static func parseIMFFixdate(_ bytes: UnsafeBufferPointer<UInt8>) -> Int64? {
+        guard bytes.count == 29, bytes[3] == UInt8(ascii: ","), bytes[4] == UInt8(ascii: " "),
+            bytes[7] == UInt8(ascii: " "), bytes[11] == UInt8(ascii: " "), bytes[16] == UInt8(ascii: " "),
+            bytes[19] == UInt8(ascii: ":"), bytes[22] == UInt8(ascii: ":"), bytes[25] == UInt8(ascii: " "),
+            bytes[26] == UInt8(ascii: "G"), bytes[27] == UInt8(ascii: "M"), bytes[28] == UInt8(ascii: "T"),
+            (0..<3).allSatisfy({ bytes[$0] != UInt8(ascii: " ") && bytes[$0] != UInt8(ascii: "\t") })
+        else { return nil }
+        /// The number the ASCII digits at `range` spell; `nil` when one is not a digit.
+        func number(_ range: Range<Int>) -> Int? {
+            var value = 0
+            for index in range {
+                let digit = Int(bytes[index]) - Int(UInt8(ascii: "0"))
+                guard (0...9).contains(digit) else { return nil }
+                value = value * 10 + digit
+            }
+            return value
+        }
+        let name = UnsafeBufferPointer(rebasing: bytes[8..<11])
+        guard let day = number(5..<7), let year = number(12..<16), let hour = number(17..<19),
+            let minute = number(20..<22), let second = number(23..<25),
+            let month = monthNames.firstIndex(where: { $0.utf8.elementsEqual(name) }).map({ $0 + 1 })
+        else { return nil }
+        return epochSeconds(year: year, month: month, day: day, hour: hour, minute: minute, second: second)
+    }
+
+    /// Parses an HTTP date in any of its three forms, field by field.
+    static func parseFields(_ value: String) -> Int64? {
         let fields = value.trimmingHTTPWhitespace().split(separator: " ", omittingEmptySubsequences: true)
         switch fields.count {
         case 6 where fields[5] == "GMT":
@@ -53,8 +89,14 @@ package enum HTTPDate {
     private static func epochSeconds(year: Int, month: Int, day: Int, time: Substring) -> Int64? {
         let parts = time.split(separator: ":")
         guard parts.count == 3, parts.allSatisfy({ $0.count == 2 }),
-            let hour = Int(decimal: parts[0]), let minute = Int(decimal: parts[1]), let second = Int(decimal: parts[2]),
-            hour < 24, minute < 60, second < 61, (1...31).contains(day), (1...12).contains(month),
+            let hour = Int(decimal: parts[0]), let minute = Int(decimal: parts[1]), let second = Int(decimal: parts[2])
+        else { return nil }
+        return epochSeconds(year: year, month: month, day: day, hour: hour, minute: minute, second: second)
+    }
+
+    /// Seconds since the epoch of a date and time in range; `nil` for one out of range.
+    private static func epochSeconds(year: Int, month: Int, day: Int, hour: Int, minute: Int, second: Int) -> Int64? {
+        guard hour < 24, minute < 60, second < 61, (1...31).contains(day), (1...12).contains(month),
             (1900...9999).contains(year)
         else { return nil }
         let days = daysFromCivil(year: Int64(year), month: Int64(month), day: Int64(day))

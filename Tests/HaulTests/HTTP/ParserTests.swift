@@ -64,6 +64,33 @@ struct HTTPDateTests {
     func rejectsOtherText(text: String) {
         #expect(HTTPDate.parse(text) == nil)
     }
+
+    /// The byte-by-byte reading of an IMF-fixdate agrees with the field-by-field one, on dates
+    /// across the range and on near misses of the form.
+    @Test func theQuickReadingAgreesWithTheGeneralOne() {
+        var texts: [String] = []
+        var seconds: Int64 = -2_208_988_800  // 1900-01-01
+        while seconds < 253_402_300_799 {  // 9999-12-31
+            texts.append(HTTPDate.format(seconds))
+            seconds += 86_400 * 397 + 3_727
+        }
+        let base = "Sun, 06 Nov 1994 08:49:37 GMT"
+        for index in base.indices {
+            for replacement in ["x", " ", "\t", "9", ",", ":", "-"] {
+                var text = base
+                text.replaceSubrange(index...index, with: replacement)
+                texts.append(text)
+            }
+        }
+        texts += [
+            "Xyz, 06 Nov 1994 08:49:37 GMT", "Sun, 31 Feb 2023 23:59:60 GMT", "Sun, 00 Nov 1994 08:49:37 GMT",
+            "Sun, 06 Nov 1899 08:49:37 GMT", "Sun, 06 nov 1994 08:49:37 GMT", "Sun, 06 Nov 1994 08:49:37 gmt",
+        ]
+        for text in texts {
+            #expect(HTTPDate.parse(text) == HTTPDate.parseFields(text), "\(text)")
+        }
+        #expect(texts.filter { HTTPDate.parse($0) != nil }.count > 20)
+    }
 }
 
 struct RetryAfterTests {
