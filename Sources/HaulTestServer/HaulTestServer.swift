@@ -138,21 +138,35 @@ public final class HaulTestServer: Sendable {
                 }.map { Accepted.negotiated($0) }
             }
         let server = HaulTestServer(port: channel.channel.localAddress?.port ?? 0, transport: transport)
+        let (handedOut, everyConnectionHandedOut) = AsyncStream<Void>.makeStream()
         return try await withThrowingTaskGroup(of: Void.self) { group in
-            group.addTask { try await server.accept(channel) }
+            group.addTask { try await server.accept(channel, handedOut: everyConnectionHandedOut) }
+            /// Stops accepting, then lets every connection accepted so far reach its handler before
+            /// the handlers are cancelled: a connection dropped unhandled (one a client opened as the
+            /// test ended) would end the process ("Deinited NIOAsyncWriter without calling finish()").
+            func stop() async {
+                try? await channel.channel.close()
+                for await _ in handedOut {}
+                group.cancelAll()
+            }
             do {
                 let result = try await body(server)
-                group.cancelAll()
+                await stop()
                 return result
             } catch {
-                group.cancelAll()
+                await stop()
                 throw error
             }
         }
     }
 
-    private func accept(_ channel: NIOAsyncChannel<Accepted, Never>) async throws {
+    /// Hands each accepted connection to a task of its own until the server channel closes; then
+    /// finishes `handedOut`.
+    private func accept(
+        _ channel: NIOAsyncChannel<Accepted, Never>, handedOut: AsyncStream<Void>.Continuation
+    ) async throws {
         try await withThrowingDiscardingTaskGroup { group in
+            defer { handedOut.finish() }
             try await channel.executeThenClose { inbound in
                 for try await connection in inbound {
                     group.addTask { await self.handle(connection) }
