@@ -100,6 +100,37 @@ public final class HaulTestServer: Sendable {
         )
     }
 
+    /// An accepted connection on its way to a handler. One the stopping server drops before any
+    /// handler took it (a client opened it as the test ended) is closed here: a dropped async
+    /// channel would end the process ("Deinited NIOAsyncWriter without calling finish()").
+    final class Arrival: Sendable {
+        private let accepted: Accepted
+        private let taken = Atomic<Bool>(false)
+
+        init(_ accepted: Accepted) { self.accepted = accepted }
+
+        /// The connection, for its handler.
+        func take() -> Accepted {
+            taken.store(true, ordering: .relaxed)
+            return accepted
+        }
+
+        deinit {
+            guard !taken.load(ordering: .relaxed) else { return }
+            switch accepted {
+            case .http1(let connection):
+                Task { try? await connection.executeThenClose { _, _ in } }
+            case .negotiated(let negotiation):
+                negotiation.whenSuccess { negotiated in
+                    switch negotiated {
+                    case .http1_1(let connection): Task { try? await connection.executeThenClose { _, _ in } }
+                    case .http2((let connection, _)): connection.close(promise: nil)
+                    }
+                }
+            }
+        }
+    }
+
     /// Starts a server, runs `body` with it, and stops it when `body` returns or throws.
     public static func withRunning<Result: Sendable>(
         transport: Transport = .plain,
@@ -113,7 +144,7 @@ public final class HaulTestServer: Sendable {
                 guard let tls else {
                     return child.eventLoop.makeCompletedFuture {
                         try child.pipeline.syncOperations.configureHTTPServerPipeline(withErrorHandling: true)
-                        return Accepted.http1(try HTTPChannel(wrappingChannelSynchronously: child))
+                        return Arrival(.http1(try HTTPChannel(wrappingChannelSynchronously: child)))
                     }
                 }
                 return child.eventLoop.makeCompletedFuture {
@@ -135,7 +166,7 @@ public final class HaulTestServer: Sendable {
                             }
                         }
                     )
-                }.map { Accepted.negotiated($0) }
+                }.map { Arrival(.negotiated($0)) }
             }
         let server = HaulTestServer(port: channel.channel.localAddress?.port ?? 0, transport: transport)
         let (handedOut, everyConnectionHandedOut) = AsyncStream<Void>.makeStream()
@@ -163,12 +194,13 @@ public final class HaulTestServer: Sendable {
     /// Hands each accepted connection to a task of its own until the server channel closes; then
     /// finishes `handedOut`.
     private func accept(
-        _ channel: NIOAsyncChannel<Accepted, Never>, handedOut: AsyncStream<Void>.Continuation
+        _ channel: NIOAsyncChannel<Arrival, Never>, handedOut: AsyncStream<Void>.Continuation
     ) async throws {
         try await withThrowingDiscardingTaskGroup { group in
             defer { handedOut.finish() }
             try await channel.executeThenClose { inbound in
-                for try await connection in inbound {
+                for try await arrival in inbound {
+                    let connection = arrival.take()
                     group.addTask { await self.handle(connection) }
                 }
             }
