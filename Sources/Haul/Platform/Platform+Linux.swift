@@ -100,8 +100,8 @@
             // By device, type and identity: a device's number may come back with another file system
             // once the first is unmounted.
             let device = UInt64(status.st_dev)
-            let key = [device, type, identity]
-            if let known = fileSystemFlushByDevice.withLock({ $0[key] }) { return known }
+            let key = FileSystemKey(device: device, type: type, identity: identity)
+            if let known = fileSystemFlushSuitability.withLock({ $0[key] }) { return known }
             let suits: Bool
             if type == ext4Type {
                 let (major, minor) = deviceNumbers(device)
@@ -113,7 +113,7 @@
             } else {
                 suits = flushedFileSystems.contains(type)
             }
-            fileSystemFlushByDevice.withLock { $0[key] = suits }
+            fileSystemFlushSuitability.withLock { $0[key] = suits }
             return suits
         }
 
@@ -160,7 +160,14 @@
     /// F2FS, and tmpfs (nothing to flush).
     private let flushedFileSystems: Set<UInt64> = [0x5846_5342, 0x9123_683E, 0xF2F5_2010, 0x0102_1994]
     /// Whether a flush of the file system suits each one asked about, by device, type and identity.
-    private let fileSystemFlushByDevice = Mutex<[[UInt64]: Bool]>([:])
+    private let fileSystemFlushSuitability = Mutex<[FileSystemKey: Bool]>([:])
+
+    /// A file system as ``Platform/fileSystemFlushSuits(_:)`` remembers it.
+    private struct FileSystemKey: Hashable {
+        let device: UInt64
+        let type: UInt64
+        let identity: UInt64
+    }
 
     /// Whether the running kernel reports write errors to `syncfs` (5.8 and later).
     private let kernelReportsFileSystemFlushErrors: Bool = {
