@@ -386,14 +386,9 @@ final class WholeExchangeHandler: ChannelDuplexHandler {
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         switch (state, unwrapInboundIn(data)) {
         case (.waiting(let exchange), .head(let head)):
-            if let length = head.headers.first(name: "content-length").flatMap({ Int($0) }), length > exchange.limit {
-                return cut(context, exchange, head, ByteBuffer())
-            }
-            var body = context.channel.allocator.buffer(capacity: 0)
-            if let length = head.headers.first(name: "content-length").flatMap({ Int($0) }) {
-                body.reserveCapacity(length)
-            }
-            state = .reading(exchange, head, body)
+            let length = head.headers.first(name: "content-length").flatMap { Int($0) }
+            if let length, length > exchange.limit { return cut(context, exchange, head, ByteBuffer()) }
+            state = .reading(exchange, head, context.channel.allocator.buffer(capacity: max(0, length ?? 0)))
         case (.reading(let exchange, let head, var body), .body(var chunk)):
             guard body.readableBytes + chunk.readableBytes <= exchange.limit else {
                 return cut(context, exchange, head, body)
