@@ -169,35 +169,21 @@ public final class HaulTestServer: Sendable {
                 }.map { Arrival(.negotiated($0)) }
             }
         let server = HaulTestServer(port: channel.channel.localAddress?.port ?? 0, transport: transport)
-        let (handedOut, everyConnectionHandedOut) = AsyncStream<Void>.makeStream()
         return try await withThrowingTaskGroup(of: Void.self) { group in
-            group.addTask { try await server.accept(channel, handedOut: everyConnectionHandedOut) }
-            /// Stops accepting, then lets every connection accepted so far reach its handler before
-            /// the handlers are cancelled: a connection dropped unhandled (one a client opened as the
-            /// test ended) would end the process ("Deinited NIOAsyncWriter without calling finish()").
-            func stop() async {
-                try? await channel.channel.close()
-                for await _ in handedOut {}
-                group.cancelAll()
-            }
+            group.addTask { try await server.accept(channel) }
             do {
                 let result = try await body(server)
-                await stop()
+                group.cancelAll()
                 return result
             } catch {
-                await stop()
+                group.cancelAll()
                 throw error
             }
         }
     }
 
-    /// Hands each accepted connection to a task of its own until the server channel closes; then
-    /// finishes `handedOut`.
-    private func accept(
-        _ channel: NIOAsyncChannel<Arrival, Never>, handedOut: AsyncStream<Void>.Continuation
-    ) async throws {
+    private func accept(_ channel: NIOAsyncChannel<Arrival, Never>) async throws {
         try await withThrowingDiscardingTaskGroup { group in
-            defer { handedOut.finish() }
             try await channel.executeThenClose { inbound in
                 for try await arrival in inbound {
                     let connection = arrival.take()
