@@ -80,7 +80,8 @@ public final class Downloader: Sendable {
             configuration.transport == nil && configuration.maxConnectionsPerHost == nil
                 && configuration.sharedHostSlots == nil
             ? WholeAnswerTransport(
-                configuration: configuration, fallback: transport, bodyLimit: Int(WholeAnswer.limit(configuration)))
+                configuration: configuration, fallback: transport, bodyLimit: Int(WholeAnswer.limit(configuration)),
+                clock: self.clock)
             : nil
         do {
             try transport.check(configuration)

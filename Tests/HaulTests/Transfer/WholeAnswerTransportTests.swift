@@ -180,9 +180,10 @@ struct WholeAnswerTransportTests {
             try await withDownloader { downloader in
                 let quick = WholeAnswerTransport(
                     configuration: testConfiguration(), fallback: downloader.transport, bodyLimit: 64 * 1024,
-                    idleTimeout: .milliseconds(20))
+                    clock: downloader.clock, idleTimeout: .milliseconds(20))
                 let lasting = WholeAnswerTransport(
-                    configuration: testConfiguration(), fallback: downloader.transport, bodyLimit: 64 * 1024)
+                    configuration: testConfiguration(), fallback: downloader.transport, bodyLimit: 64 * 1024,
+                    clock: downloader.clock)
                 for transport in [quick, lasting] {
                     let body = try await transport.send(TransportRequest(url: url, headers: [])) { response in
                         #expect(response.status == 200)

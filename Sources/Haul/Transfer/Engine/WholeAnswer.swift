@@ -85,24 +85,17 @@ enum WholeAnswer {
     ) async throws -> Outcome {
         let configuration = downloader.configuration
         let clock = downloader.clock
-        let fetcher = HTTPFetcher(
-            sources: [url], request: request, transport: downloader.wholeAnswerTransport ?? downloader.transport,
-            hostCap: downloader.hostCap,
-            configuration: configuration, logger: downloader.logger)
-        let ask = firstAsk(request, configuration: configuration)
-        let limit = limit(configuration)
         let since = clock.now
-        let watch = Watch()
         let answer: Answer?
         do {
-            answer = try await watch.within(configuration.timeouts.stall, on: clock) {
-                try await fetcher.fetch(ask, connection: 0, waiting: { watch.noteWaiting($0) }) { response, finalURL in
-                    await read(response, from: finalURL, ask: ask, limit: limit)
-                }
-            }
-        } catch {
-            if case .cancelled = fetcher.failure(error) { throw cancelled }
-            answer = nil
+            // The shortcut's own connections give up on a stalled answer themselves.
+            let whole = downloader.wholeAnswerTransport
+            answer = try await ask(
+                request, from: url, through: whole ?? downloader.transport, downloader: downloader,
+                watched: whole == nil)
+        } catch is WholeAnswerTransport.NotTaken {
+            answer = try await ask(
+                request, from: url, through: downloader.transport, downloader: downloader, watched: true)
         }
         // A pause while the body came: no new request after it.
         if Task.isCancelled { throw cancelled }
@@ -151,6 +144,42 @@ enum WholeAnswer {
             restarts: 0, validator: facts.validator)
         downloader.smallAnswers.noteFinished()
         return .finished(result)
+    }
+
+    /// The answer to the first request for `request` from `url` sent through `transport`, when the
+    /// shortcut takes it (see ``read(_:from:ask:limit:)``); `nil` when it does not, or the request
+    /// fails, or (when `watched`) its answer has not come whole within the stall timeout. Throws
+    /// when the calling task is cancelled, and ``WholeAnswerTransport/NotTaken`` when `transport`
+    /// does not take the request.
+    private static func ask(
+        _ request: DownloadRequest, from url: DownloadURL, through transport: any DownloadTransport,
+        downloader: Downloader, watched: Bool
+    ) async throws -> Answer? {
+        let configuration = downloader.configuration
+        let fetcher = HTTPFetcher(
+            sources: [url], request: request, transport: transport, hostCap: downloader.hostCap,
+            configuration: configuration, logger: downloader.logger)
+        let ask = firstAsk(request, configuration: configuration)
+        let limit = limit(configuration)
+        do {
+            guard watched else {
+                return try await fetcher.fetch(ask, connection: 0) { response, finalURL in
+                    await read(response, from: finalURL, ask: ask, limit: limit)
+                }
+            }
+            let watch = Watch()
+            return try await watch.within(configuration.timeouts.stall, on: downloader.clock) {
+                try await fetcher.fetch(ask, connection: 0, waiting: { watch.noteWaiting($0) }) { response, finalURL in
+                    await read(response, from: finalURL, ask: ask, limit: limit)
+                }
+            }
+        } catch {
+            if case .cancelled = fetcher.failure(error) { throw cancelled }
+            if let failure = error as? FetchFailure, failure.error is WholeAnswerTransport.NotTaken {
+                throw failure.error
+            }
+            return nil
+        }
     }
 
     /// What a paused shortcut ends with, as a paused download does.

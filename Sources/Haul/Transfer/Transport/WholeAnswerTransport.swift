@@ -17,11 +17,14 @@ import Synchronization
 /// a request object, a pool and an asynchronous sequence.
 ///
 /// It takes only what the shortcut can use:
-/// - a request through a proxy goes through ``fallback`` (Haul's general client), as does one to an
-///   origin that already has ``connectionsPerOrigin`` connections of this transport open and none
-///   of them idle;
+/// - a request through a proxy, or to an origin that already has ``connectionsPerOrigin``
+///   connections of this transport open and none of them idle, is not sent: ``send(_:receive:)``
+///   throws ``NotTaken``, and the shortcut sends it through Haul's general client (``fallback``);
 /// - a body longer than ``bodyLimit`` is not read: its connection is closed, and the body the
 ///   answer carries fails when read (the shortcut declines such an answer before it reads it);
+/// - an answer that has not come whole ``stalls``' timeout after its request was sent is given up
+///   on: its connection is closed and the exchange fails with ``StalledAnswer``, which is not sent
+///   again;
 /// - a connection is used again only after an answer read to its end that lets it stay open; when
 ///   one that served an earlier request fails before any byte of its answer came (a server may
 ///   close an idle connection as a request goes out), the request goes once more, over a new
@@ -48,8 +51,16 @@ final class WholeAnswerTransport: DownloadTransport {
         let port: Int
     }
 
-    /// The transport every request this one does not take goes through.
+    /// A request this transport does not take: the caller sends it another way.
+    struct NotTaken: Error, CustomStringConvertible {
+        var description: String { "the request is not one the shortcut's connections take" }
+    }
+
+    /// The transport that judges the failures this one does not know, and that the shortcut sends
+    /// through what this one does not take.
     let fallback: any DownloadTransport
+    /// Gives up on answers that do not come whole in time.
+    let stalls: StallWatch
     /// The longest body read whole; a longer one is not read.
     let bodyLimit: Int
     /// The most connections of this transport open to one origin at once: the general client's
@@ -66,13 +77,15 @@ final class WholeAnswerTransport: DownloadTransport {
     private let state = Mutex(State())
 
     /// A transport for requests of downloaders with `configuration`, whose answers are read whole up
-    /// to `bodyLimit` bytes.
+    /// to `bodyLimit` bytes within the stall timeout (``DownloaderConfiguration/Timeouts/stall``) on
+    /// `clock`.
     init(
         configuration: DownloaderConfiguration, fallback: any DownloadTransport, bodyLimit: Int,
-        idleTimeout: TimeAmount = .seconds(60)
+        clock: TransferClock, idleTimeout: TimeAmount = .seconds(60)
     ) {
         self.configuration = configuration
         self.fallback = fallback
+        stalls = StallWatch(timeout: configuration.timeouts.stall, clock: clock)
         self.bodyLimit = bodyLimit
         self.idleTimeout = idleTimeout
         let connections = max(1, configuration.segmentation.connections)
@@ -108,13 +121,9 @@ final class WholeAnswerTransport: DownloadTransport {
     ) async throws -> Result {
         guard configuration.proxy.proxy(for: request.url) == nil, let origin = Self.origin(of: request.url),
             !origin.secure || tlsContext != nil
-        else {
-            return try await fallback.send(request, receive: receive)
-        }
+        else { throw NotTaken() }
         let head = Self.head(of: request, origin: origin)
-        guard let (channel, reused) = try await connection(to: origin, fresh: false) else {
-            return try await fallback.send(request, receive: receive)
-        }
+        guard let (channel, reused) = try await connection(to: origin, fresh: false) else { throw NotTaken() }
         let reply: WholeReply
         do {
             reply = try await exchange(head, over: channel, of: origin)
@@ -122,10 +131,11 @@ final class WholeAnswerTransport: DownloadTransport {
             if Task.isCancelled { throw CancellationError() }
             // A connection that served a request before may have been closed by its server
             // meanwhile: when nothing of the answer came, the request goes once more, over a new one.
-            guard reused, !((error as? LostConnection)?.answered ?? false) else { throw error }
-            guard let (fresh, _) = try await connection(to: origin, fresh: true) else {
-                return try await fallback.send(request, receive: receive)
+            // A stalled answer is not asked for again.
+            guard reused, !(error is StalledAnswer), !((error as? LostConnection)?.answered ?? false) else {
+                throw error
             }
+            guard let (fresh, _) = try await connection(to: origin, fresh: true) else { throw NotTaken() }
             reply = try await exchange(head, over: fresh, of: origin)
         }
         return await receive(
@@ -141,7 +151,7 @@ final class WholeAnswerTransport: DownloadTransport {
             return .retryable(HaulError(.timedOut, "connecting to \(host) timed out", underlying: error))
         }
         if error is LostConnection || error is ChannelError || error is HTTPParserError
-            || error is WholeReply.TooLong
+            || error is WholeReply.TooLong || error is StalledAnswer
         {
             return .retryable(HaulError(.network, "transfer from \(host) failed: \(error)", underlying: error))
         }
@@ -150,6 +160,7 @@ final class WholeAnswerTransport: DownloadTransport {
 
     /// Closes every idle connection; busy ones close as their answers end.
     func shutdown() async throws {
+        stalls.stop()
         let idle = state.withLock { state -> [Channel] in
             state.shutDown = true
             defer { for origin in state.pools.keys { state.pools[origin]?.idle = [] } }
@@ -228,11 +239,17 @@ final class WholeAnswerTransport: DownloadTransport {
     }
 
     /// Sends `head` over `channel` and waits for its whole answer; the channel goes back to the
-    /// idle ones when the answer let it stay open. A cancelled task closes the channel.
+    /// idle ones when the answer let it stay open. A cancelled task closes the channel, as does an
+    /// answer not whole within the stall timeout.
     private func exchange(_ head: HTTPRequestHead, over channel: Channel, of origin: Origin) async throws -> WholeReply
     {
         let promise = channel.eventLoop.makePromise(of: WholeReply.self)
         let exchange = WholeExchange(head: head, limit: bodyLimit, reply: promise)
+        let answer = promise.futureResult
+        let ticket = stalls.begin {
+            channel.triggerUserOutboundEvent(WholeExchangeHandler.Stalled(answer: answer), promise: nil)
+        }
+        defer { stalls.end(ticket) }
         let reply: WholeReply
         do {
             reply = try await withTaskCancellationHandler {
@@ -308,6 +325,11 @@ final class WholeAnswerTransport: DownloadTransport {
     }
 }
 
+/// An answer did not come whole within the stall timeout.
+struct StalledAnswer: Error, CustomStringConvertible {
+    var description: String { "the answer did not come whole within the stall timeout" }
+}
+
 /// A connection ended before its answer did; `answered`: some of the answer had come.
 struct LostConnection: Error, CustomStringConvertible {
     let answered: Bool
@@ -350,6 +372,12 @@ final class WholeExchangeHandler: ChannelDuplexHandler {
         /// The connection is closing: the body passed the limit (the answer was handed over), or
         /// the exchange failed.
         case closing
+    }
+
+    /// The exchange whose answer is `answer` stalled: it fails, and the connection closes, unless
+    /// it has ended.
+    struct Stalled {
+        let answer: EventLoopFuture<WholeReply>
     }
 
     private var state = State.idle
@@ -407,6 +435,19 @@ final class WholeExchangeHandler: ChannelDuplexHandler {
         default:
             // An answer nobody asked for, or parts out of order.
             fail(context, LostConnection(answered: true))
+        }
+    }
+
+    func triggerUserOutboundEvent(context: ChannelHandlerContext, event: Any, promise: EventLoopPromise<Void>?) {
+        guard let stalled = event as? Stalled else {
+            return context.triggerUserOutboundEvent(event, promise: promise)
+        }
+        promise?.succeed()
+        switch state {
+        case .waiting(let exchange), .reading(let exchange, _, _):
+            if exchange.reply.futureResult === stalled.answer { fail(context, StalledAnswer()) }
+        case .idle, .closing:
+            break
         }
     }
 
