@@ -82,18 +82,18 @@
         /// Whether one flush of the whole file system holding `descriptor` makes its files' data
         /// durable: never on Apple platforms, whose flush of a file (`F_FULLFSYNC`) also empties the
         /// drive's cache, and which have no flush of one file system.
-        package static func fileSystemFlushSuits(_ descriptor: Int32) -> Bool {
+        package static func fileSystemFlushSuits(_ descriptor: Int32, device: UInt64) -> Bool {
             false
         }
 
         /// The bytes waiting to be written: Apple platforms do not tell (nor need to: see
-        /// ``fileSystemFlushSuits(_:)``).
+        /// ``fileSystemFlushSuits(_:device:)``).
         package static func pendingWriteBytes() -> Int64? {
             nil
         }
 
         /// Flushes the file system holding `descriptor`: Apple platforms have no such call, so this
-        /// answers `ENOSYS` (``fileSystemFlushSuits(_:)`` never says it suits).
+        /// answers `ENOSYS` (``fileSystemFlushSuits(_:device:)`` never says it suits).
         package static func syncFileSystem(_ descriptor: Int32) -> Int32 {
             errno = ENOSYS
             return -1

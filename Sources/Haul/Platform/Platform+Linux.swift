@@ -78,8 +78,8 @@
             fsync(descriptor)
         }
 
-        /// Whether one flush of the whole file system holding the open `descriptor`
-        /// (``syncFileSystem(_:)``) makes the data of the files written there durable and reports
+        /// Whether one flush of the whole file system holding the open `descriptor`, on `device`
+        /// (``syncFileSystem(_:)``), makes the data of the files written there durable and reports
         /// their write errors: a kernel from 5.8 on (`syncfs` reports write errors since), and a local
         /// file system whose flush of itself empties the device's cache: ext4, XFS, Btrfs, F2FS, or
         /// tmpfs (which keeps nothing on a device). ext2 and ext3 share ext4's number but not always
@@ -90,16 +90,13 @@
         /// as it is (a file this session wrote has its allocation and size to log); the directory's
         /// flush after the renames then forces the log, whose write empties the cache first, before
         /// any rename is durable.
-        package static func fileSystemFlushSuits(_ descriptor: Int32) -> Bool {
-            var status = stat()
+        package static func fileSystemFlushSuits(_ descriptor: Int32, device: UInt64) -> Bool {
             var type: UInt64 = 0
             var identity: UInt64 = 0
-            guard kernelReportsFileSystemFlushErrors, fstat(descriptor, &status) == 0,
-                haul_file_system_type(descriptor, &type, &identity) == 0
+            guard kernelReportsFileSystemFlushErrors, haul_file_system_type(descriptor, &type, &identity) == 0
             else { return false }
             // By device, type and identity: a device's number may come back with another file system
             // once the first is unmounted.
-            let device = UInt64(status.st_dev)
             let key = FileSystemKey(device: device, type: type, identity: identity)
             if let known = fileSystemFlushSuitability.withLock({ $0[key] }) { return known }
             let suits: Bool
@@ -162,7 +159,7 @@
     /// Whether a flush of the file system suits each one asked about, by device, type and identity.
     private let fileSystemFlushSuitability = Mutex<[FileSystemKey: Bool]>([:])
 
-    /// A file system as ``Platform/fileSystemFlushSuits(_:)`` remembers it.
+    /// A file system as ``Platform/fileSystemFlushSuits(_:device:)`` remembers it.
     private struct FileSystemKey: Hashable {
         let device: UInt64
         let type: UInt64

@@ -1,3 +1,5 @@
+import Synchronization
+
 #if canImport(Glibc)
     import Glibc
 #elseif canImport(Musl)
@@ -24,6 +26,7 @@ final class DestinationLock: Sendable {
     /// Whether acquiring the lock created the partial file.
     let created: Bool
     private let descriptor: Int32
+    private let unlocked = Atomic<Bool>(false)
 
     private init(paths: DownloadPaths, descriptor: Int32, created: Bool) {
         self.paths = paths
@@ -81,9 +84,8 @@ final class DestinationLock: Sendable {
     /// The locked partial file, for reading and writing. It shares the lock's open file: the lock
     /// holds until ``unlock()``, or until both are closed.
     func partialFile(io: BlockingIO) throws -> PartialFile {
-        let copy = dup(descriptor)
+        let copy = fcntl(descriptor, F_DUPFD_CLOEXEC, 0)
         guard copy >= 0 else { throw POSIX.error("open", path: paths.partial) }
-        _ = fcntl(copy, F_SETFD, FD_CLOEXEC)
         return PartialFile(in: paths.folder, name: paths.partialName, descriptor: copy, io: io)
     }
 
@@ -94,7 +96,10 @@ final class DestinationLock: Sendable {
     /// Lets go of the lock now. Closing the descriptor would not be enough: the partial file shares
     /// the lock's open file, and a thread that has just written it may still hold a reference for a
     /// moment.
-    func unlock() { _ = flock(descriptor, LOCK_UN) }
+    func unlock() {
+        guard !unlocked.exchange(true, ordering: .relaxed) else { return }
+        _ = flock(descriptor, LOCK_UN)
+    }
 }
 
 /// Identifies the current boot of the kernel, so `written` (page-cache) offsets recorded before a

@@ -21,6 +21,8 @@ package final class DirectoryHandle: Sendable {
     let opening: UInt64
     /// The names ``listed(atMost:)`` read: a name not among them is taken to be absent.
     private let listing: Set<String>?
+    /// The device and inode, once read: an open directory keeps them for as long as it is open.
+    private let knownIdentity = Mutex<[UInt64]?>(nil)
 
     /// The number of the next opening.
     private static let openings = Atomic<UInt64>(0)
@@ -119,7 +121,12 @@ package final class DirectoryHandle: Sendable {
     package func pathOf(_ name: String) -> String { path == "/" ? "/" + name : path + "/" + name }
 
     /// The device and inode of the directory.
-    package func identity() throws -> [UInt64] { try POSIX.identity(descriptor) }
+    package func identity() throws -> [UInt64] {
+        if let known = knownIdentity.withLock({ $0 }) { return known }
+        let identity = try POSIX.identity(descriptor)
+        knownIdentity.withLock { $0 = identity }
+        return identity
+    }
 
     /// Opens the file `name` (a symbolic link there is refused, never followed).
     package func openFile(_ name: String, flags: Int32, mode: mode_t = 0o644) throws -> Int32 {
@@ -134,19 +141,26 @@ package final class DirectoryHandle: Sendable {
 
     /// Opens the file `name` with `flags`, creating it (mode 0644) when nothing is there; tells
     /// whether this call created it. A symbolic link is refused.
+    ///
+    /// The creation is tried first: most files a downloader opens this way are new ones, which then
+    /// cost one call.
     package func openOrCreate(_ name: String, flags: Int32) throws -> (descriptor: Int32, created: Bool) {
         try checkName(name)
         while true {
-            let existing = name.withCString { openat(descriptor, $0, flags | O_NOFOLLOW | O_CLOEXEC) }
-            if existing >= 0 { return (existing, false) }
-            if errno == EINTR { continue }
-            guard errno == ENOENT else { throw POSIX.error("open", path: pathOf(name)) }
             let fresh = name.withCString {
                 openat(descriptor, $0, flags | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o644)
             }
             if fresh >= 0 { return (fresh, true) }
-            // Somebody created it in between: open theirs.
-            guard errno == EEXIST || errno == EINTR else { throw POSIX.error("create", path: pathOf(name)) }
+            let refusal = errno
+            if refusal == EINTR { continue }
+            let existing = name.withCString { openat(descriptor, $0, flags | O_NOFOLLOW | O_CLOEXEC) }
+            if existing >= 0 { return (existing, false) }
+            let code = errno
+            if code == EINTR { continue }
+            // Removed in between: created again.
+            if refusal == EEXIST && code == ENOENT { continue }
+            if refusal == EEXIST || code != ENOENT { throw POSIX.error("open", path: pathOf(name), errno: code) }
+            throw POSIX.error("create", path: pathOf(name), errno: refusal)
         }
     }
 

@@ -61,10 +61,13 @@ final class FileFinisher: Sendable {
         /// should not now (too much of the machine's data waits to be written).
         var flush: @Sendable (DirectoryHandle) throws -> Bool
 
-        /// The platform's: `syncfs` where ``Platform/fileSystemFlushSuits(_:)`` says it suits, and
+        /// The platform's: `syncfs` where ``Platform/fileSystemFlushSuits(_:device:)`` says it suits, and
         /// while at most ``FileFinisher/fileSystemFlushAllowance`` bytes wait to be written.
         static let platform = FileSystemFlush(
-            suits: { Platform.fileSystemFlushSuits($0.descriptor) },
+            suits: { folder in
+                guard let device = try? folder.identity().first else { return false }
+                return Platform.fileSystemFlushSuits(folder.descriptor, device: device)
+            },
             flush: { folder in
                 guard let pending = Platform.pendingWriteBytes(), pending <= fileSystemFlushAllowance else {
                     return false

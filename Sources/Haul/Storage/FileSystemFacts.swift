@@ -1,6 +1,6 @@
 /// What Haul reads from the kernel's text files to tell whether one flush of a whole file system
 /// may stand for the flushes of the files written there (see
-/// ``Platform/fileSystemFlushSuits(_:)``): plain parsers, the files themselves are read by the
+/// ``Platform/fileSystemFlushSuits(_:device:)``): plain parsers, the files themselves are read by the
 /// platform layer.
 enum FileSystemFacts {
     /// Whether a kernel of release `release` (`uname -r`, "6.1.0-13-amd64") reports write errors to

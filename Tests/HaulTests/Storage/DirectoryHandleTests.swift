@@ -38,4 +38,29 @@ struct DirectoryHandleTests {
             #expect(inside.exists("link"))
         }
     }
+
+    @Test("open or create: a new file is created, an existing one opened as it is, a link refused")
+    func openOrCreateTellsWhatItDid() async throws {
+        try await withTemporaryDirectory { root in
+            _ = FileManager.default.createFile(atPath: root + "/target", contents: Data("kept".utf8))
+            try FileManager.default.createSymbolicLink(atPath: root + "/link", withDestinationPath: root + "/target")
+            let folder = try DirectoryHandle.open(root)
+
+            let (fresh, created) = try folder.openOrCreate("new", flags: O_RDWR)
+            defer { close(fresh) }
+            #expect(created)
+            #expect(try readFile(root + "/new") == [])
+
+            let (existing, createdAgain) = try folder.openOrCreate("target", flags: O_RDWR)
+            defer { close(existing) }
+            #expect(!createdAgain)
+            let status = try #require(folder.status("target"))
+            #expect(try POSIX.identity(existing) == [UInt64(status.st_dev), UInt64(status.st_ino)])
+            #expect(try readFile(root + "/target") == Array("kept".utf8))
+
+            let error = #expect(throws: HaulError.self) { try folder.openOrCreate("link", flags: O_RDWR) }
+            #expect(error?.code == .fileSystem && error?.message.contains("cannot open") == true)
+            #expect(try readFile(root + "/target") == Array("kept".utf8))
+        }
+    }
 }
