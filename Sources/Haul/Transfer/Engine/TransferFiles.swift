@@ -18,6 +18,10 @@ final class TransferFiles {
     private(set) var file: PartialFile?
     /// Whether a manifest of this download is on disk.
     private(set) var manifestOnDisk = false
+    /// Whether the partial file was created empty when its lock was taken, and nothing was prepared
+    /// in it since: its length is then known (0), and so is whether a manifest is on disk (the lock
+    /// was held when it was looked for).
+    private var partialIsNew = false
     /// Set when the complete file is already in place (a session died before removing its manifest).
     private var completeInPlace = false
     /// The running checksum of the file's first bytes, when the file is to be verified.
@@ -85,6 +89,7 @@ final class TransferFiles {
         }
         self.lock = lock
         self.paths = paths
+        partialIsNew = lock.created && file != nil
         if case .stored(let manifest, _) = found, let file {
             return .stored(manifest, partialSize: try file.size())
         }
@@ -222,14 +227,17 @@ final class TransferFiles {
         let file = try partialFile()
         let paths = try destinationPaths()
         let manifest = preparation.manifest
+        let isNew = partialIsNew
+        partialIsNew = false
         if let needed = preparation.neededBytes {
-            try checkFreeSpace(needed: needed, countingPartial: preparation.startsOver, paths: paths, file: file)
+            try checkFreeSpace(
+                needed: needed, countingPartial: preparation.startsOver && !isNew, paths: paths, file: file)
         }
         if preparation.startsOver {
             // When old data or an old manifest is replaced, the new manifest is flushed before any new
             // byte is written: after a power loss the old manifest can then never describe new data.
-            let size = try file.size()
-            let replacing = manifestOnDisk || paths.folder.exists(paths.manifestName) || size > 0
+            let size = isNew ? 0 : try file.size()
+            let replacing = manifestOnDisk || (!isNew && paths.folder.exists(paths.manifestName)) || size > 0
             if size > 0 { try await file.truncate(to: 0) }
             prefix = PrefixHash(algorithms: expectedAlgorithms(manifest.validator))
             if let total = manifest.totalLength, total <= Int64(configuration.storage.blockSize), !replacing {
