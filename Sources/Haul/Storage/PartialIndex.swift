@@ -38,6 +38,19 @@ final class PartialIndex: Sendable {
         directories.withLock { $0[paths.directory, default: [:]][url] = paths.fileName }
     }
 
+    /// Forgets the name a download of `url` chose at `paths`: it left no partial download there (it
+    /// finished, or its partial file went). Without this a long queue's finished downloads would
+    /// stay in memory, one entry each, for as long as the downloader lasts.
+    func forget(_ url: String, at paths: DownloadPaths) {
+        directories.withLock { directories in
+            guard directories[paths.directory]?[url] == paths.fileName else { return }
+            directories[paths.directory]?[url] = nil
+        }
+    }
+
+    /// How many downloads are remembered, in every directory.
+    var count: Int { directories.withLock { $0.values.reduce(0) { $0 + $1.count } } }
+
     /// Every manifest in `folder`, by the URL it was started from; of two for the same URL, the
     /// one updated last.
     private static func list(_ folder: DirectoryHandle) -> [String: String] {

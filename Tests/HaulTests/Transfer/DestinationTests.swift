@@ -72,6 +72,27 @@ struct DestinationTests {
         }
     }
 
+    /// A download into a directory that stops half way is remembered by its URL, and the same
+    /// downloader resumes it from there; once it is finished, nothing of it is remembered.
+    @Test func aDirectoryRemembersAPartialDownloadUntilItFinishes() async throws {
+        try await HaulTestServer.withRunning { server in
+            let resource = TestResource(name: "half", size: 600_000)
+            server.add("/half", resource)
+            server.script("/half", [[.closeAfter(bytes: 300_000)]])
+            try await withTemporaryDirectory { directory in
+                let request = DownloadRequest(url: server.url("/half"), destination: .directory(directory))
+                try await withDownloader(testConfiguration(retries: 0)) { downloader in
+                    await expectHaulError(.network) { try await downloader.download(request) }
+                    #expect(downloader.partials.count == 1)
+                    let result = try await downloader.download(request)
+                    #expect(result.resumedFrom > 0)
+                    #expect(downloader.partials.count == 0)
+                }
+                #expect(try readFile(directory + "/half") == resource.content)
+            }
+        }
+    }
+
     /// A file name may start with a combining mark: its path is split at the last `/` byte, as the
     /// kernel reads it, not at the last `/` character (which the mark joins with the slash). The
     /// file, its partial and its manifest stay in the directory asked for, and the download resumes.

@@ -40,6 +40,8 @@ struct WholeAnswerTests {
                     // The first went the machine's way and showed the origin's files small; the rest
                     // took the shortcut, one request each.
                     #expect(downloader.smallAnswers.finishedCount == 5)
+                    // Finished, by either way: none of them is remembered as a partial download.
+                    #expect(downloader.partials.count == 0)
                 }
                 for name in names {
                     #expect(server.requests(for: "/\(name)").count == 1)

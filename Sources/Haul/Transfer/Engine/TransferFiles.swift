@@ -140,7 +140,10 @@ final class TransferFiles {
     /// later resume: the partial file when no manifest describes it.
     func release() {
         guard let paths, let lock else { return }
-        if !paths.folder.exists(paths.manifestName) { lock.removePartial() }
+        if !paths.folder.exists(paths.manifestName) {
+            lock.removePartial()
+            downloader.partials.forget(url.string, at: paths)
+        }
         lock.unlock()
         self.lock = nil
         self.file = nil
@@ -412,6 +415,7 @@ final class TransferFiles {
         if completeInPlace, let lock, lock.created { lock.removePartial() }
         lock?.unlock()
         lock = nil
+        downloader.partials.forget(url.string, at: paths)
         return paths.destination
     }
 }
