@@ -38,7 +38,7 @@ enum QueueRun {
     ) async throws -> Never {
         let ids = downloads.map(\.id)
         let display = QueueDisplay(output: output, downloads: downloads)
-        let events = manager.events()
+        let events = display.showsTransfers ? manager.events() : manager.stateEvents()
         let signals = SignalWatcher(signals: [SIGINT, SIGTERM])
         await withTaskGroup(of: Void.self) { group in
             group.addTask {
@@ -94,6 +94,10 @@ final class QueueDisplay: Sendable {
         queue = QueueRenderer(style: style, downloads: downloads)
         if noting, downloads.first?.state == .completed { noteAlreadyComplete(downloads[0]) }
     }
+
+    /// Whether it shows anything of the transfers' own events (progress, retries, a single
+    /// download's result): all but the quiet display of many downloads, which tells only failures.
+    var showsTransfers: Bool { !(style == .quiet && single == nil) }
 
     /// Says that the one download was complete before the command began.
     func noteAlreadyComplete(_ info: DownloadInfo) {

@@ -117,6 +117,29 @@ struct QueueCommandTests {
         }
     }
 
+    @Test func quietlyAListTellsOnlyItsFailureAndExitsWithItsCode() async throws {
+        try await HaulTestServer.withRunning { server in
+            let directory = try makeTemporaryDirectory()
+            defer { try? FileManager.default.removeItem(atPath: directory) }
+            let names = ["a", "b", "c"]
+            for name in names { server.add("/\(name)", TestResource(name: name, size: 3000)) }
+            let urls = names.map { server.url("/\($0)") } + [server.url("/missing")]
+            try urls.joined(separator: "\n").write(toFile: directory + "/list.txt", atomically: true, encoding: .utf8)
+            let result = try await HaulProcess.run([
+                "get", "-i", directory + "/list.txt", "-d", directory + "/files", "-q", "--no-daemon",
+                "--state-dir", directory + "/state",
+            ])
+            // The documented code of an HTTP error.
+            #expect(result.status == 4, "\(result.errors)")
+            let lines = result.errors.split(separator: "\n")
+            #expect(lines.count == 1, "\(result.errors)")
+            #expect(lines.first?.hasPrefix("haul: error: missing: ") == true, "\(result.errors)")
+            for name in names {
+                #expect(contents(directory + "/files/" + name) == server.resource("/\(name)")?.content)
+            }
+        }
+    }
+
     @Test func inputFileWithPerLineOptions() async throws {
         try await HaulTestServer.withRunning { server in
             let directory = try makeTemporaryDirectory()

@@ -13,6 +13,13 @@ extension DownloadManager {
         subscribers.subscribe(to: nil, buffering: .bufferingNewest(count))
     }
 
+    /// ``events()`` without the transfers' own (``DownloadManagerEvent/Kind/transfer(_:)``), for a
+    /// reader that shows only how downloads change state: while no reader wants a transfer's events,
+    /// none is made.
+    package nonisolated func stateEvents() -> AsyncStream<DownloadManagerEvent> {
+        subscribers.subscribe(to: nil, transfers: false)
+    }
+
     /// Events of one download, starting with its current state. The sequence ends when the download
     /// completes, is cancelled or removed, or the manager is closed; it ends at once for an unknown ID
     /// or a download that is already over.
@@ -78,6 +85,7 @@ extension DownloadManager {
 
     /// Sends an event to those listening, and ends the streams of a download that is over.
     func publish(_ kind: DownloadManagerEvent.Kind, _ entry: Entry, fromAnotherWorker: Bool = false) {
+        if case .transfer = kind, !subscribers.wantTransfers(of: entry.id) { return }
         let event = DownloadManagerEvent(kind: kind, download: entry.info, isFromAnotherWorker: fromAnotherWorker)
         let ends: Bool
         switch kind {
@@ -94,7 +102,15 @@ extension DownloadManager {
 final class Subscribers: Sendable {
     private struct Subscriber {
         let download: DownloadID?
+        /// Whether it hears the transfers' own events.
+        let transfers: Bool
         let continuation: AsyncStream<DownloadManagerEvent>.Continuation
+
+        func hears(_ event: DownloadManagerEvent) -> Bool {
+            guard download == nil || download == event.download.id else { return false }
+            if case .transfer = event.kind { return transfers }
+            return true
+        }
     }
 
     private struct State {
@@ -105,8 +121,10 @@ final class Subscribers: Sendable {
 
     private let state = Mutex(State())
 
+    /// A stream of the events of `download` (`nil`: of every download), starting with `first`;
+    /// without the transfers' own unless `transfers`.
     func subscribe(
-        to download: DownloadID?, first: DownloadManagerEvent? = nil,
+        to download: DownloadID?, first: DownloadManagerEvent? = nil, transfers: Bool = true,
         buffering: AsyncStream<DownloadManagerEvent>.Continuation.BufferingPolicy = .unbounded
     ) -> AsyncStream<DownloadManagerEvent> {
         let (stream, continuation) = AsyncStream<DownloadManagerEvent>.makeStream(bufferingPolicy: buffering)
@@ -114,7 +132,8 @@ final class Subscribers: Sendable {
         let key = state.withLock { state -> Int? in
             guard !state.closed else { return nil }
             state.next += 1
-            state.subscribers[state.next] = Subscriber(download: download, continuation: continuation)
+            state.subscribers[state.next] = Subscriber(
+                download: download, transfers: transfers, continuation: continuation)
             return state.next
         }
         guard let key else {
@@ -130,8 +149,7 @@ final class Subscribers: Sendable {
     func send(_ event: DownloadManagerEvent, ending: Bool) {
         let targets = state.withLock { state -> [(AsyncStream<DownloadManagerEvent>.Continuation, Bool)] in
             var targets: [(AsyncStream<DownloadManagerEvent>.Continuation, Bool)] = []
-            for (key, subscriber) in state.subscribers
-            where subscriber.download == nil || subscriber.download == event.download.id {
+            for (key, subscriber) in state.subscribers where subscriber.hears(event) {
                 let finishes = ending && subscriber.download != nil
                 targets.append((subscriber.continuation, finishes))
                 if finishes { state.subscribers[key] = nil }
@@ -146,6 +164,13 @@ final class Subscribers: Sendable {
 
     /// How many streams are open.
     var count: Int { state.withLock { $0.subscribers.count } }
+
+    /// Whether a stream hears the transfer events of download `id`.
+    func wantTransfers(of id: DownloadID) -> Bool {
+        state.withLock { state in
+            state.subscribers.values.contains { $0.transfers && ($0.download == nil || $0.download == id) }
+        }
+    }
 
     func finishAll() {
         let all = state.withLock { state -> [Subscriber] in

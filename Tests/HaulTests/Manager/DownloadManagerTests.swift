@@ -68,6 +68,32 @@ import Testing
         }
     }
 
+    @Test("a reader of state changes hears no transfer events, beside one that hears them all")
+    func stateEventsLeaveTheTransfersOut() async throws {
+        try await HaulTestServer.withRunning { server in
+            try await withTemporaryDirectory { directory in
+                server.add("/a", TestResource(name: "a", size: 20_000))
+                try await withManager(directory + "/state", managerConfiguration(limit: 2)) { manager in
+                    let states = manager.stateEvents()
+                    let all = manager.events()
+                    let id = try await manager.enqueue(
+                        DownloadRequest(url: server.url("/a"), destination: .file(directory + "/a")))
+                    await manager.runUntilIdle()
+                    await manager.close()
+                    var heard: [DownloadManagerEvent.Kind] = []
+                    for await event in states where event.download.id == id { heard.append(event.kind) }
+                    var transfers = 0
+                    for await event in all where event.download.id == id {
+                        if case .transfer = event.kind { transfers += 1 }
+                    }
+                    #expect(transfers >= 2)
+                    #expect(!heard.contains { if case .transfer = $0 { true } else { false } })
+                    #expect(heard.filter { if case .stateChanged = $0 { true } else { false } }.count >= 2)
+                }
+            }
+        }
+    }
+
     @Test("never transfers more than the limit at once; the next starts once one has all its bytes")
     func concurrencyLimit() async throws {
         try await HaulTestServer.withRunning { server in
