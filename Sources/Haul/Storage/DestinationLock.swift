@@ -76,7 +76,8 @@ final class DestinationLock: Sendable {
                     "\(path) has \(current.st_nlink) names (hard links): Haul writes no file that is also elsewhere; "
                         + "remove it to start again")
             }
-            return DestinationLock(paths: paths, descriptor: descriptor, created: created)
+            // Created here, yet written by another process between the creation and the lock: not new.
+            return DestinationLock(paths: paths, descriptor: descriptor, created: created && current.st_size == 0)
         }
         throw HaulError(.locked, "\(paths.destination) keeps changing owner; another process is downloading it")
     }
