@@ -210,8 +210,9 @@ struct WholeAnswerTests {
                     try await Self.fetch("a", server, downloader, into: directory)
                     try await Self.fetch("b", server, downloader, into: directory)
                     let slow = Task { try await Self.fetch("slow", server, downloader, into: directory) }
-                    try await waitUntil("the shortcut waits on the clock for the stalled answer") {
-                        server.requests(for: "/slow").count == 1 && clock.sleeperCount > 0
+                    let stalls = try #require(downloader.wholeAnswerTransport?.stalls)
+                    try await waitUntil("the shortcut's connection watches the stalled answer on the clock") {
+                        server.requests(for: "/slow").count == 1 && stalls.count == 1 && clock.sleeperCount > 0
                     }
                     // The whole answer did not come within the stall timeout: the machine asks again
                     // and gets the file.

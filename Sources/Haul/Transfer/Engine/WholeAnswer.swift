@@ -12,7 +12,9 @@ import Synchronization
 ///
 /// The shortcut sends the request the transfer machine would send first, through the same fetcher
 /// (headers, credentials, cookies, redirects, the cap per host), over the kept-alive connections
-/// of ``WholeAnswerTransport`` where the downloader has it. An answer the machine would accept
+/// of ``WholeAnswerTransport`` where the downloader has it. A request those connections do not take
+/// (through a proxy, say) is sent again through the general client from the first URL: a chain of
+/// redirects of which a later one is not taken is followed twice. An answer the machine would accept
 /// whole from byte 0, of a known length no larger than ``limit(_:)``, with no content coding and no
 /// digest to check, is read into memory, written to the partial file in one write, and handed to the
 /// finisher like any other finished file: its data made durable, the caller's record written, the
@@ -174,10 +176,10 @@ enum WholeAnswer {
                 }
             }
         } catch {
-            if case .cancelled = fetcher.failure(error) { throw cancelled }
             if let failure = error as? FetchFailure, failure.error is WholeAnswerTransport.NotTaken {
                 throw failure.error
             }
+            if case .cancelled = fetcher.failure(error) { throw cancelled }
             return nil
         }
     }

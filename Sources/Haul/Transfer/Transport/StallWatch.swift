@@ -31,7 +31,7 @@ final class StallWatch: Sendable {
 
     /// Watches an exchange that begins now: `abort` runs, once, on the watching task if the exchange
     /// has not ended (``end(_:)``) within the timeout. Returns the ticket that ends the watch. After
-    /// ``stop()`` nothing is watched.
+    /// ``stop()`` nothing new is watched.
     func begin(abort: @escaping @Sendable () -> Void) -> Int {
         let deadline = clock.now + timeout
         return state.withLock { state in
@@ -51,15 +51,16 @@ final class StallWatch: Sendable {
     /// How many exchanges are watched.
     var count: Int { state.withLock { $0.watched.count } }
 
-    /// Watches nothing more, and ends the watching task.
+    /// Watches no exchange that begins from now on; those watched already are until they end or
+    /// stall. The watching task ends once none is left.
     func stop() {
-        let watcher = state.withLock { state in
+        let idle = state.withLock { state -> Task<Void, Never>? in
             state.stopped = true
-            state.watched = [:]
+            guard state.watched.isEmpty else { return nil }
             defer { state.watcher = nil }
             return state.watcher
         }
-        watcher?.cancel()
+        idle?.cancel()
     }
 
     /// Sleeps until the earliest deadline, aborts the exchanges it passed, and again, until nothing

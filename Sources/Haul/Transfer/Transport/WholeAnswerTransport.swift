@@ -17,9 +17,10 @@ import Synchronization
 /// a request object, a pool and an asynchronous sequence.
 ///
 /// It takes only what the shortcut can use:
-/// - a request through a proxy, or to an origin that already has ``connectionsPerOrigin``
-///   connections of this transport open and none of them idle, is not sent: ``send(_:receive:)``
-///   throws ``NotTaken``, and the shortcut sends it through Haul's general client (``fallback``);
+/// - a request through a proxy, over https when the TLS trust cannot be loaded, or to an origin
+///   that already has ``connectionsPerOrigin`` connections of this transport open and none of them
+///   idle, is not sent: ``send(_:receive:)`` throws ``NotTaken``, and the shortcut sends it through
+///   Haul's general client (``fallback``);
 /// - a body longer than ``bodyLimit`` is not read: its connection is closed, and the body the
 ///   answer carries fails when read (the shortcut declines such an answer before it reads it);
 /// - an answer that has not come whole ``stalls``' timeout after its request was sent is given up
@@ -70,8 +71,8 @@ final class WholeAnswerTransport: DownloadTransport {
     let idleTimeout: TimeAmount
     private let configuration: DownloaderConfiguration
     /// The TLS context of https connections, made with the first (`nil` inside: the trust the
-    /// configuration names cannot be loaded, and https requests go through ``fallback``, which says
-    /// why).
+    /// configuration names cannot be loaded, and https requests are not taken: the general client
+    /// says why).
     private let tls = Mutex<NIOSSLContext??>(nil)
     private let group: any EventLoopGroup
     private let state = Mutex(State())
@@ -150,8 +151,11 @@ final class WholeAnswerTransport: DownloadTransport {
         if case ChannelError.connectTimeout = error {
             return .retryable(HaulError(.timedOut, "connecting to \(host) timed out", underlying: error))
         }
+        if error is StalledAnswer {
+            return .retryable(HaulError(.timedOut, "the answer from \(host) stalled", underlying: error))
+        }
         if error is LostConnection || error is ChannelError || error is HTTPParserError
-            || error is WholeReply.TooLong || error is StalledAnswer
+            || error is WholeReply.TooLong
         {
             return .retryable(HaulError(.network, "transfer from \(host) failed: \(error)", underlying: error))
         }
@@ -246,6 +250,9 @@ final class WholeAnswerTransport: DownloadTransport {
         let promise = channel.eventLoop.makePromise(of: WholeReply.self)
         let exchange = WholeExchange(head: head, limit: bodyLimit, reply: promise)
         let answer = promise.futureResult
+        // The request goes to the event loop before the watch can: a stall, however soon, finds its
+        // exchange under way.
+        channel.writeAndFlush(exchange).cascadeFailure(to: promise)
         let ticket = stalls.begin {
             channel.triggerUserOutboundEvent(WholeExchangeHandler.Stalled(answer: answer), promise: nil)
         }
@@ -253,8 +260,7 @@ final class WholeAnswerTransport: DownloadTransport {
         let reply: WholeReply
         do {
             reply = try await withTaskCancellationHandler {
-                channel.writeAndFlush(exchange).cascadeFailure(to: promise)
-                return try await promise.futureResult.get()
+                try await promise.futureResult.get()
             } onCancel: {
                 channel.close(promise: nil)
             }
