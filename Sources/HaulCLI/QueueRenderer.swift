@@ -24,6 +24,13 @@ final class QueueRenderer: Sendable {
         self.state = Mutex(State(downloads: Dictionary(downloads.map { ($0.id, $0) }, uniquingKeysWith: { $1 })))
     }
 
+    /// The events the quiet style shows: a download's failure, by kind and the download's state
+    /// after the event.
+    static let quietlyShown: @Sendable (DownloadManagerEvent.Kind, DownloadState) -> Bool = { kind, state in
+        guard case .stateChanged = kind else { return false }
+        return state == .failed
+    }
+
     func handle(_ event: DownloadManagerEvent) {
         let info = event.download
         let known = state.withLock { state -> Bool in
@@ -35,7 +42,7 @@ final class QueueRenderer: Sendable {
         guard known else { return }
         switch style {
         case .quiet:
-            if case .stateChanged = event.kind, info.state == .failed, let error = info.error {
+            if Self.quietlyShown(event.kind, info.state), let error = info.error {
                 Output.standardError("haul: error: \(info.name): \(error.messageWithHint)\n")
             }
         case .json:

@@ -38,7 +38,7 @@ enum QueueRun {
     ) async throws -> Never {
         let ids = downloads.map(\.id)
         let display = QueueDisplay(output: output, downloads: downloads)
-        let events = display.showsTransfers ? manager.events() : manager.stateEvents()
+        let events = display.wants.map { manager.events(where: $0) } ?? manager.events()
         let signals = SignalWatcher(signals: [SIGINT, SIGTERM])
         await withTaskGroup(of: Void.self) { group in
             group.addTask {
@@ -95,9 +95,11 @@ final class QueueDisplay: Sendable {
         if noting, downloads.first?.state == .completed { noteAlreadyComplete(downloads[0]) }
     }
 
-    /// Whether it shows anything of the transfers' own events (progress, retries, a single
-    /// download's result): all but the quiet display of many downloads, which tells only failures.
-    var showsTransfers: Bool { !(style == .quiet && single == nil) }
+    /// The events it shows anything of, when not all: the quiet display of many downloads tells
+    /// only failures.
+    var wants: (@Sendable (DownloadManagerEvent.Kind, DownloadState) -> Bool)? {
+        style == .quiet && single == nil ? QueueRenderer.quietlyShown : nil
+    }
 
     /// Says that the one download was complete before the command began.
     func noteAlreadyComplete(_ info: DownloadInfo) {

@@ -13,11 +13,14 @@ extension DownloadManager {
         subscribers.subscribe(to: nil, buffering: .bufferingNewest(count))
     }
 
-    /// ``events()`` without the transfers' own (``DownloadManagerEvent/Kind/transfer(_:)``), for a
-    /// reader that shows only how downloads change state: while no reader wants a transfer's events,
-    /// none is made.
-    package nonisolated func stateEvents() -> AsyncStream<DownloadManagerEvent> {
-        subscribers.subscribe(to: nil, transfers: false)
+    /// ``events()`` for a reader that wants only some: `wants` tells, from an event's kind and the
+    /// state of its download after it, whether the reader hears the event. An event no reader wants
+    /// is not made: a reader that shows only failures spares the manager the events of every
+    /// download that goes well.
+    package nonisolated func events(
+        where wants: @escaping @Sendable (DownloadManagerEvent.Kind, DownloadState) -> Bool
+    ) -> AsyncStream<DownloadManagerEvent> {
+        subscribers.subscribe(to: nil, wants: wants)
     }
 
     /// Events of one download, starting with its current state. The sequence ends when the download
@@ -85,7 +88,7 @@ extension DownloadManager {
 
     /// Sends an event to those listening, and ends the streams of a download that is over.
     func publish(_ kind: DownloadManagerEvent.Kind, _ entry: Entry, fromAnotherWorker: Bool = false) {
-        if case .transfer = kind, !subscribers.wantTransfers(of: entry.id) { return }
+        guard subscribers.want(kind, entry.state, of: entry.id) else { return }
         let event = DownloadManagerEvent(kind: kind, download: entry.info, isFromAnotherWorker: fromAnotherWorker)
         let ends: Bool
         switch kind {
@@ -102,14 +105,13 @@ extension DownloadManager {
 final class Subscribers: Sendable {
     private struct Subscriber {
         let download: DownloadID?
-        /// Whether it hears the transfers' own events.
-        let transfers: Bool
+        /// Which events it hears, by kind and the download's state after them (`nil`: all).
+        let wants: (@Sendable (DownloadManagerEvent.Kind, DownloadState) -> Bool)?
         let continuation: AsyncStream<DownloadManagerEvent>.Continuation
 
-        func hears(_ event: DownloadManagerEvent) -> Bool {
-            guard download == nil || download == event.download.id else { return false }
-            if case .transfer = event.kind { return transfers }
-            return true
+        func hears(_ kind: DownloadManagerEvent.Kind, _ state: DownloadState, of id: DownloadID) -> Bool {
+            guard download == nil || download == id else { return false }
+            return wants?(kind, state) ?? true
         }
     }
 
@@ -121,10 +123,11 @@ final class Subscribers: Sendable {
 
     private let state = Mutex(State())
 
-    /// A stream of the events of `download` (`nil`: of every download), starting with `first`;
-    /// without the transfers' own unless `transfers`.
+    /// A stream of the events of `download` (`nil`: of every download) that `wants` lets through
+    /// (`nil`: all), starting with `first`.
     func subscribe(
-        to download: DownloadID?, first: DownloadManagerEvent? = nil, transfers: Bool = true,
+        to download: DownloadID?, first: DownloadManagerEvent? = nil,
+        wants: (@Sendable (DownloadManagerEvent.Kind, DownloadState) -> Bool)? = nil,
         buffering: AsyncStream<DownloadManagerEvent>.Continuation.BufferingPolicy = .unbounded
     ) -> AsyncStream<DownloadManagerEvent> {
         let (stream, continuation) = AsyncStream<DownloadManagerEvent>.makeStream(bufferingPolicy: buffering)
@@ -133,7 +136,7 @@ final class Subscribers: Sendable {
             guard !state.closed else { return nil }
             state.next += 1
             state.subscribers[state.next] = Subscriber(
-                download: download, transfers: transfers, continuation: continuation)
+                download: download, wants: wants, continuation: continuation)
             return state.next
         }
         guard let key else {
@@ -149,7 +152,8 @@ final class Subscribers: Sendable {
     func send(_ event: DownloadManagerEvent, ending: Bool) {
         let targets = state.withLock { state -> [(AsyncStream<DownloadManagerEvent>.Continuation, Bool)] in
             var targets: [(AsyncStream<DownloadManagerEvent>.Continuation, Bool)] = []
-            for (key, subscriber) in state.subscribers where subscriber.hears(event) {
+            for (key, subscriber) in state.subscribers
+            where subscriber.hears(event.kind, event.download.state, of: event.download.id) {
                 let finishes = ending && subscriber.download != nil
                 targets.append((subscriber.continuation, finishes))
                 if finishes { state.subscribers[key] = nil }
@@ -165,11 +169,9 @@ final class Subscribers: Sendable {
     /// How many streams are open.
     var count: Int { state.withLock { $0.subscribers.count } }
 
-    /// Whether a stream hears the transfer events of download `id`.
-    func wantTransfers(of id: DownloadID) -> Bool {
-        state.withLock { state in
-            state.subscribers.values.contains { $0.transfers && ($0.download == nil || $0.download == id) }
-        }
+    /// Whether a stream hears an event of `kind` of download `id`, in `state` after it.
+    func want(_ kind: DownloadManagerEvent.Kind, _ downloadState: DownloadState, of id: DownloadID) -> Bool {
+        state.withLock { state in state.subscribers.values.contains { $0.hears(kind, downloadState, of: id) } }
     }
 
     func finishAll() {

@@ -68,27 +68,32 @@ import Testing
         }
     }
 
-    @Test("a reader of state changes hears no transfer events, beside one that hears them all")
-    func stateEventsLeaveTheTransfersOut() async throws {
+    @Test("a reader of failures hears only them, beside one that hears every event")
+    func aReaderHearsOnlyTheEventsItWants() async throws {
         try await HaulTestServer.withRunning { server in
             try await withTemporaryDirectory { directory in
                 server.add("/a", TestResource(name: "a", size: 20_000))
                 try await withManager(directory + "/state", managerConfiguration(limit: 2)) { manager in
-                    let states = manager.stateEvents()
+                    let failures = manager.events { kind, state in
+                        guard case .stateChanged = kind else { return false }
+                        return state == .failed
+                    }
                     let all = manager.events()
-                    let id = try await manager.enqueue(
+                    let good = try await manager.enqueue(
                         DownloadRequest(url: server.url("/a"), destination: .file(directory + "/a")))
+                    let bad = try await manager.enqueue(
+                        DownloadRequest(url: server.url("/missing"), destination: .file(directory + "/b")))
                     await manager.runUntilIdle()
                     await manager.close()
-                    var heard: [DownloadManagerEvent.Kind] = []
-                    for await event in states where event.download.id == id { heard.append(event.kind) }
+                    var heard: [DownloadManagerEvent] = []
+                    for await event in failures { heard.append(event) }
                     var transfers = 0
-                    for await event in all where event.download.id == id {
+                    for await event in all where event.download.id == good {
                         if case .transfer = event.kind { transfers += 1 }
                     }
                     #expect(transfers >= 2)
-                    #expect(!heard.contains { if case .transfer = $0 { true } else { false } })
-                    #expect(heard.filter { if case .stateChanged = $0 { true } else { false } }.count >= 2)
+                    #expect(heard.map(\.download.id) == [bad])
+                    #expect(heard.first?.download.state == .failed)
                 }
             }
         }
