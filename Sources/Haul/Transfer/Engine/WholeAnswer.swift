@@ -213,11 +213,16 @@ enum WholeAnswer {
             return nil
         }
         var body = ByteBuffer()
-        body.reserveCapacity(Int(total))
         do {
             for try await chunk in response.body {
                 guard body.readableBytes + chunk.readableBytes <= total else { return nil }
-                body.writeImmutableBuffer(chunk)
+                if body.readableBytes == 0 && chunk.readableBytes == total {
+                    // The whole body in one piece (as the shortcut's own connections hand it over).
+                    body = chunk
+                } else {
+                    body.reserveCapacity(Int(total))
+                    body.writeImmutableBuffer(chunk)
+                }
             }
         } catch {
             return nil

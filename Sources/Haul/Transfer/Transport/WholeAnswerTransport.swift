@@ -374,7 +374,9 @@ final class WholeExchangeHandler: ChannelDuplexHandler {
     private enum State {
         case idle
         case waiting(WholeExchange)
-        case reading(WholeExchange, HTTPResponseHead, ByteBuffer)
+        /// The answer's head came; `body` holds what came of its body, of which `length` bytes (the
+        /// answer's `Content-Length`) are to come in all, when told.
+        case reading(WholeExchange, HTTPResponseHead, body: ByteBuffer, length: Int?)
         /// The connection is closing: the body passed the limit (the answer was handed over), or
         /// the exchange failed.
         case closing
@@ -422,15 +424,21 @@ final class WholeExchangeHandler: ChannelDuplexHandler {
         case (.waiting(let exchange), .head(let head)):
             let length = head.headers.first(name: "content-length").flatMap { Int($0) }
             if let length, length > exchange.limit { return cut(context, exchange, head, ByteBuffer()) }
-            state = .reading(exchange, head, context.channel.allocator.buffer(capacity: max(0, length ?? 0)))
-        case (.reading(let exchange, let head, var body), .body(var chunk)):
+            state = .reading(exchange, head, body: ByteBuffer(), length: length.map { max(0, $0) })
+        case (.reading(let exchange, let head, var body, let length), .body(var chunk)):
             guard body.readableBytes + chunk.readableBytes <= exchange.limit else {
                 return cut(context, exchange, head, body)
             }
             state = .idle
-            body.writeBuffer(&chunk)
-            state = .reading(exchange, head, body)
-        case (.reading(let exchange, let head, let body), .end):
+            if body.readableBytes == 0 && chunk.readableBytes == length {
+                // The whole body in one piece: kept as it came, not copied.
+                body = chunk
+            } else {
+                if body.capacity == 0 { body = context.channel.allocator.buffer(capacity: length ?? 0) }
+                body.writeBuffer(&chunk)
+            }
+            state = .reading(exchange, head, body: body, length: length)
+        case (.reading(let exchange, let head, let body, _), .end):
             state = .idle
             // A switch of protocols leaves the connection to another protocol.
             let reusable = head.isKeepAlive && head.status != .switchingProtocols && context.channel.isActive
@@ -450,7 +458,7 @@ final class WholeExchangeHandler: ChannelDuplexHandler {
         }
         promise?.succeed()
         switch state {
-        case .waiting(let exchange), .reading(let exchange, _, _):
+        case .waiting(let exchange), .reading(let exchange, _, _, _):
             if exchange.reply.futureResult === stalled.answer { fail(context, StalledAnswer()) }
         case .idle, .closing:
             break
@@ -488,7 +496,7 @@ final class WholeExchangeHandler: ChannelDuplexHandler {
         idleClose?.cancel()
         idleClose = nil
         switch previous {
-        case .waiting(let exchange), .reading(let exchange, _, _): exchange.reply.fail(error)
+        case .waiting(let exchange), .reading(let exchange, _, _, _): exchange.reply.fail(error)
         case .idle, .closing: break
         }
         context.close(promise: nil)
