@@ -357,7 +357,11 @@ import Testing
                     })
             }
             let path = state + "/" + DownloadManager.databaseName
-            let roots = try await DatabaseQueue(path: path).read { db in
+            // The closed manager's last connection may still be checkpointing as it goes: the reader
+            // waits for its lock, as the store itself does, rather than failing at once.
+            var waiting = Configuration()
+            waiting.busyMode = .timeout(10)
+            let roots = try await DatabaseQueue(path: path, configuration: waiting).read { db in
                 try Int.fetchAll(db, sql: "SELECT rootpage FROM sqlite_master WHERE type = 'index'")
             }
             #expect(!roots.isEmpty)
