@@ -340,6 +340,19 @@ struct FileFinisherTests {
         }
     }
 
+    #if os(Linux)
+        @Test("the data waiting to be written is read from this machine's /proc/meminfo in one read")
+        func pendingWriteBytesAreRead() throws {
+            let pending = try #require(Platform.pendingWriteBytes())
+            #expect(pending >= 0)
+            // The same text read the general way tells a figure of the same order (both move as the
+            // machine writes).
+            let text = String(decoding: try POSIX.readWholeFile("/proc/meminfo", limit: 1 << 16), as: UTF8.self)
+            let again = try #require(FileSystemFacts.pendingWriteBytes(meminfo: text))
+            #expect(abs(again - pending) < 1 << 30)
+        }
+    #endif
+
     @Test("a flush of a file system is trusted from kernel 5.8 on, on ext4 alone of its number, up to the data waiting")
     func theFactsAFlushOfAFileSystemRestsOn() {
         #expect(FileSystemFacts.kernelReportsFileSystemFlushErrors(release: "6.1.0-13-amd64"))
