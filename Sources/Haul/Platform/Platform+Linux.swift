@@ -116,27 +116,8 @@
 
         /// The bytes of the machine's page cache waiting to be written (`Dirty` plus `Writeback` in
         /// `/proc/meminfo`); nil when they cannot be read.
-        ///
-        /// The kernel makes the whole text again for every read of the file, so it is read in one
-        /// read into a buffer larger than the text (about 1.5 KiB), asked once a batch of finished
-        /// files; a text that fills the buffer is read whole the general way.
         package static func pendingWriteBytes() -> Int64? {
-            let size = 16 * 1024
-            guard let descriptor = try? POSIX.open("/proc/meminfo", flags: O_RDONLY) else { return nil }
-            defer { POSIX.close(descriptor) }
-            var bytes = [UInt8](repeating: 0, count: size)
-            var count = -1
-            while count < 0 {
-                count = bytes.withUnsafeMutableBytes { pread(descriptor, $0.baseAddress, size, 0) }
-                if count < 0 && errno != EINTR { return nil }
-            }
-            if count < size {
-                bytes.removeLast(size - count)
-            } else {
-                guard let whole = try? POSIX.readWholeFile(descriptor, limit: 1 << 16, path: "/proc/meminfo")
-                else { return nil }
-                bytes = whole
-            }
+            guard let bytes = try? POSIX.readWholeFile("/proc/meminfo", limit: 1 << 16) else { return nil }
             return FileSystemFacts.pendingWriteBytes(meminfo: String(decoding: bytes, as: UTF8.self))
         }
 

@@ -174,10 +174,12 @@ package enum POSIX {
     /// The bytes of the open file, at most `limit` of them.
     package static func readWholeFile(_ descriptor: Int32, limit: Int, path: String) throws -> [UInt8] {
         let length = Int(clamping: try size(descriptor, path: path))
-        // One byte more than the size says, so a file that grew meanwhile is still read to its end,
-        // and so is a file whose size says nothing (0 for the kernel's files under /proc).
-        var bytes = try read(descriptor, count: min(limit, length + 1), at: 0, path: path)
-        guard bytes.count == length + 1 else { return bytes }
+        // One byte more than the size says, so a file that grew meanwhile is still read to its end.
+        // A size of 0 says nothing for the kernel's files under /proc, whose text the kernel makes
+        // again for every read: those are read in pieces of 16 KiB, which hold the usual ones whole.
+        let first = min(limit, length == 0 ? 16 * 1024 : length + 1)
+        var bytes = try read(descriptor, count: first, at: 0, path: path)
+        guard bytes.count == first else { return bytes }
         while bytes.count < limit {
             let more = try read(
                 descriptor, count: min(limit - bytes.count, 64 * 1024), at: Int64(bytes.count), path: path)
