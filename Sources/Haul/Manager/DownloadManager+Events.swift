@@ -88,15 +88,15 @@ extension DownloadManager {
 
     /// Sends an event to those listening, and ends the streams of a download that is over.
     func publish(_ kind: DownloadManagerEvent.Kind, _ entry: Entry, fromAnotherWorker: Bool = false) {
-        guard subscribers.want(kind, entry.state, of: entry.id) else { return }
-        let event = DownloadManagerEvent(kind: kind, download: entry.info, isFromAnotherWorker: fromAnotherWorker)
         let ends: Bool
         switch kind {
         case .removed: ends = true
         case .stateChanged: ends = entry.state == .completed || entry.state == .cancelled
         default: ends = false
         }
-        subscribers.send(event, ending: ends)
+        subscribers.send(kind, entry.state, of: entry.id, ending: ends) {
+            DownloadManagerEvent(kind: kind, download: entry.info, isFromAnotherWorker: fromAnotherWorker)
+        }
     }
 }
 
@@ -149,17 +149,24 @@ final class Subscribers: Sendable {
         return stream
     }
 
-    func send(_ event: DownloadManagerEvent, ending: Bool) {
+    /// Sends the event `make` makes, of `kind` of download `id` (in `downloadState` after it), to the
+    /// streams that hear it, and ends those of that one download when `ending`. The event is made
+    /// only when a stream hears it.
+    func send(
+        _ kind: DownloadManagerEvent.Kind, _ downloadState: DownloadState, of id: DownloadID, ending: Bool,
+        _ make: () -> DownloadManagerEvent
+    ) {
         let targets = state.withLock { state -> [(AsyncStream<DownloadManagerEvent>.Continuation, Bool)] in
             var targets: [(AsyncStream<DownloadManagerEvent>.Continuation, Bool)] = []
-            for (key, subscriber) in state.subscribers
-            where subscriber.hears(event.kind, event.download.state, of: event.download.id) {
+            for (key, subscriber) in state.subscribers where subscriber.hears(kind, downloadState, of: id) {
                 let finishes = ending && subscriber.download != nil
                 targets.append((subscriber.continuation, finishes))
                 if finishes { state.subscribers[key] = nil }
             }
             return targets
         }
+        guard !targets.isEmpty else { return }
+        let event = make()
         for (continuation, finishes) in targets {
             continuation.yield(event)
             if finishes { continuation.finish() }
@@ -168,11 +175,6 @@ final class Subscribers: Sendable {
 
     /// How many streams are open.
     var count: Int { state.withLock { $0.subscribers.count } }
-
-    /// Whether a stream hears an event of `kind` of download `id`, in `state` after it.
-    func want(_ kind: DownloadManagerEvent.Kind, _ downloadState: DownloadState, of id: DownloadID) -> Bool {
-        state.withLock { state in state.subscribers.values.contains { $0.hears(kind, downloadState, of: id) } }
-    }
 
     func finishAll() {
         let all = state.withLock { state -> [Subscriber] in
