@@ -57,7 +57,9 @@ enum QueueRun {
             }
         }
         signals.stop()
-        let final = await manager.downloads(ids: ids)
+        // Of many downloads, only those that did not complete tell the end (a long list is not read
+        // back whole).
+        let final = await manager.downloads(ids: ids, in: downloads.count == 1 ? nil : QueueDisplay.unfinished)
         do {
             try finishing()
         } catch {
@@ -94,6 +96,9 @@ final class QueueDisplay: Sendable {
         queue = QueueRenderer(style: style, downloads: downloads)
         if noting, downloads.first?.state == .completed { noteAlreadyComplete(downloads[0]) }
     }
+
+    /// The states of the downloads that tell how a run of many ends (see ``end(_:interrupted:leftRunning:)``).
+    static let unfinished = Set(DownloadState.allCases).subtracting([.completed])
 
     /// The events it shows anything of, when not all: the quiet display of many downloads tells
     /// only failures.
@@ -149,6 +154,7 @@ final class QueueDisplay: Sendable {
 
     /// Prints the last lines and exits: 0 when every download is saved, else the code of the first
     /// that is not. `leftRunning`: an interruption leaves the downloads running in the daemon.
+    /// `final` holds the downloads as they ended: of many, those in ``unfinished`` are enough.
     func end(_ final: [DownloadInfo], interrupted: Int32?, leftRunning: Bool = false) throws -> Never {
         if interrupted != nil && leftRunning {
             if style != .quiet {

@@ -301,10 +301,12 @@ package final class PostgreSQLQueueStore: QueueStore {
         return try result.first?.decode(Int64?.self).map(DownloadID.init)
     }
 
-    package func downloads(ids: [DownloadID]) throws -> [StoredDownload] {
+    package func downloads(ids: [DownloadID], in states: Set<DownloadState>?) throws -> [StoredDownload] {
         guard !ids.isEmpty else { return [] }
+        var binds = Self.stateBinds(states)
+        binds.append(ids.map(\.rawValue))
         return try records(
-            "SELECT \(Self.columns) FROM download WHERE id = ANY($1) ORDER BY id", binding: ids.map(\.rawValue))
+            "SELECT \(Self.columns) FROM download WHERE \(Self.stateCondition) AND id = ANY($2) ORDER BY id", binds)
     }
 
     package func downloads(keys: [String]) throws -> [StoredDownload] {

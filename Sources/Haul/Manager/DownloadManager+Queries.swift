@@ -8,7 +8,12 @@ extension DownloadManager {
 
     /// The downloads with these IDs that exist, in the order given: each as ``download(_:)`` gives
     /// it, but read from the store many at a time, and not held in memory once answered.
-    public func downloads(ids: [DownloadID]) -> [DownloadInfo] {
+    ///
+    /// With `states`, only those in one of them: the others are not read from the store, so asking
+    /// which of many downloads did not complete costs what those do. A download the store has in
+    /// another state is left out even when a look at its file would change its state (a completed
+    /// download whose file is gone fails as it is read).
+    public func downloads(ids: [DownloadID], in states: Set<DownloadState>? = nil) -> [DownloadInfo] {
         var found: [DownloadID: DownloadInfo] = [:]
         var reading: [DownloadID] = []
         for id in ids {
@@ -20,15 +25,15 @@ extension DownloadManager {
         }
         var folders = OpenFolders(confinement: confinement)
         for start in stride(from: 0, to: reading.count, by: 500) {
-            guard let records = try? store.downloads(ids: Array(reading[start..<min(reading.count, start + 500)]))
-            else { continue }
+            let chunk = Array(reading[start..<min(reading.count, start + 500)])
+            guard let records = try? store.downloads(ids: chunk, in: states) else { continue }
             for record in records {
                 try? reload(record.downloadID, stored: record, folders: &folders)
                 found[record.downloadID] = entries[record.downloadID]?.info
             }
             trim()
         }
-        return ids.compactMap { found[$0] }
+        return ids.compactMap { id in found[id].flatMap { states?.contains($0.state) != false ? $0 : nil } }
     }
 
     /// Every download in the order they were enqueued, optionally only those in `states`. It

@@ -64,8 +64,9 @@ package protocol QueueStore: Sendable {
     /// The ID of the record added last that is still stored; `nil` when there is none.
     func newestID() throws -> DownloadID?
 
-    /// The records with these IDs, in ID order; IDs without one are left out.
-    func downloads(ids: [DownloadID]) throws -> [StoredDownload]
+    /// The records with these IDs in `states` (any state when `nil`), in ID order; IDs without one
+    /// are left out.
+    func downloads(ids: [DownloadID], in states: Set<DownloadState>?) throws -> [StoredDownload]
 
     /// The records with these keys (``StoredDownload/key``), in ID order; keys without one are left out.
     func downloads(keys: [String]) throws -> [StoredDownload]
@@ -131,6 +132,11 @@ package protocol QueueStore: Sendable {
 extension QueueStore {
     /// Cannot tell (see the requirement).
     package func othersChangeVersion() throws -> Int? { nil }
+
+    /// The records with these IDs, in ID order; IDs without one are left out.
+    package func downloads(ids: [DownloadID]) throws -> [StoredDownload] {
+        try downloads(ids: ids, in: nil)
+    }
 
     /// Adds `records` all together (or none, when one's key is taken) and returns their IDs in order.
     @discardableResult

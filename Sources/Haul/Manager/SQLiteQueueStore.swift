@@ -569,15 +569,16 @@ final class SQLiteQueueStore: QueueStore {
     /// Records whose `column` is one of `values` (and that meet `condition`, SQL), in ID order,
     /// read `IN` lists of ``listChunk`` values at a time in one snapshot.
     private func downloads<Value: DatabaseValueConvertible & Hashable & Sendable>(
-        where column: String, in values: [Value], and condition: String = "1"
+        where column: String, in values: [Value],
+        and condition: (sql: String, arguments: StatementArguments) = ("1", [])
     ) throws -> [StoredDownload] {
         guard !values.isEmpty else { return [] }
         let unique = Array(Set(values))
         return try read { db in
             var found: [StoredDownload] = []
-            try Self.inLists(of: unique, db, { "SELECT * FROM download WHERE \(column) IN \($0) AND \(condition)" }) {
-                statement, arguments in
-                found += try StoredDownload.fetchAll(statement, arguments: arguments)
+            let sql = { (list: String) in "SELECT * FROM download WHERE \(column) IN \(list) AND \(condition.sql)" }
+            try Self.inLists(of: unique, db, sql) { statement, arguments in
+                found += try StoredDownload.fetchAll(statement, arguments: arguments + condition.arguments)
             }
             return found.sorted { $0.downloadID < $1.downloadID }
         }
@@ -588,9 +589,9 @@ final class SQLiteQueueStore: QueueStore {
         try read { db in try Int64.fetchOne(db, sql: "SELECT max(id) FROM download").map(DownloadID.init) }
     }
 
-    /// The records with these IDs (see ``QueueStore/downloads(ids:)``).
-    func downloads(ids: [DownloadID]) throws -> [StoredDownload] {
-        try downloads(where: "id", in: ids.map(\.rawValue))
+    /// The records with these IDs (see ``QueueStore/downloads(ids:in:)``).
+    func downloads(ids: [DownloadID], in states: Set<DownloadState>?) throws -> [StoredDownload] {
+        try downloads(where: "id", in: ids.map(\.rawValue), and: Self.stateCondition(states))
     }
 
     /// The records of these keys (see ``QueueStore/downloads(keys:)``).
@@ -609,7 +610,7 @@ final class SQLiteQueueStore: QueueStore {
                 db.cachedStatement(sql: "SELECT EXISTS (SELECT 1 FROM download WHERE \(Self.intoDirectory))"))
         }
         guard any == true else { return [] }
-        return try downloads(where: "destination", in: destinations, and: Self.intoDirectory)
+        return try downloads(where: "destination", in: destinations, and: (Self.intoDirectory, []))
     }
 
     /// The record with this key (see ``QueueStore/download(key:)``).

@@ -538,6 +538,16 @@ struct QueueStoreKind: Sendable, CustomTestStringConvertible {
                 ])
                     == [records[0], records[2]])
             #expect(try store.downloads(ids: []).isEmpty)
+            // Only those in the states asked for (an IN list padded with its last ID included).
+            var failed = records[1]
+            try failed.move(to: .running, at: 2)
+            try failed.move(to: .failed, at: 2)
+            try store.update([failed])
+            let asked = [records[2].downloadID, records[1].downloadID, records[0].downloadID]
+            #expect(try store.downloads(ids: asked, in: [.failed]) == [failed])
+            #expect(try store.downloads(ids: asked, in: [.queued, .paused]) == [records[0], records[2]])
+            #expect(try store.downloads(ids: asked, in: []).isEmpty)
+            #expect(try store.downloads(ids: asked, in: nil) == [records[0], failed, records[2]])
             #expect(try store.newestID() == inDirectory.downloadID)
             #expect(
                 try store.downloadsIntoDirectories(destinations: ["/d/2", "/d/1", "/d/x"]) == [inDirectory])
