@@ -157,6 +157,20 @@ package enum POSIX {
         return path.withCString { stat($0, &info) } == 0 && (info.st_mode & S_IFMT) == S_IFDIR
     }
 
+    /// How many files the process may have open at once (its soft limit); `Int.max` when unlimited
+    /// or unknown.
+    package static func openFileLimit() -> Int {
+        #if canImport(Glibc)
+            let files = __rlimit_resource_t(RLIMIT_NOFILE.rawValue)
+        #else
+            let files = RLIMIT_NOFILE
+        #endif
+        var limit = rlimit()
+        guard getrlimit(files, &limit) == 0 else { return .max }
+        // Unlimited is the largest value there is.
+        return Int(clamping: limit.rlim_cur)
+    }
+
     /// Bytes available to unprivileged users on the volume holding `directory`.
     package static func freeSpace(_ directory: String) -> Int64? {
         var info = statvfs()

@@ -77,11 +77,35 @@ import Testing
         }
     }
 
+    /// Twice the transfers (up to 64), a sixteenth of the files the process may open, from 8 to 256.
+    @Test func howManyMayBeFinishingFollowsTheFileLimit() {
+        #expect(DownloadManager.finishingLimit(transfers: 1, openFiles: 128) == 8)
+        #expect(DownloadManager.finishingLimit(transfers: 16, openFiles: 128) == 32)
+        #expect(DownloadManager.finishingLimit(transfers: 100, openFiles: 128) == 64)
+        #expect(DownloadManager.finishingLimit(transfers: 3, openFiles: 1_024) == 64)
+        #expect(DownloadManager.finishingLimit(transfers: 16, openFiles: 8_192) == 256)
+        #expect(DownloadManager.finishingLimit(transfers: 16, openFiles: .max) == 256)
+        // Without a limit given, the manager plans for the process's own, as the kernel tells it.
+        if let soft = Self.softFileLimit() { #expect(POSIX.openFileLimit() == soft) }
+    }
+
+    /// The soft limit of open files as `/proc/self/limits` tells it (`Int.max` for unlimited);
+    /// `nil` where there is no such file.
+    static func softFileLimit() -> Int? {
+        guard let text = try? String(contentsOfFile: "/proc/self/limits", encoding: .utf8),
+            let line = text.split(separator: "\n").first(where: { $0.hasPrefix("Max open files") })
+        else { return nil }
+        let fields = line.dropFirst("Max open files".count).split(separator: " ")
+        guard let soft = fields.first else { return nil }
+        return soft == "unlimited" ? .max : Int(soft)
+    }
+
     @Test func noMoreStartOnceManyAreFinishing() async throws {
         try await HaulTestServer.withRunning { server in
             try await withTemporaryDirectory { directory in
-                let configuration = managerConfiguration(limit: 1)
-                // With one place, 8 may be finishing at once.
+                var configuration = managerConfiguration(limit: 1)
+                // With one place and 128 files to open, 8 may be finishing at once.
+                configuration.openFileLimit = 128
                 let limit = 8
                 let names = (0...limit).map { "f\($0)" }
                 for name in names { server.add("/\(name)", TestResource(name: name, size: 1024)) }
