@@ -88,6 +88,56 @@ enum WholeAnswer {
         let configuration = downloader.configuration
         let clock = downloader.clock
         let since = clock.now
+        // The body is let go once it is written: a file waiting for the finisher holds no buffer
+        // (the buffer a connection read the answer into, which may be larger).
+        let written: Written
+        switch try await fetchAndWrite(request, from: url, found: found, files: files, downloader: downloader) {
+        case .declined(let chosen): return .declined(chosen)
+        case .written(let answer): written = answer
+        }
+        guard let paths = files.paths else { throw HaulError(.fileSystem, "no destination was chosen") }
+        let total = written.total
+        observe(
+            .started(
+                DownloadStart(
+                    destination: paths.destination, url: written.finalURL, totalBytes: total, resumedFrom: 0,
+                    resumable: written.facts.resumable(trustingUnvalidated: configuration.trustUnvalidatedResume),
+                    validator: written.facts.validator)))
+        let seconds = (clock.now - since).seconds
+        observe(
+            .progress(
+                DownloadProgress(
+                    bytes: total, totalBytes: total, bytesPerSecond: seconds > 0 ? Double(total) / seconds : 0,
+                    secondsRemaining: 0, connections: 1)))
+        let destination = try await files.finish(totalBytes: total, manifest: nil, finishing: finishing)
+        let result = DownloadResult(
+            destination: destination, url: url.string, bytes: total, bytesFetched: total, resumedFrom: 0,
+            restarts: 0, validator: written.facts.validator)
+        downloader.smallAnswers.noteFinished()
+        return .finished(result)
+    }
+
+    /// What is known of an answer whose body was written whole to the partial file.
+    private struct Written: Sendable {
+        let facts: ResponseFacts
+        let total: Int64
+        let finalURL: String
+    }
+
+    /// How ``fetchAndWrite(_:from:found:files:downloader:)`` ended.
+    private enum Fetched: Sendable {
+        case written(Written)
+        case declined(FoundDownload)
+    }
+
+    /// Asks for `request`'s first answer and, when the shortcut takes it, chooses the file, prepares
+    /// it and writes the body to it in one write; else declines, with what is stored under the name
+    /// the answer gave. Throws as ``run(_:from:found:files:downloader:observe:finishing:)`` does.
+    private static func fetchAndWrite(
+        _ request: DownloadRequest, from url: DownloadURL, found: FoundDownload, files: TransferFiles,
+        downloader: Downloader
+    ) async throws -> Fetched {
+        let configuration = downloader.configuration
         let answer: Answer?
         do {
             // The shortcut's own connections give up on a stalled answer themselves.
@@ -107,9 +157,7 @@ enum WholeAnswer {
         }
         let chosen = try files.chooseDestination(contentDisposition: answer.contentDisposition)
         guard case .nothing = chosen else { return .declined(chosen) }
-        guard let file = files.file, let paths = files.paths else {
-            throw HaulError(.fileSystem, "no destination was chosen")
-        }
+        guard let file = files.file else { throw HaulError(.fileSystem, "no destination was chosen") }
         let facts = answer.facts
         let total = Int64(answer.body.readableBytes)
         // As the machine prepares a fresh file: the room it needs (beside the margin kept free), and
@@ -128,24 +176,7 @@ enum WholeAnswer {
         } else {
             try await downloader.io.run { try body.withUnsafeReadableBytes { try file.writeNow($0, at: 0) } }
         }
-        observe(
-            .started(
-                DownloadStart(
-                    destination: paths.destination, url: answer.finalURL, totalBytes: total, resumedFrom: 0,
-                    resumable: facts.resumable(trustingUnvalidated: configuration.trustUnvalidatedResume),
-                    validator: facts.validator)))
-        let seconds = (clock.now - since).seconds
-        observe(
-            .progress(
-                DownloadProgress(
-                    bytes: total, totalBytes: total, bytesPerSecond: seconds > 0 ? Double(total) / seconds : 0,
-                    secondsRemaining: 0, connections: 1)))
-        let destination = try await files.finish(totalBytes: total, manifest: nil, finishing: finishing)
-        let result = DownloadResult(
-            destination: destination, url: url.string, bytes: total, bytesFetched: total, resumedFrom: 0,
-            restarts: 0, validator: facts.validator)
-        downloader.smallAnswers.noteFinished()
-        return .finished(result)
+        return .written(Written(facts: facts, total: total, finalURL: answer.finalURL))
     }
 
     /// The answer to the first request for `request` from `url` sent through `transport`, when the
