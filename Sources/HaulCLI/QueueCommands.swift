@@ -104,8 +104,9 @@ func runInQueue(
             client, state, transfer, display, perDownload: perDownload, refusing: refusing, prepare)
         return
     }
-    // Each download holds files while it transfers and while it is finished (-j and up to twice as
-    // many more): the shell's usual soft limit of 1,024 is not what the system can give.
+    // Each download holds files while it transfers and while it is finished (-j, and up to 256 more
+    // waiting to be finished, as the limit allows): the shell's usual soft limit of 1,024 is not
+    // what the system can give.
     DaemonCommand.raiseFileLimit()
     let (manager, session) = try await reportingErrors { () -> (DownloadManager, QueueSession) in
         let manager = try QueueRun.openManager(state, transfer, restoring: .leave, verbose: display.verbose)

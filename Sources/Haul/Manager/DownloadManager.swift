@@ -67,9 +67,15 @@ public actor DownloadManager {
         /// written together in one transaction (a group commit). Other processes see them that much
         /// later; a finished file is durable before its download is reported complete either way.
         public var commitInterval: Duration = .milliseconds(50)
-        /// How many files the process may have open at once, as the manager plans for it (see
-        /// ``DownloadManager/finishingLimit(transfers:openFiles:)``); `nil`: the process's own
-        /// limit when the manager is made. An app that keeps many files of its own open gives less.
+        /// How many files the process may have open at once, as the manager plans for it; `nil`:
+        /// the process's own (soft) limit when the manager is made. An app that keeps many files of
+        /// its own open, or runs several managers, gives less.
+        ///
+        /// A download whose file is complete waits for its flush and rename holding three files,
+        /// and no longer counts against ``maxConcurrentDownloads``: up to a sixteenth of this many
+        /// downloads (at most 256), or twice ``maxConcurrentDownloads`` (at least 8, at most 64)
+        /// when that is more, may wait so before no more start. The more wait, the larger the
+        /// batches that share one flush of their file system.
         public var openFileLimit: Int?
         /// How often a download paused by a full disk checks whether there is room again.
         public var spaceCheckInterval: Duration = .seconds(5)
@@ -150,18 +156,24 @@ public actor DownloadManager {
     /// ``Configuration/maxConcurrentDownloads``.
     var transferring: Int { jobs.count - finishing.count }
     /// How many downloads may be finishing at once before no more start (see
-    /// ``finishingLimit(transfers:openFiles:)``), for ``Configuration/openFileLimit``.
-    let finishingLimit: Int
+    /// ``finishingLimit(transfers:openFiles:)``), for the current limit on transfers.
+    var finishingLimit: Int {
+        Self.finishingLimit(transfers: configuration.maxConcurrentDownloads, openFiles: openFileBudget)
+    }
+    /// How many files the process may have open, as the manager plans for it
+    /// (``Configuration/openFileLimit``, else the process's soft limit when the manager was made).
+    let openFileBudget: Int
 
     /// How many downloads may be finishing at once, for `transfers` at once and a process that may
-    /// open `openFiles` files: at least twice `transfers` (up to 64), at least a sixteenth of
-    /// `openFiles`, at most 256.
+    /// open `openFiles` files: the larger of twice `transfers` (at least 8, at most 64) and a
+    /// sixteenth of `openFiles`, and at most 256.
     ///
     /// Each finishing download holds three files open until it is renamed (its lock, its partial
     /// file and its directory): a sixteenth of the limit leaves more than four fifths of it to the
     /// rest. Within that, the more files wait, the larger the batches that share one flush of their
     /// file system, the fewer the flushes, and the sooner a queue of small files is done: with the
-    /// shell's usual 1,024 that is 64, and 256 for `haul`, which raises the limit. Measured with
+    /// shell's usual 1,024 that is 64, and 256 for `haul`, which raises the soft limit to the hard
+    /// one (256 from a hard limit of 4,096 up). Measured with
     /// `bench/ab.sh` (2,000 files of 16 KiB, `-j 16`, ext4, 8 alternated pairs, 2026-11-27): 256
     /// against 32 (the earlier rule's) gave median ratios of 0.908 (0.74 → 0.69 s) and, in a faster
     /// hour of the machine, 0.970 (0.66 → 0.65 s).
@@ -274,9 +286,7 @@ public actor DownloadManager {
         self.downloader = downloader
         self.clock = downloader.clock
         self.lastSpaceCheck = self.clock.now
-        self.finishingLimit = Self.finishingLimit(
-            transfers: configuration.maxConcurrentDownloads,
-            openFiles: configuration.openFileLimit ?? POSIX.openFileLimit())
+        self.openFileBudget = configuration.openFileLimit ?? POSIX.openFileLimit()
         self.dateAnchor = (self.clock.now, configuration.startDate ?? Date())
         // A window that holds already holds from the first download on.
         let rulesNow = configuration.rules.now(at: dateAnchor.date, in: configuration.timeZone)

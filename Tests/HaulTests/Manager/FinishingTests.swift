@@ -89,6 +89,24 @@ import Testing
         if let soft = Self.softFileLimit() { #expect(POSIX.openFileLimit() == soft) }
     }
 
+    /// A manager plans for the files it is told it may open, else for the process's limit, and
+    /// for its limit on transfers as it is now.
+    @Test func aManagerPlansForItsFilesAndItsTransfers() async throws {
+        try await withTemporaryDirectory { directory in
+            var configuration = managerConfiguration(limit: 3)
+            configuration.openFileLimit = 256
+            try await withManager(directory + "/given", configuration) { manager in
+                #expect(await manager.finishingLimit == 16)
+                await manager.setMaxConcurrentDownloads(20)
+                #expect(await manager.finishingLimit == 40)
+            }
+            try await withManager(directory + "/own", managerConfiguration(limit: 3)) { manager in
+                let expected = DownloadManager.finishingLimit(transfers: 3, openFiles: POSIX.openFileLimit())
+                #expect(await manager.finishingLimit == expected)
+            }
+        }
+    }
+
     /// The soft limit of open files as `/proc/self/limits` tells it (`Int.max` for unlimited);
     /// `nil` where there is no such file.
     static func softFileLimit() -> Int? {
