@@ -210,19 +210,7 @@ struct DaemonCommand: AsyncParsableCommand {
     /// of 1024 is a setting of the shell, not of what the system can give. `haul get`, `resume` and
     /// `retry` raise it too when they run the downloads themselves.
     static func raiseFileLimit() {
-        #if canImport(Glibc)
-            let files = __rlimit_resource_t(RLIMIT_NOFILE.rawValue)
-        #else
-            let files = RLIMIT_NOFILE
-        #endif
-        var limit = rlimit()
-        guard getrlimit(files, &limit) == 0, limit.rlim_cur < limit.rlim_max else { return }
-        limit.rlim_cur = limit.rlim_max
-        #if canImport(Darwin)
-            // macOS reports no hard limit but refuses a soft one past OPEN_MAX.
-            limit.rlim_cur = min(limit.rlim_max, rlim_t(OPEN_MAX))
-        #endif
-        _ = setrlimit(files, &limit)
+        POSIX.raiseOpenFileLimit()
     }
 
     /// `host:port` or `[v6]:port`.

@@ -157,18 +157,32 @@ package enum POSIX {
         return path.withCString { stat($0, &info) } == 0 && (info.st_mode & S_IFMT) == S_IFDIR
     }
 
+    /// The limit on the files a process may have open.
+    #if canImport(Glibc)
+        private static let openFiles = __rlimit_resource_t(RLIMIT_NOFILE.rawValue)
+    #else
+        private static let openFiles = RLIMIT_NOFILE
+    #endif
+
     /// How many files the process may have open at once (its soft limit); `Int.max` when unlimited
     /// or unknown.
     package static func openFileLimit() -> Int {
-        #if canImport(Glibc)
-            let files = __rlimit_resource_t(RLIMIT_NOFILE.rawValue)
-        #else
-            let files = RLIMIT_NOFILE
-        #endif
         var limit = rlimit()
-        guard getrlimit(files, &limit) == 0 else { return .max }
+        guard getrlimit(openFiles, &limit) == 0 else { return .max }
         // Unlimited is the largest value there is.
         return Int(clamping: limit.rlim_cur)
+    }
+
+    /// Raises the soft limit on open files to the hard one (on macOS, at most `OPEN_MAX`, past which
+    /// it refuses a soft limit though it reports no hard one).
+    package static func raiseOpenFileLimit() {
+        var limit = rlimit()
+        guard getrlimit(openFiles, &limit) == 0, limit.rlim_cur < limit.rlim_max else { return }
+        limit.rlim_cur = limit.rlim_max
+        #if canImport(Darwin)
+            limit.rlim_cur = min(limit.rlim_max, rlim_t(OPEN_MAX))
+        #endif
+        _ = setrlimit(openFiles, &limit)
     }
 
     /// Bytes available to unprivileged users on the volume holding `directory`.
