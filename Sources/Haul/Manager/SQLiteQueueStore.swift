@@ -566,8 +566,9 @@ final class SQLiteQueueStore: QueueStore {
         return min(listChunk, 1 << (Int.bitWidth - (count - 1).leadingZeroBitCount))
     }
 
-    /// Records whose `column` is one of `values` (and that meet `condition`, SQL), in ID order,
-    /// read `IN` lists of ``listChunk`` values at a time in one snapshot.
+    /// Records whose `column` is one of `values` (and that meet `condition`, SQL with its arguments,
+    /// which follow the `IN` list's), in ID order, read `IN` lists of ``listChunk`` values at a
+    /// time in one snapshot.
     private func downloads<Value: DatabaseValueConvertible & Hashable & Sendable>(
         where column: String, in values: [Value],
         and condition: (sql: String, arguments: StatementArguments) = ("1", [])

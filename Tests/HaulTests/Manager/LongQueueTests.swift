@@ -47,7 +47,7 @@ struct LongQueueTests {
                 let answered = await manager.downloads(ids: asked)
                 #expect(answered.map(\.id) == Array(ids.reversed()))
                 #expect(answered.allSatisfy { $0.state == .queued })
-                // Only those in the states asked for, the others not read.
+                // Only those in the states asked for.
                 #expect(await manager.downloads(ids: asked, in: [.completed, .failed]).isEmpty)
                 let queued = await manager.downloads(ids: Array(ids[5..<8]).reversed(), in: [.queued])
                 #expect(queued.map(\.id) == Array(ids[5..<8]).reversed())
