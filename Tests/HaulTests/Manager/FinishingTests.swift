@@ -110,12 +110,16 @@ import Testing
     /// The soft limit of open files as `/proc/self/limits` tells it (`Int.max` for unlimited);
     /// `nil` where there is no such file.
     static func softFileLimit() -> Int? {
-        guard let text = try? String(contentsOfFile: "/proc/self/limits", encoding: .utf8),
-            let line = text.split(separator: "\n").first(where: { $0.hasPrefix("Max open files") })
-        else { return nil }
-        let fields = line.dropFirst("Max open files".count).split(separator: " ")
-        guard let soft = fields.first else { return nil }
-        return soft == "unlimited" ? .max : Int(soft)
+        #if os(Linux)
+            guard let text = try? String(contentsOfFile: "/proc/self/limits", encoding: .utf8),
+                let line = text.split(separator: "\n").first(where: { $0.hasPrefix("Max open files") })
+            else { return nil }
+            let fields = line.dropFirst("Max open files".count).split(separator: " ")
+            guard let soft = fields.first else { return nil }
+            return soft == "unlimited" ? .max : Int(soft)
+        #else
+            return nil
+        #endif
     }
 
     @Test func noMoreStartOnceManyAreFinishing() async throws {
