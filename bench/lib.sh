@@ -193,12 +193,21 @@ bench_rounds() {
 measure() {
     local label="$1"
     shift
-    local report
+    local report errors status=0
     report=$(mktemp)
+    errors=$(mktemp)
     # Start each run with no dirty pages left by the previous one.
     sync
-    /usr/bin/time -f "%e %U %S %M" -o "$report" "$@" >/dev/null 2>&1 || { echo "$label FAILED"; rm -f "$report"; return 1; }
+    /usr/bin/time -f "%e %U %S %M" -o "$report" "$@" >/dev/null 2>"$errors" || status=$?
+    if [ "$status" -ne 0 ]; then
+        # What the tool said, so that a failed run tells why (time's own line is in the report).
+        echo "$label FAILED (exit $status): $*" >&2
+        tail -n 5 "$errors" >&2
+        rm -f "$report" "$errors"
+        echo "$label FAILED"
+        return 1
+    fi
     read -r wall user system rss < "$report"
-    rm -f "$report"
+    rm -f "$report" "$errors"
     printf '%s %s %.2f %s\n' "$label" "$wall" "$(echo "$user + $system" | bc -l)" "$rss"
 }
