@@ -57,9 +57,7 @@ enum QueueRun {
             }
         }
         signals.stop()
-        // Of many downloads, only those that did not complete tell the end (a long list is not read
-        // back whole).
-        let final = await manager.downloads(ids: ids, in: downloads.count == 1 ? nil : QueueDisplay.unfinished)
+        let final = await manager.downloads(ids: ids, in: display.endingStates)
         do {
             try finishing()
         } catch {
@@ -97,8 +95,11 @@ final class QueueDisplay: Sendable {
         if noting, downloads.first?.state == .completed { noteAlreadyComplete(downloads[0]) }
     }
 
-    /// The states of the downloads that tell how a run of many ends (see ``end(_:interrupted:leftRunning:)``).
-    static let unfinished = Set(DownloadState.allCases).subtracting([.completed])
+    /// The states of the downloads ``end(_:interrupted:leftRunning:)`` needs to see, when not all:
+    /// of many, only those that did not complete tell the end (a long list is not read back whole).
+    var endingStates: Set<DownloadState>? {
+        single == nil ? Set(DownloadState.allCases).subtracting([.completed]) : nil
+    }
 
     /// The events it shows anything of, when not all: the quiet display of many downloads tells
     /// only failures.
@@ -154,7 +155,7 @@ final class QueueDisplay: Sendable {
 
     /// Prints the last lines and exits: 0 when every download is saved, else the code of the first
     /// that is not. `leftRunning`: an interruption leaves the downloads running in the daemon.
-    /// `final` holds the downloads as they ended: of many, those in ``unfinished`` are enough.
+    /// `final` holds the downloads as they ended: those in ``endingStates`` are enough.
     func end(_ final: [DownloadInfo], interrupted: Int32?, leftRunning: Bool = false) throws -> Never {
         if interrupted != nil && leftRunning {
             if style != .quiet {
