@@ -33,7 +33,8 @@ extension DownloadManager {
             }
             trim()
         }
-        return ids.compactMap { id in found[id].flatMap { states?.contains($0.state) != false ? $0 : nil } }
+        // Those held in memory were not read through the store's filter.
+        return ids.compactMap { found[$0] }.filter { states?.contains($0.state) ?? true }
     }
 
     /// Every download in the order they were enqueued, optionally only those in `states`. It
