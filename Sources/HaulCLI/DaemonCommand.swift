@@ -190,7 +190,10 @@ struct DaemonCommand: AsyncParsableCommand {
         options.leaseTime = .milliseconds(Int64(leaseTime * 1000))
         var logger = Logger(label: "haul.daemon") { StreamLogHandler.standardError(label: $0) }
         logger.logLevel = Logger.Level(rawValue: logLevel) ?? .info
-        Self.raiseFileLimit()
+        // The daemon's downloads and its API's connections (1,024 at most, see ``ConnectionLimits``)
+        // each hold files, and the usual soft limit of 1,024 is a setting of the shell, not of what
+        // the system can give.
+        POSIX.raiseOpenFileLimit()
         let daemon = try Daemon(options: options, logger: logger)
         if !Daemon.isLoopback(host) {
             Output.standardError(
@@ -203,14 +206,6 @@ struct DaemonCommand: AsyncParsableCommand {
         }
         defer { announcer.cancel() }
         try await daemon.run()
-    }
-
-    /// Raises the soft limit on open files to the hard one: the daemon's downloads and its API's
-    /// connections (1,024 at most, see ``ConnectionLimits``) each hold files, and the usual soft limit
-    /// of 1024 is a setting of the shell, not of what the system can give. `haul get`, `resume` and
-    /// `retry` raise it too when they run the downloads themselves.
-    static func raiseFileLimit() {
-        POSIX.raiseOpenFileLimit()
     }
 
     /// `host:port` or `[v6]:port`.

@@ -107,7 +107,7 @@ func runInQueue(
     // Each download holds files while it transfers and while it is finished (-j, and up to 256 more
     // waiting to be finished, as the limit allows): the shell's usual soft limit of 1,024 is not
     // what the system can give.
-    DaemonCommand.raiseFileLimit()
+    POSIX.raiseOpenFileLimit()
     let (manager, session) = try await reportingErrors { () -> (DownloadManager, QueueSession) in
         let manager = try QueueRun.openManager(state, transfer, restoring: .leave, verbose: display.verbose)
         let session = QueueSession(queue: manager, daemonProcessID: nil)
