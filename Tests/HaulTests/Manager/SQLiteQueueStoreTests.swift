@@ -358,15 +358,20 @@ import Testing
             }
             let path = state + "/" + DownloadManager.databaseName
             // The closed manager's last connection may still be checkpointing as it goes: the reader
-            // waits for its lock, as the store itself does, rather than failing at once.
+            // waits for its lock, as the store itself does, rather than failing at once. Its own
+            // checkpoint moves every page out of the write-ahead log, so that the indexes' pages are
+            // in the database file, and are read from there once damaged.
             var waiting = Configuration()
             waiting.busyMode = .timeout(10)
-            let roots = try await DatabaseQueue(path: path, configuration: waiting).read { db in
-                try Int.fetchAll(db, sql: "SELECT rootpage FROM sqlite_master WHERE type = 'index'")
+            let roots = try await DatabaseQueue(path: path, configuration: waiting).writeWithoutTransaction { db in
+                try db.checkpoint(.truncate)
+                return try Int.fetchAll(db, sql: "SELECT rootpage FROM sqlite_master WHERE type = 'index'")
             }
             #expect(!roots.isEmpty)
             var bytes = try readFile(path)
+            #expect(((try? readFile(path + "-wal")) ?? []).isEmpty)
             for root in roots {
+                try #require(root * 4096 <= bytes.count, "index page \(root) is past the file's \(bytes.count) bytes")
                 bytes.replaceSubrange((root - 1) * 4096..<root * 4096, with: repeatElement(0x5A, count: 4096))
             }
             try writeFile(path, bytes)
