@@ -190,6 +190,7 @@ struct RequestOptions: ParsableArguments {
 
 struct Get: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
+        commandName: "get",
         abstract: "Download URLs to files, resuming any earlier partial download of them.",
         discussion: """
             Without -o, each file is named after the server's Content-Disposition, else the URL's last path \
@@ -242,6 +243,7 @@ struct Get: AsyncParsableCommand {
 
 struct Add: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
+        commandName: "add",
         abstract: "Queue downloads without starting them; `haul resume` runs them.",
         discussion: "Prints the ID of each download, one per line.")
 

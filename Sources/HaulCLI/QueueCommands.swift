@@ -217,13 +217,15 @@ private func withLocalManager<Result>(_ state: StateOptions, _ body: (DownloadMa
 }
 
 extension TransferOptions {
-    static var defaults: TransferOptions {
+    /// The options as they are when none is given, parsed once: each parse costs the process
+    /// about a millisecond of reflection.
+    static let defaults: TransferOptions = {
         do {
             return try TransferOptions.parse([])
         } catch {
             fatalError("the default transfer options do not parse: \(error)")
         }
-    }
+    }()
 }
 
 struct List: AsyncParsableCommand {
@@ -383,6 +385,7 @@ struct List: AsyncParsableCommand {
 
 struct Resume: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
+        commandName: "resume",
         abstract: "Continue unfinished downloads: the given IDs, or every paused or interrupted one.",
         discussion: """
             Credentials (-u, --netrc, Authorization, cookies) are never stored; give them again when the server \
@@ -465,7 +468,8 @@ struct Resume: AsyncParsableCommand {
 }
 
 struct Retry: AsyncParsableCommand {
-    static let configuration = CommandConfiguration(abstract: "Start failed or cancelled downloads again.")
+    static let configuration = CommandConfiguration(
+        commandName: "retry", abstract: "Start failed or cancelled downloads again.")
 
     @Argument(help: "IDs from `haul ls`.")
     var ids: [String]
@@ -487,6 +491,7 @@ struct Retry: AsyncParsableCommand {
 
 struct Pause: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
+        commandName: "pause",
         abstract:
             "Pause downloads, queued or running in another haul process, keeping their partial data (`haul resume` continues them)."
     )

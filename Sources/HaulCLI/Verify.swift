@@ -11,6 +11,7 @@ import Haul
 
 struct Verify: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
+        commandName: "verify",
         abstract: "Check a download on disk, without the network.",
         discussion: """
             For an unfinished download (FILE.haul.part and its manifest exist), every piece is checked \
