@@ -236,8 +236,14 @@ extension HaulTestServer {
     /// Writes the reply straight to the channel and waits for each part to reach the socket, so a fault
     /// that closes the connection after N bytes really delivers those N bytes first.
     private func send(_ reply: Reply, isHead: Bool, request: Int, channel: any Channel) async throws {
+        // A write waits for the client to take the bytes; one that stopped reading while keeping the
+        // connection open would hold the stopping server forever, so the connection is closed then.
         func write(_ part: HTTPServerResponsePart) async throws {
-            try await channel.writeAndFlush(part).get()
+            try await withTaskCancellationHandler {
+                try await channel.writeAndFlush(part).get()
+            } onCancel: {
+                channel.close(promise: nil)
+            }
         }
         var headers = reply.headers
         let total = reply.parts.reduce(Int64(0)) { $0 + $1.count }

@@ -1,6 +1,7 @@
 import HaulTestServer
 import NIOCore
 import NIOPosix
+import Synchronization
 import Testing
 
 /// The in-process test server itself.
@@ -24,5 +25,41 @@ struct TestServerTests {
         }
         #expect(opened.count == 160)
         for channel in opened { try? await channel.close() }
+    }
+
+    /// A client that keeps its connection open but stops reading the answer, or never finishes its
+    /// TLS handshake, does not hold the stopping server: its connection is closed. (Held, the test
+    /// run waited for the server forever.)
+    @Test(arguments: [HaulTestServer.Transport.plain, .tls])
+    func aClientThatNeitherReadsNorLeavesDoesNotHoldTheStop(transport: HaulTestServer.Transport) async throws {
+        let stopped = Atomic(false)
+        let client = Mutex<(any Channel)?>(nil)
+        let stopping = Task {
+            defer { stopped.store(true, ordering: .relaxed) }
+            try await HaulTestServer.withRunning(transport: transport) { server in
+                server.add("/big", TestResource(name: "big", size: 64 << 20))
+                // Reads nothing: the server's writes fill the sockets' buffers and wait.
+                let channel = try await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+                    .channelOption(.autoRead, value: false)
+                    .connect(host: "127.0.0.1", port: server.port).get()
+                client.withLock { $0 = channel }
+                guard transport == .plain else { return }
+                try await channel.writeAndFlush(ByteBuffer(string: "GET /big HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"))
+                    .get()
+                let deadline = ContinuousClock.now + .seconds(10)
+                while server.requests(for: "/big").isEmpty && ContinuousClock.now < deadline {
+                    try await Task.sleep(for: .milliseconds(10))
+                }
+                #expect(server.requests(for: "/big").count == 1)
+            }
+        }
+        let deadline = ContinuousClock.now + .seconds(20)
+        while !stopped.load(ordering: .relaxed) && ContinuousClock.now < deadline {
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        let ended = stopped.load(ordering: .relaxed)
+        #expect(ended, "the server did not stop within 20 s")
+        if ended { try await stopping.value }
+        try? await client.withLock { $0 }?.close()
     }
 }
