@@ -159,9 +159,17 @@ struct CredentialCommandTests {
             // curl reads the saved file and sends its cookies.
             let curl = Process()
             curl.executableURL = URL(fileURLWithPath: "/usr/bin/curl")
-            curl.arguments = ["-s", "-o", "/dev/null", "-b", saved, server.url("/members.bin")]
+            curl.arguments = ["-s", "-m", "20", "-o", "/dev/null", "-b", saved, server.url("/members.bin")]
             try curl.run()
-            curl.waitUntilExit()
+            // Waited for without holding a thread: the server that answers it runs on the same few.
+            let deadline = ContinuousClock.now + .seconds(30)
+            while curl.isRunning {
+                guard ContinuousClock.now < deadline else {
+                    curl.terminate()
+                    throw CLITestFailure("curl did not exit within 30 s")
+                }
+                try await Task.sleep(for: .milliseconds(20))
+            }
             #expect(curl.terminationStatus == 0)
             let sent = try #require(server.requests(for: "/members.bin").last?.header("cookie"))
             #expect(sent.contains("login=secret-cookie-value") && sent.contains("theme=dark"), "\(sent)")

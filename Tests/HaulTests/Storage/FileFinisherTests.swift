@@ -73,7 +73,11 @@ struct FileFinisherTests {
         }
 
         func flushDirectory(_ folder: DirectoryHandle) throws {
-            if directoryCalls.add(1, ordering: .relaxed).newValue == 1 { gate.wait() }
+            // Never forever: a test that fails or runs out of time still ends, and the pool's thread
+            // it holds is let go.
+            if directoryCalls.add(1, ordering: .relaxed).newValue == 1 {
+                _ = gate.wait(timeout: .now() + .seconds(30))
+            }
             try folder.sync()
         }
 
@@ -115,6 +119,9 @@ struct FileFinisherTests {
         let leader = Task { try await finisher.finish(first, io: .shared) }
         while flushes.directoryCalls.load(ordering: .relaxed) == 0 { try await Task.sleep(for: .milliseconds(1)) }
         return try await withThrowingTaskGroup(of: (Int, String?).self) { group in
+            // Let go on a failure too, before the group waits for the others, which wait for the
+            // held batch.
+            defer { flushes.release() }
             for (index, handover) in others.enumerated() {
                 // The one handed over first runs the next batch.
                 while index == 1 && finisher.waitingCount == 0 { try await Task.sleep(for: .milliseconds(1)) }

@@ -160,6 +160,8 @@ struct RateLimitTests {
                             observing: log.record)
                     }
                 }
+                // A test that fails or runs out of time ends the download, which waits on the clock.
+                defer { download.cancel() }
                 // A quarter of a second's worth goes at a time (one byte at 1 B/s).
                 let step: Duration = rate >= 4 ? .milliseconds(250) : .seconds(1)
                 var elapsed: Duration = .zero
@@ -172,7 +174,10 @@ struct RateLimitTests {
                     clock.advance(by: step)
                     elapsed += step
                     #expect(elapsed < .seconds(Int64(Double(size) / Double(rate) * 2)), "no end in sight")
-                    if elapsed > .seconds(Int64(Double(size) / Double(rate) * 2)) { break }
+                    if elapsed > .seconds(Int64(Double(size) / Double(rate) * 2)) {
+                        download.cancel()
+                        break
+                    }
                 }
                 _ = try await download.value
                 #expect(try readFile(directory + "/f") == resource.content)
