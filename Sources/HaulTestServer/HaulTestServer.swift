@@ -88,7 +88,8 @@ public final class HaulTestServer: Sendable {
     /// A request/response channel: an HTTP/1.1 connection or one HTTP/2 stream.
     typealias HTTPChannel = NIOAsyncChannel<HTTPServerRequestPart, HTTPServerResponsePart>
 
-    /// An accepted connection, before TLS has told which protocol it speaks.
+    /// An accepted connection, before TLS has told which protocol it speaks (with the connection
+    /// itself, to close it when its client never finishes the handshake).
     enum Accepted: Sendable {
         case http1(HTTPChannel)
         case negotiated(
@@ -96,7 +97,8 @@ public final class HaulTestServer: Sendable {
                 NIONegotiatedHTTPVersion<
                     HTTPChannel, (any Channel, NIOHTTP2Handler.AsyncStreamMultiplexer<HTTPChannel>)
                 >
-            >
+            >,
+            any Channel
         )
     }
 
@@ -120,7 +122,7 @@ public final class HaulTestServer: Sendable {
             switch accepted {
             case .http1(let connection):
                 Task { try? await connection.executeThenClose { _, _ in } }
-            case .negotiated(let negotiation):
+            case .negotiated(let negotiation, _):
                 negotiation.whenSuccess { negotiated in
                     switch negotiated {
                     case .http1_1(let connection): Task { try? await connection.executeThenClose { _, _ in } }
@@ -166,7 +168,7 @@ public final class HaulTestServer: Sendable {
                             }
                         }
                     )
-                }.map { Arrival(.negotiated($0)) }
+                }.map { Arrival(.negotiated($0, child)) }
             }
         let server = HaulTestServer(port: channel.channel.localAddress?.port ?? 0, transport: transport)
         return try await withThrowingTaskGroup(of: Void.self) { group in
@@ -205,9 +207,15 @@ public final class HaulTestServer: Sendable {
         switch accepted {
         case .http1(let connection):
             await serve(connection, connection: number, version: "HTTP/1.1")
-        case .negotiated(let negotiation):
-            // A client that refuses the certificate ends here.
-            guard let negotiated = try? await negotiation.get() else { return }
+        case .negotiated(let negotiation, let channel):
+            // A client that refuses the certificate ends here; one that never finishes its handshake
+            // is closed once the server stops.
+            let negotiating = try? await withTaskCancellationHandler {
+                try await negotiation.get()
+            } onCancel: {
+                channel.close(promise: nil)
+            }
+            guard let negotiated = negotiating else { return }
             switch negotiated {
             case .http1_1(let connection):
                 await serve(connection, connection: number, version: "HTTP/1.1")
