@@ -1,4 +1,5 @@
 import Dispatch
+import NIOPosix
 import Synchronization
 import Testing
 
@@ -105,18 +106,27 @@ struct FileFinisherTests {
         let descriptor = try folder.openFile(name + ".part", flags: O_RDWR | O_CREAT)
         let bytes = Array(name.utf8)
         #expect(pwrite(descriptor, bytes, bytes.count, 0) == bytes.count)
-        let file = PartialFile(in: folder, name: name + ".part", descriptor: descriptor, io: .shared)
+        let file = PartialFile(in: folder, name: name + ".part", descriptor: descriptor, io: Self.io)
         return FileFinisher.Handover(
             file: file, folder: folder, partialName: name + ".part", fileName: name,
             confinement: DownloadConfinement(roots: []), writtenSinceOpened: !earlier)
     }
+
+    /// The finishers' thread pool in these tests, not the process's shared one: a held directory
+    /// flush holds one of its threads, and the shared pool has as many as the machine has cores,
+    /// which every other test running beside these writes its files with.
+    static let io: BlockingIO = {
+        let pool = NIOThreadPool(numberOfThreads: 8)
+        pool.start()
+        return BlockingIO(threadPool: pool)
+    }()
 
     /// Finishes `first` while its directory flush is held, hands over `others` behind it (one after
     /// another, in order), then lets it go; returns each of the others' outcome (`nil`: finished).
     static func finishBehindAHeldBatch(
         _ finisher: FileFinisher, _ flushes: Flushes, first: FileFinisher.Handover, others: [FileFinisher.Handover]
     ) async throws -> [String?] {
-        let leader = Task { try await finisher.finish(first, io: .shared) }
+        let leader = Task { try await finisher.finish(first, io: Self.io) }
         while flushes.directoryCalls.load(ordering: .relaxed) == 0 { try await Task.sleep(for: .milliseconds(1)) }
         return try await withThrowingTaskGroup(of: (Int, String?).self) { group in
             // Let go on a failure too, before the group waits for the others, which wait for the
@@ -127,7 +137,7 @@ struct FileFinisherTests {
                 while index == 1 && finisher.waitingCount == 0 { try await Task.sleep(for: .milliseconds(1)) }
                 group.addTask {
                     do {
-                        try await finisher.finish(handover, io: .shared)
+                        try await finisher.finish(handover, io: Self.io)
                         return (index, nil)
                     } catch let error as HaulError {
                         return (index, error.message)
@@ -168,7 +178,7 @@ struct FileFinisherTests {
             }
 
             // Nothing running: a lone file is finished on the spot, in a batch of its own.
-            try await finisher.finish(try Self.handover("lone", in: folder), io: .shared)
+            try await finisher.finish(try Self.handover("lone", in: folder), io: Self.io)
             #expect(flushes.directoryCalls.load(ordering: .relaxed) == 3)
             #expect(try Self.contents(path + "/lone") == "lone")
         }
@@ -222,7 +232,7 @@ struct FileFinisherTests {
                 others: [try Self.handover("file1", in: folder)])
             #expect(outcomes == [nil])
             let failed = await #expect(throws: HaulError.self) {
-                try await finisher.finish(try Self.handover("file2", in: folder), io: .shared)
+                try await finisher.finish(try Self.handover("file2", in: folder), io: Self.io)
             }
             #expect(failed?.message == "data flush of \(path)/file2 failed")
             #expect(!POSIX.exists(path + "/file2"))
