@@ -120,8 +120,10 @@ struct WholeAnswerTests {
         try await HaulTestServer.withRunning { server in
             let resources = Self.small(server, ["a", "b"])
             try await withTemporaryDirectory { directory in
-                // A partial file with no manifest, longer than b, left by a process that died.
+                // A partial file with no manifest, longer than b, left by a process that died, with
+                // the temporary manifest it was writing.
                 try writeFile(directory + "/b.haul.part", [UInt8](repeating: 7, count: 50_000))
+                try writeFile(directory + "/b.haul.json.tmp", Array("{\"version\":".utf8))
                 try await withDownloader { downloader in
                     try await Self.fetch("a", server, downloader, into: directory)
                     try await Self.fetch("b", server, downloader, into: directory)
@@ -131,6 +133,24 @@ struct WholeAnswerTests {
                 #expect(try readFile(directory + "/b") == resources["b"]?.content)
                 #expect(server.requests(for: "/b").count == 2)
                 #expect(listDirectory(directory).sorted() == ["a", "b"])
+            }
+        }
+    }
+
+    /// A download that ends unfinished, its partial file removed for want of a manifest, takes away
+    /// the temporary manifest a killed process left beside it: nothing is left to outlive the
+    /// download that finishes the file later.
+    @Test func aDownloadThatFailsTakesAwayATemporaryManifestLeftBeside() async throws {
+        try await HaulTestServer.withRunning { server in
+            try await withTemporaryDirectory { directory in
+                try writeFile(directory + "/f.haul.json.tmp", Array("{\"version\":".utf8))
+                try await withDownloader { downloader in
+                    await expectHaulError(.httpStatus) {
+                        try await downloader.download(
+                            DownloadRequest(url: server.url("/f"), destination: .file(directory + "/f")))
+                    }
+                }
+                #expect(listDirectory(directory).isEmpty)
             }
         }
     }

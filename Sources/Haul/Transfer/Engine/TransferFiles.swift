@@ -141,6 +141,8 @@ final class TransferFiles {
     func release() {
         guard let paths, let lock else { return }
         if !paths.folder.exists(paths.manifestName) {
+            // With a temporary manifest a killed process may have left beside it.
+            try? ManifestStore.remove(paths)
             lock.removePartial()
             downloader.partials.forget(url.string, at: paths)
         }
