@@ -75,13 +75,24 @@ extension DownloadManager {
         var replaced: [DownloadID] = []
         let rules = configuration.rules
         var firstReading = FirstReading(othersChangeVersion: (try? store.othersChangeVersion()) ?? nil)
+        // A list read in one chunk is added from that chunk, not read (and parsed) a second time.
+        var chunksRead = 0
+        var onlyChunk: [DownloadRequest] = []
         try list.read { requests in
             let requests = rules.applied(to: requests)
             let examined = try examine(requests)
             if let refusal = examined.refusal { throw refusal.error }
             replaced += examined.replaced
             firstReading.checked(requests.count, found: examined.found)
+            chunksRead += 1
+            onlyChunk = chunksRead == 1 ? requests : []
             trim()
+        }
+        let readAgain: (([DownloadRequest]) throws -> Void) throws -> Void
+        if chunksRead == 1 {
+            readAgain = { [onlyChunk] add in try add(onlyChunk) }
+        } else {
+            readAgain = { add in try list.read { try add(rules.applied(to: $0)) } }
         }
         for id in replaced { try await remove(id, deletingFiles: false) }
         var added = 0
@@ -91,8 +102,8 @@ extension DownloadManager {
         // Nothing is removed before the chunks are added, and no fleet's lease fences the commits.
         let alone = replaced.isEmpty && claim.lease == nil
         do {
-            try list.read { requests in
-                for chunk in Self.chunks(of: rules.applied(to: requests)) {
+            try readAgain { requests in
+                for chunk in Self.chunks(of: requests) {
                     let start = added + (running?.decided.requests.count ?? 0)
                     let decided =
                         alone && firstReading.foundNothing(in: start..<start + chunk.count)

@@ -99,6 +99,21 @@ struct LongQueueTests {
                 #expect(await manager.heldCount <= DownloadManager.windowSize)
                 let last = try await manager.download(id: ids[count - 1])
                 #expect(last.destination == directory + "/q\(count - 1)")
+                // A list read in one chunk is checked and added from that one reading.
+                let short = Mutex(0)
+                let shortIDs = try await manager.enqueue(
+                    DownloadRequestList { chunk in
+                        short.withLock { $0 += 1 }
+                        try chunk(
+                            (0..<700).map {
+                                DownloadRequest(
+                                    url: "http://127.0.0.1:9/s\($0)", destination: .file(directory + "/s\($0)"))
+                            })
+                    })
+                #expect(short.withLock { $0 } == 1)
+                #expect(shortIDs.count == 700 && Set(shortIDs).isDisjoint(with: ids))
+                #expect(try await manager.counts() == [.queued: count + 700])
+                #expect(try await manager.download(id: shortIDs[699]).destination == directory + "/s699")
             }
         }
     }
@@ -147,10 +162,14 @@ struct LongQueueTests {
                     try record.move(to: .paused, at: 2)
                     other.withLock { $0 = try? store.insert([record])[0] }
                 }
-                try chunk(
-                    (0..<count).map {
-                        DownloadRequest(url: "http://127.0.0.1:9/f\($0)", destination: .file(directory + "/q\($0)"))
-                    })
+                // In two chunks: a list read in one is not read again.
+                for range in [0..<DownloadManager.enqueueBatch, DownloadManager.enqueueBatch..<count] {
+                    try chunk(
+                        range.map {
+                            DownloadRequest(
+                                url: "http://127.0.0.1:9/f\($0)", destination: .file(directory + "/q\($0)"))
+                        })
+                }
             }
             try await withManager(state) { manager in
                 let ids = try await manager.enqueue(list)
