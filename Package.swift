@@ -108,6 +108,7 @@ let package = Package(
         .target(
             name: "HaulTestServer",
             dependencies: [
+                "CHaulSystem",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),

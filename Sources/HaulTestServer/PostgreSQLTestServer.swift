@@ -1,3 +1,4 @@
+import CHaulSystem
 import Foundation
 import Synchronization
 
@@ -374,7 +375,9 @@ public enum PostgreSQLTestServer {
     }
 
     /// Starts `program` with `input` as its standard input (`/dev/null` when none) and its output
-    /// and errors into the file `output`. Spawned directly rather than through Foundation's
+    /// and errors into the file `output`, and no other descriptor of this process: a server that
+    /// kept one (another test's pipe) would hold it open for the whole run, and whoever waits for
+    /// that pipe's end would wait forever. Spawned directly rather than through Foundation's
     /// `Process`, whose handling of descriptors in this process is not something every test's
     /// sockets should depend on.
     private static func spawn(
@@ -397,9 +400,20 @@ public enum PostgreSQLTestServer {
         }
         posix_spawn_file_actions_addopen(&actions, 1, output, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
         posix_spawn_file_actions_adddup2(&actions, 1, 2)
+        #if canImport(Glibc) || canImport(Musl)
+            var attributes = posix_spawnattr_t()
+        #else
+            var attributes: posix_spawnattr_t? = nil
+        #endif
+        posix_spawnattr_init(&attributes)
+        defer { posix_spawnattr_destroy(&attributes) }
+        var flags: Int16 = 0
+        let closing = haul_spawn_standard_descriptors_only(&actions, &flags)
+        guard closing == 0 else { throw Failure("cannot start \(program): \(String(cString: strerror(closing)))") }
+        posix_spawnattr_setflags(&attributes, flags)
         var child: pid_t = 0
         let result = withCStrings([program] + arguments) { argv in
-            withCStrings(variables) { envp in posix_spawn(&child, program, &actions, nil, argv, envp) }
+            withCStrings(variables) { envp in posix_spawn(&child, program, &actions, &attributes, argv, envp) }
         }
         guard result == 0 else { throw Failure("cannot start \(program): \(String(cString: strerror(result)))") }
         return child
