@@ -473,18 +473,17 @@ import Testing
 
     /// Another process holding a file's lock, as a worker whose manager has not yet noticed that
     /// its lease ran out holds the file of a download taken over from it. It lets go when
-    /// ``release()`` closes its standard input.
+    /// ``release()`` ends it. (Told by a signal, not by the end of its input: a pipe's end never
+    /// comes while any other process the test run started holds a copy of it.)
     final class FileLockHolder: Sendable {
         let process: Process
-        let input: Pipe
 
         init(_ path: String) throws {
             process = Process()
-            input = Pipe()
             let output = Pipe()
             process.executableURL = URL(fileURLWithPath: "/bin/sh")
-            process.arguments = ["-c", #"exec 9>>"$1" && flock -n 9 && echo held && read line"#, "sh", path]
-            process.standardInput = input
+            process.arguments = ["-c", #"exec 9>>"$1" && flock -n 9 && echo held && exec sleep 600"#, "sh", path]
+            process.standardInput = FileHandle.nullDevice
             process.standardOutput = output
             try process.run()
             // One line once it holds the lock; the end of its output when it could not.
@@ -497,7 +496,7 @@ import Testing
 
         /// Lets go of the lock (once; again does nothing) and waits until the process has ended.
         func release() {
-            try? input.fileHandleForWriting.close()
+            if process.isRunning { process.terminate() }
             process.waitUntilExit()
         }
     }
