@@ -17,11 +17,23 @@ deadline=$1
 shift
 
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
-
-# A session of its own, so that every process the command starts can be found and ended.
-setsid stdbuf -oL -eL "$@" > >(tee "$log") 2>&1 &
+exec {out}> >(tee "$log")
+tee_pid=$!
+# A session of its own, so that every process the command starts can be found and ended (those
+# in process groups of their own too).
+setsid stdbuf -oL "$@" >&"$out" 2>&1 &
 leader=$!
+end_all() {
+    kill -KILL -- "-$leader" 2>/dev/null
+    pkill -KILL -s "$leader" 2>/dev/null
+}
+trap 'end_all; exit 130' INT TERM
+# Every line written before the script ends.
+finish() {
+    exec {out}>&-
+    wait "$tee_pid" 2>/dev/null
+    rm -f "$log"
+}
 
 started=$SECONDS
 while kill -0 "$leader" 2>/dev/null; do
@@ -46,14 +58,22 @@ EOF
         for pid in $(pgrep -s "$leader"); do
             echo "-- $(ps -o pid=,etime=,args= -p "$pid" | cut -c1-200)"
             if command -v gdb >/dev/null; then
-                timeout 60 gdb -p "$pid" -batch -ex "thread apply all bt" 2>/dev/null \
-                    | grep -E "^Thread|^#" | cut -c1-200 | head -400
+                timeout 60 gdb -p "$pid" -batch -ex "thread apply all bt" 2>&1 \
+                    | grep -E "^Thread|^#|ptrace|denied" | cut -c1-200 | head -400
+            else
+                echo "   (gdb is not installed: no threads)"
             fi
         done
-        kill -KILL -- "-$leader" 2>/dev/null
+        end_all
         wait "$leader" 2>/dev/null
+        finish
         exit 124
     fi
     sleep 2
 done
 wait "$leader"
+status=$?
+# Whatever the command left running (a process of its own group) ends with it.
+pkill -KILL -s "$leader" 2>/dev/null
+finish
+exit "$status"
