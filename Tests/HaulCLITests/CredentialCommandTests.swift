@@ -165,7 +165,7 @@ struct CredentialCommandTests {
             let deadline = ContinuousClock.now + .seconds(30)
             while curl.isRunning {
                 guard ContinuousClock.now < deadline else {
-                    curl.terminate()
+                    kill(curl.processIdentifier, SIGKILL)
                     throw CLITestFailure("curl did not exit within 30 s")
                 }
                 try await Task.sleep(for: .milliseconds(20))

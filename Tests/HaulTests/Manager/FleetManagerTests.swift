@@ -496,7 +496,8 @@ import Testing
 
         /// Lets go of the lock (once; again does nothing) and waits until the process has ended.
         func release() {
-            if process.isRunning { process.terminate() }
+            // SIGKILL: the signal no mask passed down from the spawning thread can block.
+            if process.isRunning { kill(process.processIdentifier, SIGKILL) }
             process.waitUntilExit()
         }
     }
