@@ -43,7 +43,8 @@ extension DownloadManager {
     /// list. The list is read twice: every request is checked first, and nothing is added when one
     /// of them is refused or the list cannot be read. (When the second read fails all the same — the
     /// list or the disk changed in between — what its earlier chunks added stays, and the error
-    /// says how many.)
+    /// says how many.) A list that gives all its requests in one chunk is read once: they are added
+    /// from that chunk.
     public func enqueue(_ list: DownloadRequestList, priority: DownloadPriority = .normal) async throws
         -> [DownloadID]
     {
@@ -79,13 +80,14 @@ extension DownloadManager {
         var chunksRead = 0
         var onlyChunk: [DownloadRequest] = []
         try list.read { requests in
+            if chunksRead > 0 { onlyChunk = [] }
             let requests = rules.applied(to: requests)
             let examined = try examine(requests)
             if let refusal = examined.refusal { throw refusal.error }
             replaced += examined.replaced
             firstReading.checked(requests.count, found: examined.found)
             chunksRead += 1
-            onlyChunk = chunksRead == 1 ? requests : []
+            if chunksRead == 1 { onlyChunk = requests }
             trim()
         }
         let readAgain: (([DownloadRequest]) throws -> Void) throws -> Void

@@ -1,7 +1,7 @@
 /// A list of requests too long to hold at once (a file of a million URLs), read a chunk at a time
 /// and as often as a queue needs: ``DownloadQueue/enqueue(_:priority:)-(DownloadRequestList,_)``
 /// reads it twice, first to check every request, then to add them, so that nothing is added
-/// when one of them is refused.
+/// when one of them is refused (once, when it gives all its requests in one chunk).
 ///
 /// ```swift
 /// let list = DownloadRequestList { chunk in
