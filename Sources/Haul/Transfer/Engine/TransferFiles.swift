@@ -129,7 +129,11 @@ final class TransferFiles {
             untrusted = .untrustedPartial("\(paths.partial) has no manifest")
         }
         if let untrusted {
-            manifestOnDisk = manifestOnDisk || paths.folder.exists(paths.manifestName)
+            // A process killed while it wrote the first manifest leaves its temporary one: it goes
+            // with the manifest once the file is finished.
+            manifestOnDisk =
+                manifestOnDisk || paths.folder.exists(paths.manifestName)
+                || paths.folder.exists(paths.manifestTemporaryName)
             return .untrusted(untrusted)
         }
         if let loaded { return .stored(loaded, partialSize: 0) }
