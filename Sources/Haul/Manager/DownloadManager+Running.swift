@@ -249,7 +249,8 @@ extension DownloadManager {
         let clock = self.clock
         let lease = claim.lease
         let hooks = FinishingHooks(
-            handedOver: { await self.handedOver(id) }, beforeRename: { await self.recordBeforeFinishing(id) })
+            handedOver: { await self.handedOver(id) },
+            beforeRename: { await self.recordBeforeFinishing(id, destination: $0) })
         let task = Task.detached {
             try await Self.download(
                 request, of: id, by: downloader, lease: lease, clock: clock, mailbox: mailbox, finishing: hooks)
@@ -281,12 +282,19 @@ extension DownloadManager {
         schedule()
     }
 
-    /// Writes the download's start and file name, if still waiting for a group commit, before its
-    /// file takes its final name: a process killed after the rename then leaves a record that says
-    /// the file is this download's (see ``refreshFromDisk(_:confinement:)``), not a stranger's.
+    /// Writes the download's start and file name (`destination`), if still waiting for a group
+    /// commit, before its file takes its final name: a process killed after the rename then leaves
+    /// a record that says the file is this download's (see ``refreshFromDisk(_:confinement:)``), not
+    /// a stranger's. The name comes with the hook, not only from the `started` event: a download
+    /// that finds its file complete in a partial file another process left finishes without one.
     /// Downloads finishing together share the transaction.
-    private func recordBeforeFinishing(_ id: DownloadID) {
+    private func recordBeforeFinishing(_ id: DownloadID, destination: String) {
         handleEvents()
+        if var entry = entries[id], entry.record.destination != destination {
+            entry.record.destination = destination
+            entries[id] = entry
+            writeSoon(entry.record)
+        }
         if unwritten.holds(id) { try? write([]) }
     }
 

@@ -160,4 +160,50 @@ import Testing
             }
         }
     }
+
+    /// A download that finds its file complete in the partial file another process left (with no
+    /// `started` event, nothing being fetched) has its file's name recorded before the file takes
+    /// it: a process killed right after the rename leaves a record that owns the file. (Without the
+    /// name, the next run asked again, found the name taken, and failed the download.)
+    @Test func aFileFoundCompleteHasItsNameRecordedBeforeTheRename() async throws {
+        try await HaulTestServer.withRunning { server in
+            try await withTemporaryDirectory { directory in
+                let resource = TestResource(name: "f", size: 100_000)
+                server.add("/f", resource)
+                let request = DownloadRequest(url: server.url("/f"), destination: .directory(directory + "/files"))
+                // Another process's download: every byte written, kept in the partial file for a
+                // checksum it did not match.
+                var wrong = request
+                wrong.checksum = try Checksum(parsing: "sha256=" + String(repeating: "0", count: 64))
+                try await withDownloader { downloader in
+                    await expectHaulError(.checksumMismatch) { try await downloader.download(wrong) }
+                }
+                #expect(POSIX.exists(directory + "/files/f.haul.part"))
+                // This queue's download of the file, in a state of its own: what its record says as
+                // the file is about to take its name.
+                let state = directory + "/state"
+                let queued = Mutex<DownloadID?>(nil)
+                let recorded = Mutex<[String?]>([])
+                var configuration = testConfiguration()
+                configuration.writePermit = {
+                    let store = try? SQLiteQueueStore(path: state + "/" + DownloadManager.databaseName)
+                    if let id = queued.withLock({ $0 }), let record = try? store?.download(id) {
+                        recorded.withLock { $0.append(record.destination) }
+                    }
+                    return true
+                }
+                try await withManager(state, managerConfiguration(limit: 1), downloader: configuration) { manager in
+                    let id = try await manager.enqueue(request)
+                    queued.withLock { $0 = id }
+                    try await whileRunning(manager) {
+                        _ = try await waitFor(manager, id, timeout: .seconds(20)) { $0.state == .completed }
+                    }
+                }
+                // The permit is asked before each write; the last, before the rename.
+                #expect(recorded.withLock { $0.last } == directory + "/files/f")
+                #expect(try readFile(directory + "/files/f") == resource.content)
+                #expect(server.requests(for: "/f").count == 1, "the second download fetched nothing")
+            }
+        }
+    }
 }

@@ -101,7 +101,7 @@ struct WholeAnswerTests {
                             DownloadRequest(url: server.url("/\(name)"), destination: .directory(directory)),
                             observing: { _ in },
                             finishing: FinishingHooks(
-                                handedOver: { look("handed over") }, beforeRename: { look("rename") }))
+                                handedOver: { look("handed over") }, beforeRename: { _ in look("rename") }))
                     }
                     #expect(downloader.smallAnswers.finishedCount == 1)
                 }

@@ -408,12 +408,13 @@ final class TransferFiles {
         if !completeInPlace, let file {
             let handover = FileFinisher.Handover(
                 file: file, folder: paths.folder, partialName: paths.partialName, fileName: paths.fileName,
-                confinement: downloader.confinement, beforeRename: finishing.beforeRename,
+                confinement: downloader.confinement,
+                beforeRename: { [destination = paths.destination] in await finishing.beforeRename(destination) },
                 permit: configuration.writePermit, writtenSinceOpened: lock?.created == true)
             await finishing.handedOver()
             try await downloader.finisher.finish(handover, io: downloader.io)
         } else {
-            await finishing.beforeRename()
+            await finishing.beforeRename(paths.destination)
         }
         if manifestOnDisk { try await downloader.io.run { try ManifestStore.remove(paths) } }
         manifestOnDisk = false
