@@ -296,10 +296,12 @@ enum ManifestStore {
         if durable { try paths.folder.sync() }
     }
 
-    /// Removes the manifest and any temporary one. Looking before unlinking spares the directory's
-    /// write lock when there is nothing to remove, as for a small file that never needed a manifest.
-    static func remove(_ paths: DownloadPaths) throws {
-        for name in [paths.manifestName, paths.manifestTemporaryName] where paths.folder.exists(name) {
+    /// Removes the manifest and any temporary one (only the temporary one when the caller just saw
+    /// there is no manifest). Looking before unlinking spares the directory's write lock when there
+    /// is nothing to remove, as for a small file that never needed a manifest.
+    static func remove(_ paths: DownloadPaths, temporaryOnly: Bool = false) throws {
+        let names = temporaryOnly ? [paths.manifestTemporaryName] : [paths.manifestName, paths.manifestTemporaryName]
+        for name in names where paths.folder.exists(name) {
             try paths.folder.unlink(name)
         }
     }

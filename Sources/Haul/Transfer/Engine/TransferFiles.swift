@@ -146,7 +146,7 @@ final class TransferFiles {
         guard let paths, let lock else { return }
         if !paths.folder.exists(paths.manifestName) {
             // With a temporary manifest a killed process may have left beside it.
-            try? ManifestStore.remove(paths)
+            try? ManifestStore.remove(paths, temporaryOnly: true)
             lock.removePartial()
             downloader.partials.forget(url.string, at: paths)
         }
