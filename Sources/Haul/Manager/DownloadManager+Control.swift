@@ -80,14 +80,14 @@ extension DownloadManager {
         var chunksRead = 0
         var onlyChunk: [DownloadRequest] = []
         try list.read { requests in
-            if chunksRead > 0 { onlyChunk = [] }
             let requests = rules.applied(to: requests)
+            // The first chunk is let go as the second comes.
+            onlyChunk = chunksRead == 0 ? requests : []
+            chunksRead += 1
             let examined = try examine(requests)
             if let refusal = examined.refusal { throw refusal.error }
             replaced += examined.replaced
             firstReading.checked(requests.count, found: examined.found)
-            chunksRead += 1
-            if chunksRead == 1 { onlyChunk = requests }
             trim()
         }
         let readAgain: (([DownloadRequest]) throws -> Void) throws -> Void
